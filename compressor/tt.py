@@ -1,0 +1,82 @@
+"""TT-SVD of a matrix into TT-matrix cores (Oseledets 2011), and back.
+
+W (Πv × Πd) is reshaped to (v_1,…,v_d, d_1,…,d_d), interleaved to (v_1 d_1, …, v_d d_d) and
+split by successive truncated SVDs into cores G_k ∈ R^{r_{k-1}×v_k×d_k×r_k}, r_0 = r_d = 1, with
+‖W − TT(W)‖_F ≤ ε‖W‖_F when each of the d−1 steps drops at most ε‖W‖_F/√(d−1).
+"""
+
+import math
+
+import torch
+from torch import Tensor
+
+from compressor.errors import ShapeError
+from compressor.ranks import check_rank, check_rel_eps, clamp_ranks
+
+__all__ = ["tt_full_ranks", "tt_matrix_svd", "tt_matrix_to_dense", "tt_params"]
+
+
+def tt_full_ranks(row_dims: tuple[int, ...], col_dims: tuple[int, ...]) -> list[int]:
+    """Ranks r_1..r_{d-1} at which TT-SVD is exact: min(Π_{j≤k} v_j d_j, Π_{j>k} v_j d_j)."""
+    sizes = [v * d for v, d in zip(row_dims, col_dims, strict=True)]
+    return [min(math.prod(sizes[: k + 1]), math.prod(sizes[k + 1 :])) for k in range(len(sizes) - 1)]
+
+
+def tt_params(row_dims, col_dims, ranks) -> int:
+    """Σ_k r_{k-1} v_k d_k r_k for bond ranks r_1..r_{d-1}."""
+    r = [1, *ranks, 1]
+    return sum(r[k] * v * d * r[k + 1] for k, (v, d) in enumerate(zip(row_dims, col_dims)))
+
+
+def _kept_rank(s: Tensor, max_rank: int, tail_budget: float) -> int:
+    """Smallest rank ≤ max_rank whose dropped singular values have norm ≤ tail_budget."""
+    tail = torch.cumsum(s.flip(0) ** 2, 0).flip(0)  # tail[i] = Σ_{j≥i} s_j²
+    fits = (tail <= tail_budget**2).nonzero()
+    by_error = int(fits[0]) if len(fits) else len(s)
+    return max(1, min(max_rank, by_error))
+
+
+def tt_matrix_svd(
+    matrix: Tensor,
+    row_dims: tuple[int, ...],
+    col_dims: tuple[int, ...],
+    max_rank: int | None = None,
+    rel_eps: float | None = None,
+) -> list[Tensor]:
+    """Cores G_k (r_{k-1}, v_k, d_k, r_k) of `matrix` (Πv × Πd), truncated by rank and/or ε."""
+    d = len(row_dims)
+    if len(col_dims) != d or d < 2:
+        raise ShapeError(f"row and column factors must have the same length ≥ 2, got {row_dims} and {col_dims}")
+    if tuple(matrix.shape) != (math.prod(row_dims), math.prod(col_dims)):
+        raise ShapeError(
+            f"matrix of shape {tuple(matrix.shape)} does not match factors {row_dims} × {col_dims}"
+        )
+    full = tt_full_ranks(row_dims, col_dims)
+    bounds = full if max_rank is None else clamp_ranks(check_rank(max_rank), full, "TT-SVD")
+    eps = 0.0 if rel_eps is None else check_rel_eps(rel_eps)
+
+    x = matrix.detach().to(torch.float64)
+    step_budget = eps * float(torch.linalg.norm(x)) / math.sqrt(d - 1)
+    x = x.reshape(*row_dims, *col_dims)
+    x = x.permute([j for k in range(d) for j in (k, d + k)])  # (v_1, d_1, …, v_d, d_d)
+
+    cores, r_prev = [], 1
+    rest = x.reshape(-1)
+    for k in range(d - 1):
+        unfolding = rest.reshape(r_prev * row_dims[k] * col_dims[k], -1)
+        u, s, vh = torch.linalg.svd(unfolding, full_matrices=False)
+        r = _kept_rank(s, bounds[k], step_budget)
+        cores.append(u[:, :r].reshape(r_prev, row_dims[k], col_dims[k], r))
+        rest = s[:r, None] * vh[:r]  # (r, rest)
+        r_prev = r
+    cores.append(rest.reshape(r_prev, row_dims[-1], col_dims[-1], 1))
+    return [c.to(matrix.dtype).contiguous() for c in cores]
+
+
+def tt_matrix_to_dense(cores: list[Tensor]) -> Tensor:
+    """Contract cores G_k (r_{k-1}, v_k, d_k, r_k) into the (Πv × Πd) matrix."""
+    x = cores[0].new_ones(1, 1, 1)  # (rows so far, cols so far, rank)
+    for g in cores:
+        r0, v, d, r1 = g.shape
+        x = torch.einsum("abr,rvds->avbds", x, g).reshape(x.shape[0] * v, x.shape[1] * d, r1)
+    return x[..., 0]

@@ -1,0 +1,130 @@
+"""An embedding table held as TT-matrix cores, looked up without forming the table.
+
+Row p of the (padded) table is TT(i_1,…,i_d) = G_1[i_1] G_2[i_2] … G_d[i_d] with
+p = Σ_k i_k Π_{j>k} v_j; token t sits at row p = perm[t] (identity when no order was chosen).
+"""
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from compressor.errors import ShapeError
+from compressor.factorize import balanced_factors
+from compressor.token_order import TOKEN_ORDERS, principal_order
+from compressor.tt import tt_matrix_svd, tt_matrix_to_dense
+
+__all__ = ["TTEmbedding", "TTEmbeddingSpec"]
+
+
+@dataclass(frozen=True)
+class TTEmbeddingSpec:
+    """Everything needed to rebuild a TTEmbedding's structure before loading its weights."""
+
+    num_embeddings: int
+    embedding_dim: int
+    row_dims: tuple[int, ...]
+    col_dims: tuple[int, ...]
+    ranks: tuple[int, ...]  # r_1 … r_{d-1}
+    permuted: bool
+
+    def __post_init__(self):
+        object.__setattr__(self, "row_dims", tuple(self.row_dims))
+        object.__setattr__(self, "col_dims", tuple(self.col_dims))
+        object.__setattr__(self, "ranks", tuple(self.ranks))
+        if len(self.row_dims) != len(self.col_dims) or len(self.ranks) != len(self.row_dims) - 1:
+            raise ShapeError(f"inconsistent TT spec: {self}")
+        if math.prod(self.row_dims) < self.num_embeddings or math.prod(self.col_dims) < self.embedding_dim:
+            raise ShapeError(f"TT factors do not cover the table: {self}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class TTEmbedding(nn.Module):
+    """Embedding(V, D) as d TT cores, each stored token-axis first, (v_k, r_{k-1}, d_k, r_k),
+    so that one Gather takes every token's slice; the lookup is then d−1 batched matmuls."""
+
+    spec_type = TTEmbeddingSpec
+
+    def __init__(self, spec: TTEmbeddingSpec):
+        super().__init__()
+        self.spec = spec
+        r = [1, *spec.ranks, 1]
+        self.cores = nn.ParameterList(
+            nn.Parameter(torch.zeros(v, r[k], d, r[k + 1]))
+            for k, (v, d) in enumerate(zip(spec.row_dims, spec.col_dims))
+        )
+        if spec.permuted:
+            self.register_buffer("permutation", torch.arange(spec.num_embeddings))
+        self._strides = [math.prod(spec.row_dims[k + 1 :]) for k in range(len(spec.row_dims))]
+
+    @classmethod
+    def from_embedding(
+        cls,
+        embedding: nn.Embedding,
+        rank: int | None = 32,
+        rel_eps: float | None = None,
+        num_cores: int = 2,
+        order: str = "none",
+    ) -> "TTEmbedding":
+        """TT-SVD of a trained table, truncated by `rank` and/or `rel_eps`, in `order`."""
+        if order not in TOKEN_ORDERS:
+            raise ShapeError(f"token order must be one of {TOKEN_ORDERS}, got {order!r}")
+        weight = embedding.weight.detach()
+        num, dim = weight.shape
+        row_dims, col_dims = balanced_factors(num, num_cores), balanced_factors(dim, num_cores)
+        padded = weight.new_zeros(math.prod(row_dims), math.prod(col_dims))
+        perm = principal_order(weight, row_dims) if order == "pca" else torch.arange(num)
+        padded[perm, :dim] = weight
+        cores = tt_matrix_svd(padded, row_dims, col_dims, max_rank=rank, rel_eps=rel_eps)
+        spec = TTEmbeddingSpec(
+            num, dim, row_dims, col_dims, tuple(c.shape[-1] for c in cores[:-1]), order != "none"
+        )
+        module = cls(spec).to(device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            for param, core in zip(module.cores, cores):
+                param.copy_(core.permute(1, 0, 2, 3))
+            if spec.permuted:
+                module.permutation.copy_(perm)
+        return module
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.spec.num_embeddings
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.spec.embedding_dim
+
+    @property
+    def weight_like_params(self) -> int:
+        """Floats held by the cores: Σ_k r_{k-1} v_k d_k r_k."""
+        return sum(c.numel() for c in self.cores)
+
+    def to_dense(self) -> Tensor:
+        """The (V, D) table in token order (for checks; forward never builds it)."""
+        table = tt_matrix_to_dense([c.permute(1, 0, 2, 3) for c in self.cores])
+        rows = self.permutation if self.spec.permuted else slice(0, self.num_embeddings)
+        return table[rows, : self.embedding_dim]
+
+    def forward(self, ids: Tensor) -> Tensor:
+        rows = self.permutation[ids] if self.spec.permuted else ids
+        rows = rows.reshape(-1)  # (N,)
+        x = None
+        for k, core in enumerate(self.cores):
+            v, r0, d, r1 = core.shape
+            i_k = rows // self._strides[k] if k == 0 else (rows // self._strides[k]) % v
+            g = core[i_k].reshape(-1, r0, d * r1)  # (N, r_{k-1}, d_k r_k)
+            x = g if x is None else torch.matmul(x, g)  # (N, Π_{j<k} d_j, d_k r_k)
+            x = x.reshape(x.shape[0], -1, r1)  # (N, Π_{j≤k} d_j, r_k)
+        out = x.reshape(x.shape[0], -1)[:, : self.embedding_dim]  # (N, D)
+        return out.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        s = self.spec
+        return (
+            f"{s.num_embeddings}, {s.embedding_dim}, rows={s.row_dims}, cols={s.col_dims}, "
+            f"ranks={s.ranks}, permuted={s.permuted}"
+        )

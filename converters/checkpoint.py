@@ -1,0 +1,96 @@
+"""A compressed checkpoint: compressor.json (plan, compact module specs, source), model.safetensors,
+and the source's config and tokenizer files. Loading rebuilds the structure, then the weights;
+nothing is decomposed again."""
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+
+from safetensors import SafetensorError
+from safetensors.torch import load_model as load_safetensors
+from safetensors.torch import save_model as save_safetensors
+from torch import nn
+
+from compressor.errors import CompressorError, PlanError, ShapeError
+from converters.atomic import atomic_dir
+from converters.compress import CompressionReport, set_submodule
+from converters.loading import TOKENIZER_FILES, load_pretrained, resolve_model_dir
+from converters.methods import COMPACT_MODULES
+from converters.plan import Plan
+
+__all__ = ["CHECKPOINT_META", "CHECKPOINT_VERSION", "save_compressed", "load_model", "is_compressed_dir"]
+
+CHECKPOINT_META = "compressor.json"
+CHECKPOINT_VERSION = 1
+
+
+def is_compressed_dir(path: Path) -> bool:
+    return (path / CHECKPOINT_META).is_file()
+
+
+def save_compressed(
+    model: nn.Module, plan: Plan, report: CompressionReport, source: Path, out_dir: Path
+) -> Path:
+    """Write the checkpoint to a temporary directory and rename it to `out_dir` when whole."""
+    compact = {
+        name: {"type": type(m).__name__, "spec": m.spec.to_dict()}
+        for name, m in model.named_modules()
+        if type(m).__name__ in COMPACT_MODULES
+    }
+    meta = {
+        "version": CHECKPOINT_VERSION,
+        "source": str(source),
+        "plan": plan.to_dict(),
+        "modules": compact,
+        "report": report.to_dict(),
+    }
+    with atomic_dir(Path(out_dir)) as tmp:
+        model.config.save_pretrained(tmp)
+        for name in TOKENIZER_FILES:
+            if (source / name).is_file():
+                shutil.copy2(source / name, tmp / name)
+        save_safetensors(model, str(tmp / "model.safetensors"))
+        (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
+    return Path(out_dir)
+
+
+def _load_compressed(path: Path) -> nn.Module:
+    from transformers import AutoConfig, AutoModel
+
+    try:
+        meta = json.loads((path / CHECKPOINT_META).read_text())
+    except json.JSONDecodeError as e:
+        raise CompressorError(f"{path / CHECKPOINT_META} is not valid JSON: {e}") from None
+    if meta.get("version") != CHECKPOINT_VERSION:
+        raise CompressorError(f"{path} was written by an unknown checkpoint version {meta.get('version')!r}")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModel.from_config(config, attn_implementation="eager")
+    names = {n for n, _ in model.named_modules()}
+    for name, entry in meta["modules"].items():
+        cls = COMPACT_MODULES.get(entry["type"])
+        if cls is None:
+            raise PlanError(f"{path} holds an unknown compact module type {entry['type']!r}")
+        if name not in names:
+            raise PlanError(f"{path} names module {name!r}, which a {type(model).__name__} lacks")
+        set_submodule(model, name, cls(cls.spec_type(**entry["spec"])))
+    try:
+        missing, unexpected = load_safetensors(model, str(path / "model.safetensors"), strict=False)
+    except (RuntimeError, SafetensorError, FileNotFoundError) as e:
+        first = str(e).strip().splitlines()[0]
+        raise ShapeError(f"weights in {path / 'model.safetensors'} do not fit the model: {first}") from None
+    if missing or unexpected:
+        raise ShapeError(
+            f"weights in {path / 'model.safetensors'} do not fit the model: "
+            f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+        )
+    return model.eval()
+
+
+def load_model(model: str | Path | None) -> tuple[nn.Module, Path]:
+    """(model, its directory) from a Hugging Face directory, a compressed checkpoint, or None
+    for the default model."""
+    path = resolve_model_dir(model)
+    return (_load_compressed(path) if is_compressed_dir(path) else load_pretrained(path)), path

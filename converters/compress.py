@@ -1,0 +1,62 @@
+"""compress_(model, plan): check the whole plan against the model, build every compact module,
+and only then swap them in, so a failure never leaves the model half-rewritten."""
+
+import warnings
+from dataclasses import dataclass, field
+
+from torch import nn
+from tqdm.auto import tqdm
+
+from converters.methods import handler_for
+from converters.plan import Plan, match_plan
+
+__all__ = ["CompressionReport", "compress_", "set_submodule"]
+
+
+@dataclass
+class CompressionReport:
+    """What compress_ did to each module, and the warnings it raised (clamped ranks, …)."""
+
+    modules: dict[str, dict] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"modules": self.modules, "notes": self.notes}
+
+
+def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+def _count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def compress_(model: nn.Module, plan: Plan, progress: bool = True) -> CompressionReport:
+    """Replace, in place, each module the plan matches by its compact form."""
+    matched = match_plan(plan, model)
+    jobs = [
+        (name, cfg, handler_for(name, model.get_submodule(name), cfg))
+        for name, (_, cfg) in matched.items()
+    ]
+    report = CompressionReport()
+    built = {}
+    for name, cfg, handler in tqdm(jobs, desc="compress", disable=not progress or len(jobs) < 2):
+        dense = model.get_submodule(name)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compact = handler.build(dense, cfg)
+        for w in caught:
+            report.notes.append(f"{name}: {w.message}")
+            warnings.warn(f"{name}: {w.message}", stacklevel=2)
+        built[name] = compact
+        report.modules[name] = {
+            "method": cfg.method,
+            "params_before": _count(dense),
+            "params_after": _count(compact),
+            "spec": compact.spec.to_dict(),
+        }
+    for name, compact in built.items():
+        set_submodule(model, name, compact)
+    return report

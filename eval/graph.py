@@ -1,0 +1,77 @@
+"""What an ONNX file holds: bytes on disk, weights, and the initializer bytes of the graph as
+ONNX Runtime optimised it (constant folding may turn small factors into a dense matrix)."""
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from compressor.errors import CompressorError
+
+__all__ = ["load_graph", "file_bytes", "initializer_stats", "optimized_initializer_bytes", "make_session"]
+
+
+def load_graph(path: str | Path, with_data: bool = True) -> onnx.ModelProto:
+    """The ONNX model at `path`, or one clear error if it is missing or not ONNX."""
+    path = Path(path)
+    if not path.is_file():
+        raise CompressorError(f"ONNX file {str(path)!r} does not exist")
+    try:
+        return onnx.load(str(path), load_external_data=with_data)
+    except Exception as e:  # onnx raises DecodeError, ValueError, … on a file that is not ONNX
+        raise CompressorError(f"{str(path)!r} is not an ONNX model ({type(e).__name__})") from None
+
+
+def file_bytes(path: str | Path) -> int:
+    """Size of the ONNX file plus the external-data files it references."""
+    path = Path(path)
+    model = load_graph(path, with_data=False)
+    extra = {
+        entry.value
+        for init in model.graph.initializer
+        for entry in init.external_data
+        if entry.key == "location"
+    }
+    return path.stat().st_size + sum((path.parent / loc).stat().st_size for loc in extra)
+
+
+def initializer_stats(model: onnx.ModelProto) -> tuple[int, int]:
+    """(elements, bytes) of every initializer in the graph."""
+    elements = total = 0
+    for init in model.graph.initializer:
+        n = int(np.prod(init.dims)) if init.dims else 1
+        elements += n
+        total += n * np.dtype(onnx.helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+    return elements, total
+
+
+def make_session(path: str | Path, threads: int = 1, arena: bool = True, optimized_path: Path | None = None):
+    """An ONNX Runtime CPU session with ORT_ENABLE_ALL, `threads` intra-op threads, one
+    inter-op thread, and the CPU memory arena set explicitly."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.enable_cpu_mem_arena = arena
+    options.log_severity_level = 3
+    if optimized_path is not None:
+        options.optimized_model_filepath = str(optimized_path)
+    if not Path(path).is_file():
+        raise CompressorError(f"ONNX file {str(path)!r} does not exist")
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except (ort.capi.onnxruntime_pybind11_state.InvalidProtobuf, ort.capi.onnxruntime_pybind11_state.Fail) as e:
+        first = str(e).strip().splitlines()[0]
+        raise CompressorError(f"ONNX Runtime cannot load {str(path)!r}: {first}") from None
+
+
+def optimized_initializer_bytes(path: str | Path) -> int:
+    """Initializer bytes of the graph after ONNX Runtime's optimisations."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        make_session(path, optimized_path=out)
+        return initializer_stats(onnx.load(str(out)))[1]

@@ -1,0 +1,60 @@
+"""report.json (the DESIGN §5 contract) and report.md (a table with ratios to the original)."""
+
+import json
+import os
+from pathlib import Path
+
+__all__ = ["write_report", "markdown_table"]
+
+MIB = 2**20
+
+
+def _ratio(value, base) -> str:
+    return f"{value / base:.3f}×" if value is not None and base else "–"
+
+
+def markdown_table(report: dict) -> str:
+    """One row per variant; each figure next to its ratio to the original of the same run."""
+    variants = report["variants"]
+    base = variants[0]
+    keys = list(base.get("latency_ms", {}))
+    quality_keys = list(base.get("quality", {}))
+    head = ["variant", "params", "file MB", "opt. init MB", "peak RSS MiB (Δ over baseline)"]
+    head += [f"{k} p50 ms" for k in keys] + quality_keys + ["parity max|Δ|"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in variants:
+        rss = v.get("peak_rss_bytes")
+        cells = [
+            v["name"],
+            f"{v['params']:,} ({_ratio(v['params'], base['params'])})",
+            f"{v['file_bytes'] / 1e6:.2f} ({_ratio(v['file_bytes'], base['file_bytes'])})",
+            f"{v['optimized_initializer_bytes'] / 1e6:.2f} ({v['optimized_initializer_bytes'] / v['file_bytes']:.3f}× file)",
+            "–" if rss is None else
+            f"{rss / MIB:.0f} ({(rss - v['baseline_rss_bytes']) / MIB:.0f}; {_ratio(rss, base.get('peak_rss_bytes'))})",
+        ]
+        for k in keys:
+            lat = v.get("latency_ms", {}).get(k)
+            cells.append("–" if lat is None else f"{lat['p50']:.2f} ({_ratio(lat['p50'], base['latency_ms'][k]['p50'])})")
+        cells += [f"{v.get('quality', {}).get(q, float('nan')):.3f}" for q in quality_keys]
+        parity = v.get("parity_max_abs")
+        cells.append("–" if parity is None else f"{parity:.1e}")
+        rows.append("| " + " | ".join(cells) + " |")
+    title = f"# compressor report\n\nmodel: `{report['model']}`  \nquality measured on: {report['eval_text']}\n\n"
+    return title + "\n".join(rows) + "\n"
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write beside `path`, then rename: a reader never sees half a report."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_report(report: dict, json_path: Path) -> tuple[Path, Path]:
+    """Write report.json and, beside it, report.md (same stem)."""
+    json_path = Path(json_path)
+    md_path = json_path.with_suffix(".md")
+    _write_text(json_path, json.dumps(report, indent=2) + "\n")
+    _write_text(md_path, markdown_table(report))
+    return json_path, md_path
