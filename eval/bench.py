@@ -28,11 +28,13 @@ def bench(
     model: str,
     runs: int = 50,
     settings=SETTINGS,
+    rss_shape: tuple[int, int] = (8, 128),
     rss_repeats: int = 1,
     progress: bool = True,
 ) -> dict:
     """The report dict (DESIGN §5): size, optimised initializer bytes, latency, peak RSS,
-    quality against variants[0], parity, for each (name, onnx path)."""
+    quality against variants[0], parity, for each (name, onnx path). Peak RSS runs one batch
+    of `rss_shape` (batch, sequence)."""
     for _, path in variants:
         load_graph(path, with_data=False)  # every file checked before any is measured
     tokenizer = load_tokenizer(tokenizer_dir)
@@ -51,7 +53,7 @@ def bench(
                 "params": params,
                 "file_bytes": file_bytes(path),
                 "optimized_initializer_bytes": optimized_initializer_bytes(path),
-                **peak_rss(path, vocab=vocab, repeats=rss_repeats),
+                **peak_rss(path, vocab, *rss_shape, repeats=rss_repeats),
                 "latency_ms": measure_latency(path, vocab=vocab, settings=settings, runs=runs),
                 "quality": {
                     "cosine_mean": round(cosine_mean(reference, emb), 4),

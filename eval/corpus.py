@@ -19,12 +19,12 @@ def default_passages(split: str) -> list[str]:
         raise CompressorError(f"a text split must be one of {', '.join(SPLITS)}, got {split!r}")
     from pydoc_data.topics import topics
 
-    paragraphs = [
+    paragraphs = dict.fromkeys(  # several topics repeat a paragraph: keep its first place
         " ".join(p.split())
         for key in sorted(topics)
         for p in re.split(r"\n\s*\n", topics[key])
         if len(p.split()) >= MIN_WORDS
-    ]
+    )
     part = {0: "eval", 1: "calib"}
     return [p for i, p in enumerate(paragraphs) if part.get(i % 5, "finetune") == split]
 

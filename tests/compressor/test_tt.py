@@ -1,0 +1,71 @@
+import math
+
+import pytest
+import tensorly as tl
+import torch
+from tensorly.decomposition import tensor_train_matrix
+
+from compressor.errors import RankError, ShapeError
+from compressor.tt import tt_full_ranks, tt_matrix_svd, tt_matrix_to_dense, tt_params
+
+CASES = [((7, 5), (6, 4)), ((4, 3, 5), (2, 3, 4)), ((3, 2, 2, 2), (2, 2, 3, 2))]
+
+
+@pytest.mark.parametrize("rows, cols", CASES)
+def test_full_rank_reconstructs_exactly(rows, cols):
+    w = torch.randn(math.prod(rows), math.prod(cols), dtype=torch.float64)
+    cores = tt_matrix_svd(w, rows, cols)
+    assert [c.shape[-1] for c in cores[:-1]] == tt_full_ranks(rows, cols)
+    assert torch.allclose(tt_matrix_to_dense(cores), w, atol=1e-10)
+
+
+@pytest.mark.parametrize("rows, cols", CASES)
+def test_error_does_not_grow_with_rank(rows, cols):
+    w = torch.randn(math.prod(rows), math.prod(cols), dtype=torch.float64)
+    errors = [
+        float(torch.linalg.norm(tt_matrix_to_dense(tt_matrix_svd(w, rows, cols, max_rank=r)) - w))
+        for r in range(1, max(tt_full_ranks(rows, cols)) + 1)
+    ]
+    assert all(b <= a + 1e-9 for a, b in zip(errors, errors[1:]))
+    assert errors[-1] < 1e-9
+
+
+@pytest.mark.parametrize("eps", [0.05, 0.2, 0.5])
+def test_relative_error_bound_holds(eps):
+    rows, cols = (4, 3, 5), (2, 3, 4)
+    w = torch.randn(60, 24, dtype=torch.float64)
+    cores = tt_matrix_svd(w, rows, cols, rel_eps=eps)
+    assert torch.linalg.norm(tt_matrix_to_dense(cores) - w) <= eps * torch.linalg.norm(w) + 1e-9
+    assert tt_params(rows, cols, [c.shape[-1] for c in cores[:-1]]) == sum(c.numel() for c in cores)
+
+
+def test_matches_tensorly_at_equal_ranks():
+    tl.set_backend("pytorch")
+    w = torch.randn(60, 24, dtype=torch.float64)
+    theirs = tensor_train_matrix(w.reshape(4, 3, 5, 2, 3, 4), rank=[1, 4, 4, 1])
+    ours = tt_matrix_svd(w, (4, 3, 5), (2, 3, 4), max_rank=4)
+    assert torch.allclose(tl.tt_matrix_to_tensor(theirs).reshape(60, 24), tt_matrix_to_dense(ours), atol=1e-10)
+
+
+def test_rank_above_the_shapes_is_clamped_with_a_warning():
+    w = torch.randn(35, 24)
+    with pytest.warns(UserWarning, match="clamped to"):
+        cores = tt_matrix_svd(w, (7, 5), (6, 4), max_rank=1000)
+    assert cores[0].shape[-1] == 20
+
+
+@pytest.mark.parametrize("rank", [0, -1, 2.5, "8", True])
+def test_bad_rank_raises(rank):
+    with pytest.raises(RankError, match="integer ≥ 1"):
+        tt_matrix_svd(torch.randn(35, 24), (7, 5), (6, 4), max_rank=rank)
+
+
+@pytest.mark.parametrize("eps", [0, 1, -0.1, 2])
+def test_bad_tolerance_raises(eps):
+    with pytest.raises(RankError, match=r"in \(0, 1\)"):
+        tt_matrix_svd(torch.randn(35, 24), (7, 5), (6, 4), rel_eps=eps)
+
+
+def test_factors_that_do_not_match_the_matrix_raise():
+    with pytest.raises(ShapeError, match="does not match"):
+        tt_matrix_svd(torch.randn(30, 24), (7, 5), (6, 4))

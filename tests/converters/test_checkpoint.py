@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+import converters.checkpoint as checkpoint
+from compressor.errors import CompressorError, ShapeError
+from compressor.tt_embedding import TTEmbedding
+from converters.checkpoint import load_model, save_compressed
+from converters.compress import compress_
+from converters.plan import Plan, TTConfig
+
+PLAN = Plan((("embeddings", TTConfig(rank=6, order="pca")),))
+
+
+@pytest.fixture
+def compressed(tiny_bert_dir, tmp_path):
+    model, source = load_model(tiny_bert_dir)
+    report = compress_(model, PLAN, progress=False)
+    return model, save_compressed(model, PLAN, report, source, tmp_path / "ckpt")
+
+
+def test_save_then_load_is_bit_exact(compressed):
+    model, path = compressed
+    loaded, _ = load_model(path)
+    assert isinstance(loaded.get_input_embeddings(), TTEmbedding)
+    theirs = loaded.state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, theirs[name]), name
+    ids = torch.randint(0, 100, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(model(ids).last_hidden_state, loaded(ids).last_hidden_state)
+
+
+def test_checkpoint_holds_plan_and_tokenizer(compressed):
+    _, path = compressed
+    names = {p.name for p in path.iterdir()}
+    assert {"compressor.json", "model.safetensors", "config.json", "tokenizer_config.json", "tokenizer.json"} <= names
+
+
+def test_interrupted_save_leaves_nothing_under_the_final_name(tiny_bert_dir, tmp_path, monkeypatch):
+    model, source = load_model(tiny_bert_dir)
+    report = compress_(model, PLAN, progress=False)
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "save_safetensors", crash)
+    with pytest.raises(KeyboardInterrupt):
+        save_compressed(model, PLAN, report, source, tmp_path / "ckpt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_weights_that_do_not_fit_raise(compressed):
+    _, path = compressed
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(path / "model.safetensors")
+    key = next(k for k in weights if "cores.0" in k)
+    weights[key] = torch.zeros(3, 3)
+    save_file(weights, path / "model.safetensors")
+    with pytest.raises(ShapeError, match="do not fit"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("make", ["missing", "empty_dir", "file"])
+def test_a_path_that_is_not_a_model_raises(tmp_path, make):
+    path = tmp_path / "x"
+    if make == "empty_dir":
+        path.mkdir()
+    elif make == "file":
+        path.write_text("hello")
+    with pytest.raises(CompressorError, match="does not exist|not a model directory"):
+        load_model(path)

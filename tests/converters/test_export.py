@@ -1,0 +1,63 @@
+import onnx
+import pytest
+import torch
+
+import converters.export as export
+from compressor.errors import CompressorError, ExportParityError
+from converters.checkpoint import load_model
+from converters.compress import compress_
+from converters.export import export_onnx
+from converters.plan import Plan, TTConfig
+
+
+@pytest.mark.parametrize("plan", [None, Plan((("embeddings", TTConfig(rank=4, order="pca")),))])
+def test_onnx_matches_pytorch_on_unseen_ids_and_shapes(tiny_bert_dir, tmp_path, plan):
+    model, _ = load_model(tiny_bert_dir)
+    if plan is not None:
+        compress_(model, plan, progress=False)
+    result = export_onnx(model, tmp_path / "m.onnx")
+    assert result.parity_max_abs <= 1e-4
+    graph = onnx.load(str(result.path))
+    assert graph.opset_import[0].version >= 17
+    dims = [d.dim_param for d in graph.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["batch", "sequence"]
+    props = {p.key: p.value for p in graph.metadata_props}
+    assert float(props["compressor.parity_max_abs"]) == result.parity_max_abs
+
+
+def test_tt_graph_holds_cores_not_the_table(tiny_bert_dir, tmp_path):
+    model, _ = load_model(tiny_bert_dir)
+    compress_(model, Plan((("embeddings", TTConfig(rank=4)),)), progress=False)
+    graph = onnx.load(str(export_onnx(model, tmp_path / "m.onnx").path))
+    vocab, hidden = model.config.vocab_size, model.config.hidden_size
+    shapes = [tuple(i.dims) for i in graph.graph.initializer]
+    assert (vocab, hidden) not in shapes
+    assert any(len(s) == 4 for s in shapes)  # TT cores
+
+
+def test_a_parity_failure_leaves_no_file(tiny_bert_dir, tmp_path, monkeypatch):
+    model, _ = load_model(tiny_bert_dir)
+
+    def fail(*args, **kwargs):
+        raise ExportParityError("ONNX Runtime and PyTorch differ by 1 on last_hidden_state")
+
+    monkeypatch.setattr(export, "check_parity", fail)
+    with pytest.raises(ExportParityError):
+        export_onnx(model, tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_parity_check_catches_a_graph_that_differs(tiny_bert_dir, tmp_path):
+    model, _ = load_model(tiny_bert_dir)
+    path = export_onnx(model, tmp_path / "m.onnx").path
+    with torch.no_grad():
+        weight = model.get_input_embeddings().weight
+        weight.add_(torch.randn_like(weight))  # (a constant shift would vanish in LayerNorm)
+    with pytest.raises(ExportParityError, match="differ by"):
+        export.check_parity(export.EncoderGraph(model).eval(), path, model.config.vocab_size)
+
+
+def test_old_opset_is_refused(tiny_bert_dir, tmp_path):
+    model, _ = load_model(tiny_bert_dir)
+    with pytest.raises(CompressorError, match="opset must be ≥ 17"):
+        export_onnx(model, tmp_path / "m.onnx", opset=13)

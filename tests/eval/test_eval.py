@@ -1,0 +1,102 @@
+import json
+
+import numpy as np
+import pytest
+
+from compressor.errors import CompressorError
+from converters.checkpoint import load_model
+from converters.export import export_onnx
+from eval.bench import bench, parity_of
+from eval.corpus import SPLITS, default_passages, read_passages
+from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
+from eval.latency import latency_key, measure_latency
+from eval.memory import peak_rss
+from eval.quality import cosine_mean, recall_at_k
+from eval.report import markdown_table, write_report
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tiny_bert_dir, tmp_path_factory):
+    model, _ = load_model(tiny_bert_dir)
+    return export_onnx(model, tmp_path_factory.mktemp("onnx") / "tiny.onnx").path
+
+
+def unit_rows(n, d, seed):
+    x = np.random.default_rng(seed).normal(size=(n, d))
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_identical_embeddings_agree_fully_and_random_ones_do_not():
+    a, b = unit_rows(50, 8, 0), unit_rows(50, 8, 1)
+    assert cosine_mean(a, a) == pytest.approx(1.0)
+    assert recall_at_k(a, a, 10) == 1.0
+    assert recall_at_k(a, b, 10) < 0.5
+    assert abs(cosine_mean(a, b)) < 0.3
+
+
+def test_recall_counts_shared_neighbours():
+    a = unit_rows(30, 4, 0)
+    assert recall_at_k(a, a * 2.0, 10) == 1.0  # a scale changes no neighbour
+
+
+def test_default_text_splits_are_disjoint_and_deterministic():
+    parts = {s: default_passages(s) for s in SPLITS}
+    assert all(len(p) > 100 for p in parts.values())
+    assert not set(parts["eval"]) & set(parts["finetune"])
+    assert not set(parts["eval"]) & set(parts["calib"])
+    assert default_passages("eval") == parts["eval"]
+
+
+@pytest.mark.parametrize("content, message", [(b"", "at least"), (b"\xff\xfe\x00bad", "not UTF-8"), (None, "does not exist")])
+def test_bad_text_files_raise(tmp_path, content, message):
+    path = tmp_path / "t.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(CompressorError, match=message):
+        read_passages(path)
+
+
+def test_sizes_and_initializers(tiny_onnx):
+    elements, total = initializer_stats(load_graph(tiny_onnx))
+    assert total >= 4 * elements > 0
+    assert file_bytes(tiny_onnx) >= total
+    assert 0 < optimized_initializer_bytes(tiny_onnx) <= 1.05 * file_bytes(tiny_onnx)
+    assert parity_of(tiny_onnx) <= 1e-4
+
+
+def test_latency_has_the_contract_keys(tiny_onnx):
+    lat = measure_latency(tiny_onnx, vocab=100, settings=((1, 16, 1), (2, 8, 2)), runs=3, warmup=1)
+    assert set(lat) == {latency_key(1, 16, 1), latency_key(2, 8, 2)} == {"b1_s16_t1", "b2_s8_t2"}
+    assert all(0 < v["p50"] <= v["p90"] for v in lat.values())
+
+
+def test_peak_rss_counts_the_model(tiny_onnx):
+    rss = peak_rss(tiny_onnx, vocab=100, batch=2, seq=16)
+    assert rss["peak_rss_bytes"] > rss["baseline_rss_bytes"] > 10 * 2**20
+
+
+@pytest.mark.parametrize("content", [b"", b"not an onnx model at all"])
+def test_a_file_that_is_not_onnx_raises(tmp_path, content):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(content + b"\x00\x01\x02")
+    with pytest.raises(CompressorError, match="not an ONNX model|cannot load"):
+        load_graph(path)
+    with pytest.raises(CompressorError):
+        make_session(path)
+
+
+def test_bench_report_follows_the_contract(tiny_onnx, tiny_bert_dir, eval_text_file, tmp_path):
+    texts = read_passages(eval_text_file)
+    report = bench(
+        [("original", tiny_onnx), ("same", tiny_onnx)], tiny_bert_dir, texts, "test text", "tiny",
+        runs=2, settings=((1, 16, 1),), rss_shape=(2, 16), progress=False,
+    )
+    first, second = report["variants"]
+    assert first["name"] == "original"
+    for key in ("onnx_path", "params", "file_bytes", "optimized_initializer_bytes", "peak_rss_bytes",
+                "baseline_rss_bytes", "latency_ms", "quality", "parity_max_abs"):
+        assert key in second
+    assert second["quality"] == {"cosine_mean": 1.0, "recall_at_10": 1.0}
+    json_path, md_path = write_report(report, tmp_path / "report.json")
+    assert json.loads(json_path.read_text()) == report
+    assert "| same |" in md_path.read_text()
