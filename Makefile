@@ -20,6 +20,7 @@ demo: install
 	$(BIN)/compressor run --out runs/demo
 
 test: install
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 bench: install

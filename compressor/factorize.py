@@ -19,7 +19,7 @@ def _splits(n: int, d: int, low: int) -> Iterator[tuple[int, ...]]:
             yield (n,)
         return
     f = low
-    while f ** d <= n:
+    while f**d <= n:
         if n % f == 0:
             for rest in _splits(n // f, d - 1, f):
                 yield (f, *rest)
@@ -34,7 +34,7 @@ def balanced_factors(n: int, d: int, max_ratio: float = 1.5) -> tuple[int, ...]:
     if d == 1:
         return (n,)
     low = max(2, math.floor(n ** (1 / d) / max_ratio))
-    for m in range(n, 2 * n + 2 ** d):
+    for m in range(n, 2 * n + 2**d):
         best = min(_splits(m, d, low), key=lambda s: s[-1] / s[0], default=None)
         if best is not None and best[-1] / best[0] <= max_ratio:
             return tuple(sorted(best, reverse=True))

@@ -27,8 +27,7 @@ def clamp_ranks(max_rank: int, bounds: list[int], what: str) -> list[int]:
     ranks = [min(max_rank, b) for b in bounds]
     if max_rank > max(bounds):
         warnings.warn(
-            f"{what}: rank {max_rank} is more than the shapes allow; "
-            f"clamped to {ranks} (the full ranks)",
+            f"{what}: rank {max_rank} is more than the shapes allow; clamped to {ranks} (the full ranks)",
             stacklevel=3,
         )
     return ranks

@@ -76,7 +76,7 @@ class TTEmbedding(nn.Module):
         num, dim = weight.shape
         row_dims, col_dims = balanced_factors(num, num_cores), balanced_factors(dim, num_cores)
         padded = weight.new_zeros(math.prod(row_dims), math.prod(col_dims))
-        perm = principal_order(weight, row_dims) if order == "pca" else torch.arange(num)
+        perm = principal_order(weight) if order == "pca" else torch.arange(num)
         padded[perm, :dim] = weight
         cores = tt_matrix_svd(padded, row_dims, col_dims, max_rank=rank, rel_eps=rel_eps)
         spec = TTEmbeddingSpec(
@@ -112,15 +112,18 @@ class TTEmbedding(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         rows = self.permutation[ids] if self.spec.permuted else ids
         rows = rows.reshape(-1)  # (N,)
+        last = len(self.cores) - 1
         x = None
         for k, core in enumerate(self.cores):
             v, r0, d, r1 = core.shape
             i_k = rows // self._strides[k] if k == 0 else (rows // self._strides[k]) % v
-            g = core[i_k].reshape(-1, r0, d * r1)  # (N, r_{k-1}, d_k r_k)
+            g = core.reshape(v, r0, d * r1)[i_k]  # (N, r_{k-1}, d_k r_k)
             x = g if x is None else torch.matmul(x, g)  # (N, Π_{j<k} d_j, d_k r_k)
-            x = x.reshape(x.shape[0], -1, r1)  # (N, Π_{j≤k} d_j, r_k)
-        out = x.reshape(x.shape[0], -1)[:, : self.embedding_dim]  # (N, D)
-        return out.reshape(*ids.shape, self.embedding_dim)
+            if k < last:
+                x = x.reshape(x.shape[0], -1, r1)  # (N, Π_{j≤k} d_j, r_k)
+        padded_dim = math.prod(self.spec.col_dims)
+        out = x.reshape(*ids.shape, padded_dim)  # (..., D')
+        return out if padded_dim == self.embedding_dim else out[..., : self.embedding_dim]
 
     def extra_repr(self) -> str:
         s = self.spec

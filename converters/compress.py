@@ -37,8 +37,7 @@ def compress_(model: nn.Module, plan: Plan, progress: bool = True) -> Compressio
     """Replace, in place, each module the plan matches by its compact form."""
     matched = match_plan(plan, model)
     jobs = [
-        (name, cfg, handler_for(name, model.get_submodule(name), cfg))
-        for name, (_, cfg) in matched.items()
+        (name, cfg, handler_for(name, model.get_submodule(name), cfg)) for name, (_, cfg) in matched.items()
     ]
     report = CompressionReport()
     built = {}

@@ -9,7 +9,13 @@ from torch import nn
 
 from compressor.errors import CompressorError
 
-__all__ = ["DEFAULT_MODEL_NAME", "default_model_path", "resolve_model_dir", "load_pretrained", "TOKENIZER_FILES"]
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "default_model_path",
+    "resolve_model_dir",
+    "load_pretrained",
+    "TOKENIZER_FILES",
+]
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 TOKENIZER_FILES = (

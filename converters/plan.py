@@ -39,7 +39,11 @@ class TTConfig:
             check_rank(self.rank)
         if self.rel_eps is not None:
             check_rel_eps(self.rel_eps)
-        if isinstance(self.num_cores, bool) or not isinstance(self.num_cores, int) or not 2 <= self.num_cores <= 6:
+        if (
+            isinstance(self.num_cores, bool)
+            or not isinstance(self.num_cores, int)
+            or not 2 <= self.num_cores <= 6
+        ):
             raise PlanError(f"the number of TT cores must be an integer from 2 to 6, got {self.num_cores!r}")
         if self.order not in TOKEN_ORDERS:
             raise PlanError(f"token order must be one of {', '.join(TOKEN_ORDERS)}, got {self.order!r}")
@@ -73,7 +77,7 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict) -> "Plan":
         if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
-            raise PlanError(f"a plan must be a JSON object with \"version\": {PLAN_VERSION}")
+            raise PlanError(f'a plan must be a JSON object with "version": {PLAN_VERSION}')
         entries = []
         for i, entry in enumerate(data.get("entries") or []):
             method = entry.get("method") if isinstance(entry, dict) else None
@@ -84,7 +88,9 @@ class Plan:
             config = entry.get("config") or {}
             unknown = set(config) - known
             if unknown:
-                raise PlanError(f"plan entry {i}: {method} has no option(s) {sorted(unknown)}; known: {sorted(known)}")
+                raise PlanError(
+                    f"plan entry {i}: {method} has no option(s) {sorted(unknown)}; known: {sorted(known)}"
+                )
             entries.append((str(entry.get("target", "")), config_type(**config)))
         if not entries:
             raise PlanError("a plan must have at least one entry")
@@ -109,7 +115,9 @@ def input_embedding_name(model: nn.Module) -> str:
     for name, module in model.named_modules():
         if module is target:
             return name
-    raise PlanError("the target \"embeddings\" needs a model with get_input_embeddings(); name the module instead")
+    raise PlanError(
+        'the target "embeddings" needs a model with get_input_embeddings(); name the module instead'
+    )
 
 
 def _matches(target: str, name: str, model: nn.Module) -> bool:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from compressor.errors import CompressorError
 
@@ -64,7 +63,10 @@ def make_session(path: str | Path, threads: int = 1, arena: bool = True, optimiz
         raise CompressorError(f"ONNX file {str(path)!r} does not exist")
     try:
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    except (ort.capi.onnxruntime_pybind11_state.InvalidProtobuf, ort.capi.onnxruntime_pybind11_state.Fail) as e:
+    except (
+        ort.capi.onnxruntime_pybind11_state.InvalidProtobuf,
+        ort.capi.onnxruntime_pybind11_state.Fail,
+    ) as e:
         first = str(e).strip().splitlines()[0]
         raise CompressorError(f"ONNX Runtime cannot load {str(path)!r}: {first}") from None
 

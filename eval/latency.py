@@ -7,7 +7,7 @@ import numpy as np
 
 from eval.graph import make_session
 
-__all__ = ["SETTINGS", "latency_key", "random_batch", "measure_latency"]
+__all__ = ["SETTINGS", "latency_key", "random_batch", "time_session", "measure_latency"]
 
 SETTINGS = ((1, 16, 1), (1, 16, 2), (8, 128, 1), (8, 128, 2))  # (batch, seq, intra-op threads)
 
@@ -22,6 +22,21 @@ def random_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, n
     return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
 
+def time_session(session, feed: dict, runs: int = 50, warmup: int = 5) -> dict:
+    """{"p50": ms, "p90": ms} of `runs` timed session.run calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        session.run(None, feed)
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        session.run(None, feed)
+        times.append((time.perf_counter() - start) * 1e3)
+    return {
+        "p50": round(float(np.percentile(times, 50)), 4),
+        "p90": round(float(np.percentile(times, 90)), 4),
+    }
+
+
 def measure_latency(path, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5) -> dict:
     """{"b1_s16_t1": {"p50": ms, "p90": ms}, …} for each (batch, seq, threads) setting."""
     out = {}
@@ -31,15 +46,5 @@ def measure_latency(path, vocab: int, settings=SETTINGS, runs: int = 50, warmup:
             if t != threads:
                 continue
             feed = random_batch(batch, seq, vocab)
-            for _ in range(warmup):
-                session.run(None, feed)
-            times = []
-            for _ in range(runs):
-                start = time.perf_counter()
-                session.run(None, feed)
-                times.append((time.perf_counter() - start) * 1e3)
-            out[latency_key(batch, seq, threads)] = {
-                "p50": round(float(np.percentile(times, 50)), 3),
-                "p90": round(float(np.percentile(times, 90)), 3),
-            }
+            out[latency_key(batch, seq, threads)] = time_session(session, feed, runs, warmup)
     return out

@@ -22,7 +22,11 @@ def encode_passages(tokenizer, texts: list[str], max_length: int = 128, batch: i
     batches = []
     for start in range(0, len(texts), batch):
         enc = tokenizer(
-            texts[start : start + batch], padding=True, truncation=True, max_length=max_length, return_tensors="np"
+            texts[start : start + batch],
+            padding=True,
+            truncation=True,
+            max_length=max_length,
+            return_tensors="np",
         )
         batches.append({k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")})
     return batches

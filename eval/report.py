@@ -23,23 +23,32 @@ def markdown_table(report: dict) -> str:
     head += [f"{k} p50 ms" for k in keys] + quality_keys + ["parity max|Δ|"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in variants:
-        rss = v.get("peak_rss_bytes")
+        rss, opt = v.get("peak_rss_bytes"), v["optimized_initializer_bytes"]
         cells = [
             v["name"],
             f"{v['params']:,} ({_ratio(v['params'], base['params'])})",
             f"{v['file_bytes'] / 1e6:.2f} ({_ratio(v['file_bytes'], base['file_bytes'])})",
-            f"{v['optimized_initializer_bytes'] / 1e6:.2f} ({v['optimized_initializer_bytes'] / v['file_bytes']:.3f}× file)",
-            "–" if rss is None else
-            f"{rss / MIB:.0f} ({(rss - v['baseline_rss_bytes']) / MIB:.0f}; {_ratio(rss, base.get('peak_rss_bytes'))})",
+            f"{opt / 1e6:.2f} ({opt / v['file_bytes']:.3f}× file)",
         ]
+        if rss is None:
+            cells.append("–")
+        else:
+            delta = (rss - v["baseline_rss_bytes"]) / MIB
+            cells.append(f"{rss / MIB:.0f} ({delta:.0f}; {_ratio(rss, base.get('peak_rss_bytes'))})")
         for k in keys:
             lat = v.get("latency_ms", {}).get(k)
-            cells.append("–" if lat is None else f"{lat['p50']:.2f} ({_ratio(lat['p50'], base['latency_ms'][k]['p50'])})")
+            cells.append(
+                "–"
+                if lat is None
+                else f"{lat['p50']:.2f} ({_ratio(lat['p50'], base['latency_ms'][k]['p50'])})"
+            )
         cells += [f"{v.get('quality', {}).get(q, float('nan')):.3f}" for q in quality_keys]
         parity = v.get("parity_max_abs")
         cells.append("–" if parity is None else f"{parity:.1e}")
         rows.append("| " + " | ".join(cells) + " |")
-    title = f"# compressor report\n\nmodel: `{report['model']}`  \nquality measured on: {report['eval_text']}\n\n"
+    title = (
+        f"# compressor report\n\nmodel: `{report['model']}`  \nquality measured on: {report['eval_text']}\n\n"
+    )
     return title + "\n".join(rows) + "\n"
 
 

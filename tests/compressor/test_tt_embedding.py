@@ -42,21 +42,42 @@ def test_padded_rows_are_never_returned():
 def test_error_does_not_grow_with_rank():
     emb = table(500, 32)
     errs = [
-        float(torch.linalg.norm(TTEmbedding.from_embedding(emb, rank=r).to_dense().detach() - emb.weight.detach()))
+        float(
+            torch.linalg.norm(
+                TTEmbedding.from_embedding(emb, rank=r).to_dense().detach() - emb.weight.detach()
+            )
+        )
         for r in (1, 2, 4, 8, 16, 32, 64)
     ]
     assert all(b <= a + 1e-5 for a, b in zip(errs, errs[1:]))
 
 
-def test_principal_order_groups_rows_by_leading_principal_coordinate():
-    w = torch.randn(200, 16, dtype=torch.float64)
-    perm = principal_order(w, (20, 10))
-    centred = w - w.mean(0)
-    pc1 = centred @ torch.linalg.svd(centred, full_matrices=False)[2][0]
-    block = perm // 10  # i_1 of each token
-    # every token of a lower block has a lower first principal coordinate
-    for b in range(19):
-        assert pc1[block == b].max() <= pc1[block == b + 1].min()
+def clustered_table(clusters: int, size: int, dim: int) -> torch.Tensor:
+    """`clusters` tight, well separated groups of `size` rows each, rows shuffled."""
+    g = torch.Generator().manual_seed(0)
+    centres = 10 * torch.randn(clusters, dim, generator=g)
+    rows = centres.repeat_interleave(size, 0) + 0.01 * torch.randn(clusters * size, dim, generator=g)
+    return rows[torch.randperm(clusters * size, generator=g)]
+
+
+def test_principal_order_places_each_cluster_on_consecutive_rows():
+    w = clustered_table(clusters=4, size=32, dim=12)
+    perm = principal_order(w)
+    assert sorted(perm.tolist()) == list(range(128))
+    by_row = w[torch.argsort(perm)]  # the table in TT row order
+    for block in by_row.split(32):
+        assert (block - block.mean(0)).abs().max() < 0.1  # one cluster per block of 32 rows
+
+
+def test_principal_order_lowers_the_tt_error_of_a_clustered_table():
+    emb = nn.Embedding.from_pretrained(clustered_table(clusters=16, size=16, dim=16))
+    errors = {
+        order: float(
+            torch.linalg.norm(TTEmbedding.from_embedding(emb, rank=4, order=order).to_dense() - emb.weight)
+        )
+        for order in ("none", "pca")
+    }
+    assert errors["pca"] < 0.5 * errors["none"]
 
 
 def test_forward_never_builds_the_table(monkeypatch):

@@ -33,7 +33,13 @@ def test_save_then_load_is_bit_exact(compressed):
 def test_checkpoint_holds_plan_and_tokenizer(compressed):
     _, path = compressed
     names = {p.name for p in path.iterdir()}
-    assert {"compressor.json", "model.safetensors", "config.json", "tokenizer_config.json", "tokenizer.json"} <= names
+    assert {
+        "compressor.json",
+        "model.safetensors",
+        "config.json",
+        "tokenizer_config.json",
+        "tokenizer.json",
+    } <= names
 
 
 def test_interrupted_save_leaves_nothing_under_the_final_name(tiny_bert_dir, tmp_path, monkeypatch):

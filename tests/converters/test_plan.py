@@ -63,7 +63,12 @@ def test_plan_file_that_is_not_json_raises():
 
 @pytest.mark.parametrize(
     "kwargs, error",
-    [({"rank": 0}, RankError), ({"rank": None}, PlanError), ({"order": "zigzag"}, PlanError), ({"num_cores": 1}, PlanError)],
+    [
+        ({"rank": 0}, RankError),
+        ({"rank": None}, PlanError),
+        ({"order": "zigzag"}, PlanError),
+        ({"num_cores": 1}, PlanError),
+    ],
 )
 def test_bad_configs_raise(kwargs, error):
     with pytest.raises(error):
@@ -74,7 +79,9 @@ def test_unsupported_module_raises_before_anything_changes():
     model = Tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     plan = Plan((("embed", TTConfig(rank=4)), ("blocks.0", TTConfig(rank=4))))
-    with pytest.raises(PlanError, match="unsupported module: tt applies to Embedding, but 'blocks.0' is a Linear"):
+    with pytest.raises(
+        PlanError, match="unsupported module: tt applies to Embedding, but 'blocks.0' is a Linear"
+    ):
         compress_(model, plan)
     assert isinstance(model.embed, nn.Embedding)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

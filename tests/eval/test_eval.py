@@ -12,7 +12,7 @@ from eval.graph import file_bytes, initializer_stats, load_graph, make_session, 
 from eval.latency import latency_key, measure_latency
 from eval.memory import peak_rss
 from eval.quality import cosine_mean, recall_at_k
-from eval.report import markdown_table, write_report
+from eval.report import write_report
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,9 @@ def test_default_text_splits_are_disjoint_and_deterministic():
     assert default_passages("eval") == parts["eval"]
 
 
-@pytest.mark.parametrize("content, message", [(b"", "at least"), (b"\xff\xfe\x00bad", "not UTF-8"), (None, "does not exist")])
+@pytest.mark.parametrize(
+    "content, message", [(b"", "at least"), (b"\xff\xfe\x00bad", "not UTF-8"), (None, "does not exist")]
+)
 def test_bad_text_files_raise(tmp_path, content, message):
     path = tmp_path / "t.txt"
     if content is not None:
@@ -88,13 +90,29 @@ def test_a_file_that_is_not_onnx_raises(tmp_path, content):
 def test_bench_report_follows_the_contract(tiny_onnx, tiny_bert_dir, eval_text_file, tmp_path):
     texts = read_passages(eval_text_file)
     report = bench(
-        [("original", tiny_onnx), ("same", tiny_onnx)], tiny_bert_dir, texts, "test text", "tiny",
-        runs=2, settings=((1, 16, 1),), rss_shape=(2, 16), progress=False,
+        [("original", tiny_onnx), ("same", tiny_onnx)],
+        tiny_bert_dir,
+        texts,
+        "test text",
+        "tiny",
+        runs=2,
+        settings=((1, 16, 1),),
+        rss_shape=(2, 16),
+        progress=False,
     )
     first, second = report["variants"]
     assert first["name"] == "original"
-    for key in ("onnx_path", "params", "file_bytes", "optimized_initializer_bytes", "peak_rss_bytes",
-                "baseline_rss_bytes", "latency_ms", "quality", "parity_max_abs"):
+    for key in (
+        "onnx_path",
+        "params",
+        "file_bytes",
+        "optimized_initializer_bytes",
+        "peak_rss_bytes",
+        "baseline_rss_bytes",
+        "latency_ms",
+        "quality",
+        "parity_max_abs",
+    ):
         assert key in second
     assert second["quality"] == {"cosine_mean": 1.0, "recall_at_10": 1.0}
     json_path, md_path = write_report(report, tmp_path / "report.json")

@@ -1,0 +1,115 @@
+"""The command line end to end on a tiny model, and every bad input answered in one sentence."""
+
+import json
+
+import pytest
+
+from converters.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compress_export_bench(tiny_bert_dir, eval_text_file, tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    code, _, err = run_cli(capsys, "compress", tiny_bert_dir, "--rank", 4, "--out", ckpt)
+    assert code == 0, err
+    assert json.loads((ckpt / "compressor.json").read_text())["plan"]["entries"][0]["config"]["rank"] == 4
+    for model, onnx in ((tiny_bert_dir, tmp_path / "orig.onnx"), (ckpt, tmp_path / "tt.onnx")):
+        code, _, err = run_cli(capsys, "export", model, "--out", onnx)
+        assert code == 0 and "parity" in err, err
+    report = tmp_path / "r" / "report.json"
+    code, out, err = run_cli(
+        capsys,
+        "bench",
+        tmp_path / "orig.onnx",
+        tmp_path / "tt.onnx",
+        "--tokenizer",
+        tiny_bert_dir,
+        "--eval-text",
+        eval_text_file,
+        "--runs",
+        2,
+        "--json",
+        report,
+    )
+    assert code == 0, err
+    names = [v["name"] for v in json.loads(report.read_text())["variants"]]
+    assert names == ["original", "tt"]
+    assert "| tt |" in out
+
+
+def test_run_writes_every_variant_side_by_side(tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("eval.bench.SETTINGS", ((1, 16, 1),))
+    out_dir = tmp_path / "run"
+    code, out, err = run_cli(
+        capsys,
+        "run",
+        tiny_bert_dir,
+        "--rank",
+        2,
+        4,
+        "--order",
+        "none",
+        "pca",
+        "--eval-text",
+        eval_text_file,
+        "--runs",
+        2,
+        "--out",
+        out_dir,
+    )
+    assert code == 0, err
+    report = json.loads((out_dir / "report.json").read_text())
+    names = [v["name"] for v in report["variants"]]
+    assert names == ["original", "tt-r2-none", "tt-r2-pca", "tt-r4-none", "tt-r4-pca"]
+    assert all(v["parity_max_abs"] <= 1e-4 for v in report["variants"])
+    assert (out_dir / "report.md").is_file() and (out_dir / "tt-r4-pca" / "compressor.json").is_file()
+    assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["compress", "{tmp}/nowhere", "--out", "{tmp}/o"], "does not exist"),
+        (["compress", "{tmp}", "--out", "{tmp}/o"], "is not a model directory"),
+        (["compress", "{tiny}", "--rank", "0", "--out", "{tmp}/o"], "rank must be an integer ≥ 1, got 0"),
+        (
+            ["compress", "{tiny}", "--targets", "encoder.layr.0", "--out", "{tmp}/o"],
+            "closest names: encoder.layer.0",
+        ),
+        (["compress", "{tiny}", "--targets", "pooler.dense", "--out", "{tmp}/o"], "unsupported module"),
+        (["compress", "{tiny}", "--rel-eps", "1.5", "--out", "{tmp}/o"], "in (0, 1)"),
+        (["compress", "{tiny}", "--plan", "{tmp}/none.json", "--out", "{tmp}/o"], "does not exist"),
+        (["bench", "{tmp}/bad.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "ONNX"),
+        (["bench", "{tmp}/missing.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "does not exist"),
+        (["run", "{tiny}", "--eval-text", "{tmp}/empty.txt", "--out", "{tmp}/o"], "at least 11 are needed"),
+        (["run", "{tiny}", "--runs", "0", "--out", "{tmp}/o"], "--runs must be at least 1"),
+    ],
+)
+def test_bad_input_gets_one_clear_sentence(argv, message, tiny_bert_dir, eval_text_file, tmp_path, capsys):
+    (tmp_path / "bad.onnx").write_text("this is not onnx")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    fill = {"tmp": tmp_path, "tiny": tiny_bert_dir, "text": eval_text_file}
+    code, _, err = run_cli(capsys, *[a.format(**fill) for a in argv])
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.startswith("compressor: error:")]
+    assert len(lines) == 1 and message in lines[0], err
+    assert "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_method_is_refused_by_the_parser(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["compress", "--method", "zip", "--out", "x"])
+    assert stop.value.code == 2
+    assert "invalid choice: 'zip'" in capsys.readouterr().err
+
+
+def test_rank_too_large_is_clamped_and_said(tiny_bert_dir, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "compress", tiny_bert_dir, "--rank", 100000, "--out", tmp_path / "o")
+    assert code == 0
+    assert "warning" in err and "clamped" in err

@@ -1,0 +1,21 @@
+"""One whole run on the real default model (all-MiniLM-L6-v2), small settings."""
+
+import json
+
+from converters.cli import main
+
+
+def test_run_on_the_default_model(tmp_path, monkeypatch):
+    monkeypatch.setattr("eval.bench.SETTINGS", ((1, 16, 1), (8, 128, 2)))
+    out = tmp_path / "run"
+    assert main(["run", "--rank", "16", "--eval-passages", "64", "--runs", "3", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    original, tt = report["variants"]
+    assert report["model"] == "all-MiniLM-L6-v2"
+    assert original["name"] == "original" and tt["name"] == "tt-r16-pca"
+    assert original["params"] > 22_000_000
+    assert max(original["parity_max_abs"], tt["parity_max_abs"]) <= 1e-4
+    assert tt["file_bytes"] <= 0.52 * original["file_bytes"]
+    assert tt["optimized_initializer_bytes"] <= 1.05 * tt["file_bytes"]  # no core product folded
+    assert set(tt["latency_ms"]) == {"b1_s16_t1", "b8_s128_t2"}
+    assert 0 <= tt["quality"]["recall_at_10"] <= 1 and original["quality"]["recall_at_10"] == 1.0
