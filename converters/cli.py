@@ -15,7 +15,7 @@ from converters.compress import compress_
 from converters.export import export_onnx
 from converters.loading import DEFAULT_MODEL_NAME, default_model_path
 from converters.plan import METHODS, Plan, TTConfig
-from eval.bench import bench
+from eval.benchmark import bench
 from eval.corpus import passages
 from eval.report import markdown_table, write_report
 

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 
 from compressor.errors import CompressorError
+from eval.probe import session_options
 
 __all__ = ["load_graph", "file_bytes", "initializer_stats", "optimized_initializer_bytes", "make_session"]
 
@@ -47,18 +48,10 @@ def initializer_stats(model: onnx.ModelProto) -> tuple[int, int]:
 
 
 def make_session(path: str | Path, threads: int = 1, arena: bool = True, optimized_path: Path | None = None):
-    """An ONNX Runtime CPU session with ORT_ENABLE_ALL, `threads` intra-op threads, one
-    inter-op thread, and the CPU memory arena set explicitly."""
+    """An ONNX Runtime CPU session with the settings of probe.session_options."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.enable_cpu_mem_arena = arena
-    options.log_severity_level = 3
-    if optimized_path is not None:
-        options.optimized_model_filepath = str(optimized_path)
+    options = session_options(threads, arena, optimized_path)
     if not Path(path).is_file():
         raise CompressorError(f"ONNX file {str(path)!r} does not exist")
     try:

@@ -6,20 +6,15 @@ import time
 import numpy as np
 
 from eval.graph import make_session
+from eval.probe import random_batch
 
-__all__ = ["SETTINGS", "latency_key", "random_batch", "time_session", "measure_latency"]
+__all__ = ["SETTINGS", "latency_key", "time_session", "measure_latency"]
 
 SETTINGS = ((1, 16, 1), (1, 16, 2), (8, 128, 1), (8, 128, 2))  # (batch, seq, intra-op threads)
 
 
 def latency_key(batch: int, seq: int, threads: int) -> str:
     return f"b{batch}_s{seq}_t{threads}"
-
-
-def random_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, vocab, size=(batch, seq), dtype=np.int64)
-    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
 
 def time_session(session, feed: dict, runs: int = 50, warmup: int = 5) -> dict:

@@ -1,20 +1,26 @@
 """Peak RSS of a fresh process that loads an ONNX model and runs one batch, next to the same
-process without the model. The CPU memory arena is set explicitly (on, ONNX Runtime's default:
-with it off, glibc keeps freed activations and the peak of every model rises) in both."""
+process without the model (eval/probe.py, run as a script; session settings as in
+probe.session_options)."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from compressor.errors import CompressorError
+
 __all__ = ["peak_rss"]
 
 
 def _probe(path: Path, batch: int, seq: int, vocab: int, no_model: bool) -> int:
-    cmd = [sys.executable, "-m", "eval.rss_probe", str(path), "--batch", str(batch), "--seq", str(seq)]
-    cmd += ["--vocab", str(vocab)] + (["--no-model"] if no_model else [])
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=root)
+    # Run by path, not as eval.probe: importing the eval package would count torch in.
+    cmd = [sys.executable, str(Path(__file__).with_name("probe.py")), str(path)]
+    cmd += ["--batch", str(batch), "--seq", str(seq), "--vocab", str(vocab)]
+    cmd += ["--no-model"] if no_model else []
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CompressorError(f"the memory probe failed on {str(path)!r}: {last}")
     return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_bytes"])
 
 

@@ -6,7 +6,7 @@ from converters.cli import main
 
 
 def test_run_on_the_default_model(tmp_path, monkeypatch):
-    monkeypatch.setattr("eval.bench.SETTINGS", ((1, 16, 1), (8, 128, 2)))
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1), (8, 128, 2)))
     out = tmp_path / "run"
     assert main(["run", "--rank", "16", "--eval-passages", "64", "--runs", "3", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())

@@ -6,7 +6,7 @@ import pytest
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx
-from eval.bench import bench, parity_of
+from eval.benchmark import bench, parity_of
 from eval.corpus import SPLITS, default_passages, read_passages
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.latency import latency_key, measure_latency

@@ -1,0 +1,68 @@
+"""Session settings and inputs every measurement shares, with no imports beyond numpy and
+onnxruntime, so that run as a script it is the memory probe of a fresh process:
+
+    python eval/probe.py MODEL.onnx --batch 8 --seq 128 [--no-model]
+
+loads the model, runs one batch and prints {"peak_rss_bytes": …}; with --no-model it imports
+the same libraries and does nothing else (the baseline)."""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+__all__ = ["session_options", "random_batch", "peak_rss_bytes"]
+
+
+def session_options(threads: int = 1, arena: bool = True, optimized_path: Path | None = None):
+    """ORT_ENABLE_ALL, `threads` intra-op threads, one inter-op thread, the CPU memory arena
+    set explicitly (on, ONNX Runtime's default: with it off, glibc keeps freed activations and
+    every model's peak RSS rises)."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.enable_cpu_mem_arena = arena
+    options.log_severity_level = 3
+    if optimized_path is not None:
+        options.optimized_model_filepath = str(optimized_path)
+    return options
+
+
+def random_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random ids in [0, vocab) and a full attention mask, int64."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab, size=(batch, seq), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM of this process. (getrusage's ru_maxrss would carry the parent's peak across
+    fork and exec on Linux.)"""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError("/proc/self/status has no VmHWM line (peak RSS needs Linux)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("onnx")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-model", action="store_true")
+    args = parser.parse_args()
+    if not args.no_model:
+        options = session_options(threads=args.threads)
+        session = ort.InferenceSession(args.onnx, options, providers=["CPUExecutionProvider"])
+        feed = random_batch(args.batch, args.seq, args.vocab)
+        session.run(None, {i.name: feed[i.name] for i in session.get_inputs()})
+    print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
+
+
+if __name__ == "__main__":
+    main()
