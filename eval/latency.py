@@ -17,29 +17,47 @@ def latency_key(batch: int, seq: int, threads: int) -> str:
     return f"b{batch}_s{seq}_t{threads}"
 
 
-def time_session(session, feed: dict, runs: int = 50, warmup: int = 5) -> dict:
-    """{"p50": ms, "p90": ms} of `runs` timed session.run calls after `warmup` untimed ones."""
-    for _ in range(warmup):
-        session.run(None, feed)
+def _timed(session, feed: dict, runs: int) -> list[float]:
     times = []
     for _ in range(runs):
         start = time.perf_counter()
         session.run(None, feed)
         times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def _percentiles(times: list[float]) -> dict:
     return {
         "p50": round(float(np.percentile(times, 50)), 4),
         "p90": round(float(np.percentile(times, 90)), 4),
     }
 
 
-def measure_latency(path, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5) -> dict:
-    """{"b1_s16_t1": {"p50": ms, "p90": ms}, …} for each (batch, seq, threads) setting."""
-    out = {}
+def time_session(session, feed: dict, runs: int = 50, warmup: int = 5) -> dict:
+    """{"p50": ms, "p90": ms} of `runs` timed session.run calls after `warmup` untimed ones."""
+    _timed(session, feed, warmup)
+    return _percentiles(_timed(session, feed, runs))
+
+
+def measure_latency(
+    paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5, rounds: int = 5
+) -> list:
+    """For each model, {"b1_s16_t1": {"p50": ms, "p90": ms}, …}. The models take turns: each
+    setting is timed in `rounds` rounds of runs/rounds calls per model, so that a slow spell of
+    a noisy machine falls on all of them alike."""
+    out = [{} for _ in paths]
     for threads in sorted({t for _, _, t in settings}):
-        session = make_session(path, threads=threads)
+        sessions = [make_session(p, threads=threads) for p in paths]
         for batch, seq, t in settings:
             if t != threads:
                 continue
             feed = random_batch(batch, seq, vocab)
-            out[latency_key(batch, seq, threads)] = time_session(session, feed, runs, warmup)
+            for session in sessions:
+                _timed(session, feed, warmup)
+            samples = [[] for _ in sessions]
+            for _ in range(rounds):
+                for session, times in zip(sessions, samples):
+                    times += _timed(session, feed, max(1, runs // rounds))
+            for result, times in zip(out, samples):
+                result[latency_key(batch, seq, threads)] = _percentiles(times)
     return out

@@ -1,6 +1,7 @@
 """Peak RSS of a fresh process that loads an ONNX model and runs one batch, next to the same
 process without the model (eval/probe.py, run as a script; session settings as in
-probe.session_options)."""
+probe.session_options). One intra-op thread: with two, glibc's per-thread malloc arenas made the
+peak jump between two values 20 MB apart from one run to the next."""
 
 import json
 import subprocess
@@ -15,7 +16,7 @@ __all__ = ["peak_rss"]
 def _probe(path: Path, batch: int, seq: int, vocab: int, no_model: bool) -> int:
     # Run by path, not as eval.probe: importing the eval package would count torch in.
     cmd = [sys.executable, str(Path(__file__).with_name("probe.py")), str(path)]
-    cmd += ["--batch", str(batch), "--seq", str(seq), "--vocab", str(vocab)]
+    cmd += ["--batch", str(batch), "--seq", str(seq), "--vocab", str(vocab), "--threads", "1"]
     cmd += ["--no-model"] if no_model else []
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
