@@ -34,9 +34,7 @@ class Options:
 
 def main() -> None:
     defaults = Options()
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=defaults.tokens)
     parser.add_argument("--ranks", type=int, nargs="+", default=defaults.ranks)
     parser.add_argument("--cores", type=int, default=defaults.cores)
@@ -51,9 +49,7 @@ def main() -> None:
     feed = {"input_ids": np.random.default_rng(0).integers(0, table.num_embeddings, (1, opts.tokens))}
     modules = {"gather": table}
     for rank in opts.ranks:
-        modules[f"tt-r{rank}"] = TTEmbedding.from_embedding(
-            table, rank=rank, num_cores=opts.cores, order=opts.order
-        )
+        modules[f"tt-r{rank}"] = TTEmbedding.from_embedding(table, rank=rank, num_cores=opts.cores, order=opts.order)
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -46,13 +46,9 @@ def tt_matrix_svd(
     """Cores G_k (r_{k-1}, v_k, d_k, r_k) of `matrix` (Πv × Πd), truncated by rank and/or ε."""
     d = len(row_dims)
     if len(col_dims) != d or d < 2:
-        raise ShapeError(
-            f"row and column factors must have the same length ≥ 2, got {row_dims} and {col_dims}"
-        )
+        raise ShapeError(f"row and column factors must have the same length ≥ 2, got {row_dims} and {col_dims}")
     if tuple(matrix.shape) != (math.prod(row_dims), math.prod(col_dims)):
-        raise ShapeError(
-            f"matrix of shape {tuple(matrix.shape)} does not match factors {row_dims} × {col_dims}"
-        )
+        raise ShapeError(f"matrix of shape {tuple(matrix.shape)} does not match factors {row_dims} × {col_dims}")
     full = tt_full_ranks(row_dims, col_dims)
     bounds = full if max_rank is None else clamp_ranks(check_rank(max_rank), full, "TT-SVD")
     eps = 0.0 if rel_eps is None else check_rel_eps(rel_eps)

@@ -69,19 +69,29 @@ class TTEmbedding(nn.Module):
         num_cores: int = 2,
         order: str = "none",
     ) -> "TTEmbedding":
-        """TT-SVD of a trained table, truncated by `rank` and/or `rel_eps`, in `order`."""
+        """TT-SVD of a trained nn.Embedding's table (see from_weight)."""
+        return cls.from_weight(embedding.weight, rank, rel_eps, num_cores, order)
+
+    @classmethod
+    def from_weight(
+        cls,
+        weight: Tensor,
+        rank: int | None = 32,
+        rel_eps: float | None = None,
+        num_cores: int = 2,
+        order: str = "none",
+    ) -> "TTEmbedding":
+        """TT-SVD of a (V, D) table, truncated by `rank` and/or `rel_eps`, in `order`."""
         if order not in TOKEN_ORDERS:
             raise ShapeError(f"token order must be one of {TOKEN_ORDERS}, got {order!r}")
-        weight = embedding.weight.detach()
+        weight = weight.detach()
         num, dim = weight.shape
         row_dims, col_dims = balanced_factors(num, num_cores), balanced_factors(dim, num_cores)
         padded = weight.new_zeros(math.prod(row_dims), math.prod(col_dims))
         perm = principal_order(weight) if order == "pca" else torch.arange(num)
         padded[perm, :dim] = weight
         cores = tt_matrix_svd(padded, row_dims, col_dims, max_rank=rank, rel_eps=rel_eps)
-        spec = TTEmbeddingSpec(
-            num, dim, row_dims, col_dims, tuple(c.shape[-1] for c in cores[:-1]), order != "none"
-        )
+        spec = TTEmbeddingSpec(num, dim, row_dims, col_dims, tuple(c.shape[-1] for c in cores[:-1]), order != "none")
         module = cls(spec).to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():
             for param, core in zip(module.cores, cores):

@@ -29,15 +29,13 @@ def is_compressed_dir(path: Path) -> bool:
     return (path / CHECKPOINT_META).is_file()
 
 
-def save_compressed(
-    model: nn.Module, plan: Plan, report: CompressionReport, source: Path, out_dir: Path
-) -> Path:
+def save_compressed(model: nn.Module, plan: Plan, report: CompressionReport, source: Path, out_dir: Path) -> Path:
     """Write the checkpoint to a temporary directory and rename it to `out_dir` when whole."""
-    compact = {
-        name: {"type": type(m).__name__, "spec": m.spec.to_dict()}
-        for name, m in model.named_modules()
-        if type(m).__name__ in COMPACT_MODULES
-    }
+    compact: dict[str, dict] = {}
+    for name, m in model.named_modules():
+        inside = any(name.startswith(outer + ".") for outer in compact)  # a head-tail's own tail
+        if type(m).__name__ in COMPACT_MODULES and not inside:
+            compact[name] = {"type": type(m).__name__, "spec": m.spec.to_dict()}
     meta = {
         "version": CHECKPOINT_VERSION,
         "source": str(source),

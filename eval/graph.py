@@ -28,12 +28,7 @@ def file_bytes(path: str | Path) -> int:
     """Size of the ONNX file plus the external-data files it references."""
     path = Path(path)
     model = load_graph(path, with_data=False)
-    extra = {
-        entry.value
-        for init in model.graph.initializer
-        for entry in init.external_data
-        if entry.key == "location"
-    }
+    extra = {entry.value for init in model.graph.initializer for entry in init.external_data if entry.key == "location"}
     return path.stat().st_size + sum((path.parent / loc).stat().st_size for loc in extra)
 
 

@@ -39,12 +39,9 @@ def time_session(session, feed: dict, runs: int = 50, warmup: int = 5) -> dict:
     return _percentiles(_timed(session, feed, runs))
 
 
-def measure_latency(
-    paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5, rounds: int = 5
-) -> list:
-    """For each model, {"b1_s16_t1": {"p50": ms, "p90": ms}, …}. The models take turns: each
-    setting is timed in `rounds` rounds of runs/rounds calls per model, so that a slow spell of
-    a noisy machine falls on all of them alike."""
+def measure_latency(paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5, per_turn: int = 2) -> list:
+    """For each model, {"b1_s16_t1": {"p50": ms, "p90": ms}, …}. The models take turns, `per_turn`
+    timed calls each, until each has `runs`: a slow spell of a noisy machine falls on all alike."""
     out = [{} for _ in paths]
     for threads in sorted({t for _, _, t in settings}):
         sessions = [make_session(p, threads=threads) for p in paths]
@@ -55,9 +52,9 @@ def measure_latency(
             for session in sessions:
                 _timed(session, feed, warmup)
             samples = [[] for _ in sessions]
-            for _ in range(rounds):
+            while len(samples[0]) < runs:
                 for session, times in zip(sessions, samples):
-                    times += _timed(session, feed, max(1, runs // rounds))
+                    times += _timed(session, feed, min(per_turn, runs - len(times)))
             for result, times in zip(out, samples):
                 result[latency_key(batch, seq, threads)] = _percentiles(times)
     return out

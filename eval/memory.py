@@ -1,24 +1,28 @@
 """Peak RSS of a fresh process that loads an ONNX model and runs one batch, next to the same
 process without the model (eval/probe.py, run as a script; session settings as in
-probe.session_options). One intra-op thread: with two, glibc's per-thread malloc arenas made the
-peak jump between two values 20 MB apart from one run to the next."""
+probe.session_options, two intra-op threads). glibc's malloc runs with a fixed mmap threshold:
+with its default, adaptive one, freed activation buffers were sometimes kept on the heap and the
+peak of the same model jumped between two values 20–25 MB apart from one run to the next."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 from compressor.errors import CompressorError
 
-__all__ = ["peak_rss"]
+__all__ = ["peak_rss", "MALLOC_ENV"]
+
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # large buffers always mmapped, returned when freed
 
 
 def _probe(path: Path, batch: int, seq: int, vocab: int, no_model: bool) -> int:
     # Run by path, not as eval.probe: importing the eval package would count torch in.
     cmd = [sys.executable, str(Path(__file__).with_name("probe.py")), str(path)]
-    cmd += ["--batch", str(batch), "--seq", str(seq), "--vocab", str(vocab), "--threads", "1"]
+    cmd += ["--batch", str(batch), "--seq", str(seq), "--vocab", str(vocab), "--threads", "2"]
     cmd += ["--no-model"] if no_model else []
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise CompressorError(f"the memory probe failed on {str(path)!r}: {last}")

@@ -38,17 +38,13 @@ def markdown_table(report: dict) -> str:
         for k in keys:
             lat = v.get("latency_ms", {}).get(k)
             cells.append(
-                "–"
-                if lat is None
-                else f"{lat['p50']:.2f} ({_ratio(lat['p50'], base['latency_ms'][k]['p50'])})"
+                "–" if lat is None else f"{lat['p50']:.2f} ({_ratio(lat['p50'], base['latency_ms'][k]['p50'])})"
             )
         cells += [f"{v.get('quality', {}).get(q, float('nan')):.3f}" for q in quality_keys]
         parity = v.get("parity_max_abs")
         cells.append("–" if parity is None else f"{parity:.1e}")
         rows.append("| " + " | ".join(cells) + " |")
-    title = (
-        f"# compressor report\n\nmodel: `{report['model']}`  \nquality measured on: {report['eval_text']}\n\n"
-    )
+    title = f"# compressor report\n\nmodel: `{report['model']}`  \nquality measured on: {report['eval_text']}\n\n"
     return title + "\n".join(rows) + "\n"
 
 

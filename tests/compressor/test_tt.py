@@ -44,9 +44,7 @@ def test_matches_tensorly_at_equal_ranks():
     w = torch.randn(60, 24, dtype=torch.float64)
     theirs = tensor_train_matrix(w.reshape(4, 3, 5, 2, 3, 4), rank=[1, 4, 4, 1])
     ours = tt_matrix_svd(w, (4, 3, 5), (2, 3, 4), max_rank=4)
-    assert torch.allclose(
-        tl.tt_matrix_to_tensor(theirs).reshape(60, 24), tt_matrix_to_dense(ours), atol=1e-10
-    )
+    assert torch.allclose(tl.tt_matrix_to_tensor(theirs).reshape(60, 24), tt_matrix_to_dense(ours), atol=1e-10)
 
 
 def test_rank_above_the_shapes_is_clamped_with_a_warning():

@@ -42,11 +42,7 @@ def test_padded_rows_are_never_returned():
 def test_error_does_not_grow_with_rank():
     emb = table(500, 32)
     errs = [
-        float(
-            torch.linalg.norm(
-                TTEmbedding.from_embedding(emb, rank=r).to_dense().detach() - emb.weight.detach()
-            )
-        )
+        float(torch.linalg.norm(TTEmbedding.from_embedding(emb, rank=r).to_dense().detach() - emb.weight.detach()))
         for r in (1, 2, 4, 8, 16, 32, 64)
     ]
     assert all(b <= a + 1e-5 for a, b in zip(errs, errs[1:]))
@@ -72,9 +68,7 @@ def test_principal_order_places_each_cluster_on_consecutive_rows():
 def test_principal_order_lowers_the_tt_error_of_a_clustered_table():
     emb = nn.Embedding.from_pretrained(clustered_table(clusters=16, size=16, dim=16))
     errors = {
-        order: float(
-            torch.linalg.norm(TTEmbedding.from_embedding(emb, rank=4, order=order).to_dense() - emb.weight)
-        )
+        order: float(torch.linalg.norm(TTEmbedding.from_embedding(emb, rank=4, order=order).to_dense() - emb.weight))
         for order in ("none", "pca")
     }
     assert errors["pca"] < 0.5 * errors["none"]

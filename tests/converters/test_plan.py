@@ -79,9 +79,7 @@ def test_unsupported_module_raises_before_anything_changes():
     model = Tiny()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     plan = Plan((("embed", TTConfig(rank=4)), ("blocks.0", TTConfig(rank=4))))
-    with pytest.raises(
-        PlanError, match="unsupported module: tt applies to Embedding, but 'blocks.0' is a Linear"
-    ):
+    with pytest.raises(PlanError, match="unsupported module: tt applies to Embedding, but 'blocks.0' is a Linear"):
         compress_(model, plan)
     assert isinstance(model.embed, nn.Embedding)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -67,9 +67,7 @@ def test_sizes_and_initializers(tiny_onnx):
 
 
 def test_latency_has_the_contract_keys(tiny_onnx):
-    first, second = measure_latency(
-        [tiny_onnx] * 2, vocab=100, settings=((1, 16, 1), (2, 8, 2)), runs=3, warmup=1
-    )
+    first, second = measure_latency([tiny_onnx] * 2, vocab=100, settings=((1, 16, 1), (2, 8, 2)), runs=3, warmup=1)
     assert set(first) == set(second)
     lat = second
     assert set(lat) == {latency_key(1, 16, 1), latency_key(2, 8, 2)} == {"b1_s16_t1", "b2_s8_t2"}

@@ -1,0 +1,62 @@
+"""An embedding table held as W ≈ A B: Embedding(V, r) then Linear(r, D), optionally fitted
+with row weights (token frequencies) so that the error falls on rare tokens."""
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from compressor.lowrank import svd_factors, weighted_row_factors
+
+__all__ = ["LowRankEmbedding", "LowRankEmbeddingSpec"]
+
+
+@dataclass(frozen=True)
+class LowRankEmbeddingSpec:
+    num_embeddings: int
+    embedding_dim: int
+    rank: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class LowRankEmbedding(nn.Module):
+    """Row i is codes[i] @ basis: a Gather from a V×r table, then one MatMul with r×D."""
+
+    spec_type = LowRankEmbeddingSpec
+
+    def __init__(self, spec: LowRankEmbeddingSpec):
+        super().__init__()
+        self.spec = spec
+        self.codes = nn.Parameter(torch.zeros(spec.num_embeddings, spec.rank))  # A (V, r)
+        self.basis = nn.Parameter(torch.zeros(spec.rank, spec.embedding_dim))  # B (r, D)
+
+    @classmethod
+    def from_weight(cls, weight: Tensor, rank: int, row_weights: Tensor | None = None) -> "LowRankEmbedding":
+        """Truncated SVD of the table, or of diag(√f) W when row weights f are given."""
+        factors = svd_factors(weight, rank) if row_weights is None else weighted_row_factors(weight, row_weights, rank)
+        spec = LowRankEmbeddingSpec(weight.shape[0], weight.shape[1], factors.rank)
+        module = cls(spec).to(device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            module.codes.copy_(factors.up)
+            module.basis.copy_(factors.down)
+        return module
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.spec.num_embeddings
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.spec.embedding_dim
+
+    def to_dense(self) -> Tensor:
+        return self.codes @ self.basis
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return torch.matmul(self.codes[ids], self.basis)  # (..., r) @ (r, D)
+
+    def extra_repr(self) -> str:
+        s = self.spec
+        return f"{s.num_embeddings}, {s.embedding_dim}, rank={s.rank}"

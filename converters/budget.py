@@ -1,0 +1,93 @@
+"""A parameter budget over the targeted modules, turned into a concrete low-rank plan: each
+module's rank is chosen by compressor.budget.allocate_ranks from its singular values (whitened
+for linear layers, frequency-weighted for the embedding's tail) so that the summed relative
+error is smallest."""
+
+import re
+
+import torch
+from torch import nn
+
+from compressor.budget import LayerCost, allocate_ranks
+from compressor.errors import PlanError
+from compressor.lowrank import cholesky_whitener
+from converters.calibration import Calibration
+from converters.methods import head_tokens
+from converters.plan import LowRankConfig, Plan, match_plan
+
+__all__ = ["parse_budget", "plan_for_budget"]
+
+UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_budget(text: str) -> tuple[str, float]:
+    """("fraction", f) for a number in (0, 1), or ("bytes", n) for sizes like 12MB or 40MiB."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if m is None:
+        raise PlanError(f"a budget is a fraction in (0, 1) or a size such as 12MB, got {text!r}")
+    value, unit = float(m.group(1)), m.group(2).lower()
+    if not unit:
+        if not 0 < value < 1:
+            raise PlanError(f"a budget fraction must lie in (0, 1), got {text!r}")
+        return "fraction", value
+    if unit not in UNITS or value <= 0:
+        raise PlanError(f"a budget size needs a positive number and a unit of {', '.join(UNITS)}; got {text!r}")
+    return "bytes", value * UNITS[unit]
+
+
+def _layer_cost(name: str, module: nn.Module, calib: Calibration, whiten: bool, dense_head: int) -> LayerCost:
+    w = module.weight.detach().to(torch.float64)
+    if isinstance(module, nn.Linear):
+        if whiten:
+            w = w @ cholesky_whitener(calib.gram(name))[0]
+        k, d = module.weight.shape
+        return LayerCost(name, torch.linalg.svdvals(w), per_rank=k + d, dense=k * d)
+    rows, dim = w.shape
+    tail = torch.ones(rows, dtype=torch.bool)
+    if dense_head:
+        tail[head_tokens(calib, dense_head)] = False
+    freq = calib.counts[tail].to(torch.float64) + 1.0
+    spectrum = torch.linalg.svdvals(w[tail] * freq.sqrt()[:, None])
+    return LayerCost(name, spectrum, per_rank=int(tail.sum()) + dim, dense=rows * dim, fixed=dense_head * dim)
+
+
+def plan_for_budget(
+    model: nn.Module,
+    targets: list[str],
+    budget: str,
+    calibration: Calibration,
+    dense_head: int = 0,
+    whiten: bool = True,
+) -> Plan:
+    """A plan with one exact-name LowRankConfig per targeted module, ranks from the budget."""
+    kind, value = parse_budget(budget)
+    probe = Plan(tuple((t, LowRankConfig(dense_head=dense_head)) for t in targets))
+    names = list(match_plan(probe, model))
+    modules = {n: model.get_submodule(n) for n in names}
+    unsupported = [n for n, m in modules.items() if not isinstance(m, nn.Linear | nn.Embedding)]
+    if unsupported:
+        raise PlanError(f"a budget applies to linear and embedding layers; {unsupported[0]!r} is neither")
+    layers = [
+        _layer_cost(n, m, calibration, whiten, dense_head if isinstance(m, nn.Embedding) else 0)
+        for n, m in modules.items()
+    ]
+    total = sum(layer.dense for layer in layers)
+    params = int(value * total) if kind == "fraction" else int(value // 4)  # float32 weights
+    alloc = allocate_ranks(layers, params)
+    entries, notes = (
+        [],
+        [f"budget {budget}: {alloc.params:,} of {total:,} targeted weights ({alloc.params / total:.3f})"],
+    )
+    for layer in layers:
+        rank, err = alloc.ranks[layer.name], alloc.predicted_error[layer.name]
+        if rank is None:
+            notes.append(f"{layer.name}: left dense (no rank below break-even was worth it)")
+            continue
+        head = dense_head if isinstance(modules[layer.name], nn.Embedding) else 0
+        cfg = LowRankConfig(rank=rank, keep=None, whiten=whiten, weighted=True, dense_head=head)
+        entries.append((layer.name, cfg))
+        notes.append(f"{layer.name}: rank {rank}, predicted relative error {err:.4f}")
+    if not entries:
+        raise PlanError(f"the budget {budget} leaves every targeted module dense; nothing to compress")
+    kind_label = "aware" if whiten else "plain"
+    return Plan(tuple(entries), name=f"lowrank-budget{budget}-{kind_label}", notes=tuple(notes))
