@@ -176,16 +176,16 @@ def plans_from_args(args: argparse.Namespace) -> list[Plan]:
             for r, o in grid
         ]
     else:
-        aware = not args.plain
+        grid = itertools.product(_as_list(args.rank, [None]), _as_list(args.kind, ["aware"]))
         configs = [
             LowRankConfig(
                 rank=r,
                 keep=args.keep if r is None else None,
-                whiten=aware,
-                weighted=aware,
+                whiten=kind == "aware",
+                weighted=kind == "aware",
                 dense_head=args.dense_head,
             )
-            for r in _as_list(args.rank, [None])
+            for r, kind in grid
         ]
     return [Plan(tuple((t, cfg) for t in args.targets)) for cfg in configs]
 
