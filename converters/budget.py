@@ -81,7 +81,7 @@ def plan_for_budget(
     for layer in layers:
         rank, err = alloc.ranks[layer.name], alloc.predicted_error[layer.name]
         if rank is None:
-            notes.append(f"{layer.name}: left dense (no rank below break-even was worth it)")
+            notes.append(f"{layer.name}: kept dense (the greedy gave it every rank up to break-even)")
             continue
         head = dense_head if isinstance(modules[layer.name], nn.Embedding) else 0
         cfg = LowRankConfig(rank=rank, keep=None, whiten=whiten, weighted=True, dense_head=head)
