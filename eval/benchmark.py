@@ -1,6 +1,5 @@
 """bench(...): measure ONNX encoders side by side in one run; the first is the reference."""
 
-import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -63,9 +62,7 @@ def bench(
                 "parity_max_abs": parity_of(path),
             }
         )
-    if progress:
-        print(f"bench: latency of {len(variants)} models, taking turns", file=sys.stderr)
-    latencies = measure_latency([p for _, p in variants], vocab, settings, runs)
+    latencies = measure_latency([p for _, p in variants], vocab, settings, runs, progress=progress)
     for row, latency in zip(rows, latencies):
         row["latency_ms"] = latency
     return {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages", "variants": rows}

@@ -4,6 +4,7 @@ p50 and p90 per (batch, sequence, threads)."""
 import time
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from eval.graph import make_session
 from eval.probe import random_batch
@@ -39,10 +40,13 @@ def time_session(session, feed: dict, runs: int = 50, warmup: int = 5) -> dict:
     return _percentiles(_timed(session, feed, runs))
 
 
-def measure_latency(paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5, per_turn: int = 2) -> list:
+def measure_latency(
+    paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5, per_turn: int = 2, progress: bool = False
+) -> list:
     """For each model, {"b1_s16_t1": {"p50": ms, "p90": ms}, …}. The models take turns, `per_turn`
     timed calls each, until each has `runs`: a slow spell of a noisy machine falls on all alike."""
     out = [{} for _ in paths]
+    bar = tqdm(total=len(settings), desc=f"latency of {len(paths)} models, taking turns", disable=not progress)
     for threads in sorted({t for _, _, t in settings}):
         sessions = [make_session(p, threads=threads) for p in paths]
         for batch, seq, t in settings:
@@ -57,4 +61,6 @@ def measure_latency(paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup
                     times += _timed(session, feed, min(per_turn, runs - len(times)))
             for result, times in zip(out, samples):
                 result[latency_key(batch, seq, threads)] = _percentiles(times)
+            bar.update()
+    bar.close()
     return out

@@ -71,6 +71,61 @@ def test_run_writes_every_variant_side_by_side(tiny_bert_dir, eval_text_file, tm
     assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]  # no temporaries left
 
 
+def test_lowrank_variants_and_budget_from_the_command_line(
+    tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
+    calib = tmp_path / "calib.txt"
+    calib.write_text(eval_text_file.read_text() * 3)
+    out_dir = tmp_path / "run"
+    code, _, err = run_cli(
+        capsys,
+        "run",
+        tiny_bert_dir,
+        "--method",
+        "lowrank",
+        "--targets",
+        "linear",
+        "--kind",
+        "aware",
+        "plain",
+        "--calib",
+        calib,
+        "--eval-text",
+        eval_text_file,
+        "--runs",
+        2,
+        "--out",
+        out_dir,
+    )
+    assert code == 0, err
+    assert "calibration:" in err
+    names = [v["name"] for v in json.loads((out_dir / "report.json").read_text())["variants"]]
+    assert names == ["original", "lowrank-keep0.5-aware", "lowrank-keep0.5-plain"]
+    ckpt = tmp_path / "budget"
+    code, _, err = run_cli(
+        capsys,
+        "compress",
+        tiny_bert_dir,
+        "--method",
+        "lowrank",
+        "--targets",
+        "all",
+        "--budget",
+        "0.5",
+        "--dense-head",
+        8,
+        "--calib",
+        calib,
+        "--out",
+        ckpt,
+    )
+    assert code == 0, err
+    meta = json.loads((ckpt / "compressor.json").read_text())
+    assert any("predicted relative error" in note for note in meta["plan"]["notes"])
+    assert meta["modules"]["embeddings.word_embeddings"]["type"] == "HeadTailEmbedding"
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -88,11 +143,18 @@ def test_run_writes_every_variant_side_by_side(tiny_bert_dir, eval_text_file, tm
         (["bench", "{tmp}/missing.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "does not exist"),
         (["run", "{tiny}", "--eval-text", "{tmp}/empty.txt", "--out", "{tmp}/o"], "at least 11 are needed"),
         (["run", "{tiny}", "--runs", "0", "--out", "{tmp}/o"], "--runs must be at least 1"),
+        (["compress", "{tiny}", "--method", "lowrank", "--budget", "1.5", "--out", "{tmp}/o"], "in (0, 1)"),
+        (["compress", "{tiny}", "--budget", "0.5", "--out", "{tmp}/o"], "use it with --method lowrank"),
+        (["compress", "{tiny}", "--method", "lowrank", "--calib", "{tmp}/empty.txt", "--out", "{tmp}/o"], "at least 1"),
+        (["compress", "{tiny}", "--method", "lowrank", "--calib", "{tmp}/short.txt", "--out", "{tmp}/o"], "tokens"),
+        (["compress", "{tiny}", "--method", "lowrank", "--keep", "2", "--out", "{tmp}/o"], "in (0, 1)"),
+        (["compress", "{tiny}", "--dense-head", "100000", "--out", "{tmp}/o"], "leaves no tail"),
     ],
 )
 def test_bad_input_gets_one_clear_sentence(argv, message, tiny_bert_dir, eval_text_file, tmp_path, capsys):
     (tmp_path / "bad.onnx").write_text("this is not onnx")
     (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "short.txt").write_text("the value\n")
     fill = {"tmp": tmp_path, "tiny": tiny_bert_dir, "text": eval_text_file}
     code, _, err = run_cli(capsys, *[a.format(**fill) for a in argv])
     assert code == 2
