@@ -4,7 +4,8 @@
 
 For each rank it builds TTEmbedding.from_embedding on all-MiniLM-L6-v2's 30522×384 word
 embedding, exports the embedding alone to ONNX (parity-checked), and times one call on
-`tokens` random ids at 1 and 2 threads; ratios are to the Gather timed in the same run.
+`tokens` random ids at 1 and 2 threads, the graphs taking turns; ratios are to the Gather
+timed in the same run.
 """
 
 import argparse
@@ -19,7 +20,7 @@ from compressor.tt_embedding import TTEmbedding
 from converters.checkpoint import load_model
 from converters.export import export_embedding_onnx
 from eval.graph import file_bytes, make_session
-from eval.latency import time_session
+from eval.latency import time_side_by_side
 
 
 @dataclass
@@ -53,10 +54,11 @@ def main() -> None:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, module in modules.items():
-            path = export_embedding_onnx(module, Path(tmp) / f"{name}.onnx").path
-            for threads in opts.threads:
-                timing = time_session(make_session(path, threads=threads), feed, runs=opts.runs, warmup=20)
+        paths = {name: export_embedding_onnx(m, Path(tmp) / f"{name}.onnx").path for name, m in modules.items()}
+        for threads in opts.threads:
+            sessions = [make_session(path, threads=threads) for path in paths.values()]
+            timings = time_side_by_side(sessions, feed, runs=opts.runs, warmup=20)
+            for (name, path), timing in zip(paths.items(), timings):
                 rows.append({"name": name, "threads": threads, "file_bytes": file_bytes(path), **timing})
     for row in rows:
         base = next(r for r in rows if r["name"] == "gather" and r["threads"] == row["threads"])

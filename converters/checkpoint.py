@@ -19,7 +19,7 @@ from converters.loading import TOKENIZER_FILES, load_pretrained, resolve_model_d
 from converters.methods import COMPACT_MODULES
 from converters.plan import Plan
 
-__all__ = ["CHECKPOINT_META", "CHECKPOINT_VERSION", "save_compressed", "load_model", "is_compressed_dir"]
+__all__ = ["CHECKPOINT_META", "CHECKPOINT_VERSION", "save_compressed", "load_model", "is_compressed_dir", "read_meta"]
 
 CHECKPOINT_META = "compressor.json"
 CHECKPOINT_VERSION = 1
@@ -29,7 +29,14 @@ def is_compressed_dir(path: Path) -> bool:
     return (path / CHECKPOINT_META).is_file()
 
 
-def save_compressed(model: nn.Module, plan: Plan, report: CompressionReport, source: Path, out_dir: Path) -> Path:
+def save_compressed(
+    model: nn.Module,
+    plan: Plan,
+    report: CompressionReport,
+    source: Path,
+    out_dir: Path,
+    finetune: dict | None = None,
+) -> Path:
     """Write the checkpoint to a temporary directory and rename it to `out_dir` when whole."""
     compact: dict[str, dict] = {}
     for name, m in model.named_modules():
@@ -42,6 +49,7 @@ def save_compressed(model: nn.Module, plan: Plan, report: CompressionReport, sou
         "plan": plan.to_dict(),
         "modules": compact,
         "report": report.to_dict(),
+        "finetune": finetune,
     }
     with atomic_dir(Path(out_dir)) as tmp:
         model.config.save_pretrained(tmp)
@@ -53,15 +61,23 @@ def save_compressed(model: nn.Module, plan: Plan, report: CompressionReport, sou
     return Path(out_dir)
 
 
+def read_meta(path: Path) -> dict:
+    """compressor.json of a compressed checkpoint, checked for its version."""
+    try:
+        meta = json.loads((Path(path) / CHECKPOINT_META).read_text())
+    except FileNotFoundError:
+        raise CompressorError(f"{str(path)!r} is not a compressed checkpoint: it has no {CHECKPOINT_META}") from None
+    except json.JSONDecodeError as e:
+        raise CompressorError(f"{Path(path) / CHECKPOINT_META} is not valid JSON: {e}") from None
+    if meta.get("version") != CHECKPOINT_VERSION:
+        raise CompressorError(f"{path} was written by an unknown checkpoint version {meta.get('version')!r}")
+    return meta
+
+
 def _load_compressed(path: Path) -> nn.Module:
     from transformers import AutoConfig, AutoModel
 
-    try:
-        meta = json.loads((path / CHECKPOINT_META).read_text())
-    except json.JSONDecodeError as e:
-        raise CompressorError(f"{path / CHECKPOINT_META} is not valid JSON: {e}") from None
-    if meta.get("version") != CHECKPOINT_VERSION:
-        raise CompressorError(f"{path} was written by an unknown checkpoint version {meta.get('version')!r}")
+    meta = read_meta(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

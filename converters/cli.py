@@ -15,11 +15,12 @@ from torch import nn
 from compressor.errors import CompressorError
 from converters.budget import plan_for_budget
 from converters.calibration import Calibration, cached_calibration
-from converters.checkpoint import is_compressed_dir, load_model, save_compressed
+from converters.checkpoint import is_compressed_dir, load_model, read_meta, save_compressed
 from converters.compress import CompressionReport, compress_
 from converters.export import export_onnx
+from converters.finetune import FinetuneConfig, finetune_
 from converters.loading import DEFAULT_MODEL_NAME, default_model_path
-from converters.methods import handler_for
+from converters.methods import COMPACT_MODULES, handler_for
 from converters.plan import METHODS, LowRankConfig, Plan, TTConfig, match_plan
 from eval.benchmark import bench
 from eval.corpus import passages
@@ -104,6 +105,38 @@ def _method_options(p: argparse.ArgumentParser, many: bool) -> None:
     p.add_argument("--calib-passages", type=int, default=256, help="use at most N calibration passages (default: 256)")
 
 
+def _finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
+    prefix = "finetune-" if run else ""
+    p.add_argument(
+        f"--{prefix}steps",
+        dest="ft_steps",
+        type=int,
+        default=None,
+        help="fine-tune: stop after N steps (0: skip)" + (" (default: no fine-tune)" if run else " (default: off)"),
+    )
+    p.add_argument(
+        f"--{prefix}time",
+        dest="ft_time",
+        type=float,
+        default=None if run else 300.0,
+        help="fine-tune: stop after this many seconds" + (" (default: no fine-tune)" if run else " (default: 300)"),
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="fine-tune text, one passage per line; its last tenth (at most 64) is held out for validation "
+        "(default: the finetune split of pydoc_data.topics)",
+    )
+    p.add_argument("--lr", type=float, default=1e-3, help="fine-tune: AdamW learning rate (default: 1e-3)")
+    p.add_argument(
+        "--trainable",
+        choices=["compressed", "all"],
+        default="compressed",
+        help="fine-tune: train the compressed modules only, or every parameter (default: compressed)",
+    )
+
+
 def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--eval-text",
@@ -126,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
     _method_options(p, many=False)
     p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+
+    p = sub.add_parser("finetune", help="distil the original model into a compressed checkpoint, in place")
+    p.add_argument("checkpoint", type=Path, help="compressed checkpoint directory (written by compress)")
+    _finetune_options(p, run=False)
 
     p = sub.add_parser("export", help="export a model or compressed checkpoint to ONNX, parity-checked")
     p.add_argument("model", nargs="?", default=None, help="model or checkpoint directory (default: the default model)")
@@ -152,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
     _method_options(p, many=True)
     p.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: runs/latest)")
+    _finetune_options(p, run=True)
     _bench_options(p)
     return parser
 
@@ -272,6 +310,51 @@ def cmd_compress(args) -> None:
     _say(f"wrote {args.out} ({plans[0].label()})")
 
 
+def _finetune_config(args) -> FinetuneConfig:
+    return FinetuneConfig(steps=args.ft_steps, seconds=args.ft_time, lr=args.lr, trainable=args.trainable)
+
+
+def _finetune_texts(args) -> tuple[list[str], list[str], str]:
+    """(train, validation, where): the last tenth, at most 64 passages, is held out."""
+    texts, where = passages(args.data, "finetune", minimum=2)
+    held = max(1, min(64, len(texts) // 10))
+    return texts[:-held], texts[-held:], where
+
+
+def _finetune(student: nn.Module, teacher: nn.Module, source: Path, args, texts) -> dict:
+    cfg = _finetune_config(args)
+    train, val, where = texts
+    report = finetune_(student, teacher, load_tokenizer(source), train, val, cfg, tuple(COMPACT_MODULES.values()))
+    _say(
+        f"fine-tune on {where} ({len(train)} passages, {len(val)} held out) on {report.device}: {report.steps} steps "
+        f"in {report.seconds:.0f} s ({report.steps_per_second:.2f} steps/s); validation cosine "
+        f"{report.start_val_cosine:.4f} → {report.best_val_cosine:.4f} (best at step {report.best_step})"
+        + (f"; {report.stopped}" if report.stopped else "")
+    )
+    return {"config": dict(vars(cfg)), "data": where, **report.to_dict()}
+
+
+def cmd_finetune(args) -> None:
+    meta = read_meta(args.checkpoint)
+    teacher_dir = Path(meta["source"])
+    if not (teacher_dir / "config.json").is_file():
+        raise CompressorError(
+            f"the original model {str(teacher_dir)!r} that {str(args.checkpoint)!r} was compressed from "
+            "cannot be found; the fine-tune distils from it"
+        )
+    student, _ = load_model(args.checkpoint)
+    teacher, _ = load_model(teacher_dir)
+    cfg = _finetune_config(args)
+    if cfg.steps == 0:
+        _say("--steps 0: nothing to fine-tune; the checkpoint is unchanged")
+        return
+    result = _finetune(student, teacher, teacher_dir, args, _finetune_texts(args))
+    plan = Plan.from_dict(meta["plan"])
+    report = CompressionReport(**meta["report"])
+    save_compressed(student, plan, report, teacher_dir, args.checkpoint, finetune=result)
+    _say(f"wrote {args.checkpoint}")
+
+
 def cmd_export(args) -> None:
     model, source = load_model(args.model)
     out = args.out or (source.with_suffix(".onnx") if args.model else Path("original.onnx"))
@@ -295,6 +378,13 @@ def cmd_run(args) -> None:
     texts, where = _eval_texts(args)
     original, source = _load_original(args.model)
     out = args.out
+    fine_tune = args.ft_steps is not None or args.ft_time is not None
+    if fine_tune:
+        _finetune_config(args)  # a bad budget or text fails now, not after the compression
+        ft_texts = _finetune_texts(args)
+        if args.ft_steps == 0:
+            _say("--finetune-steps 0: the fine-tune is skipped")
+            fine_tune = False
     plans, calib = _plans(args, original, source, out / ".calibration")
     variants, details = [("original", export_onnx(original, out / "original.onnx").path)], [{}]
     for plan in plans:
@@ -304,6 +394,11 @@ def cmd_run(args) -> None:
         save_compressed(model, plan, report, source, out / name)
         variants.append((name, export_onnx(model, out / f"{name}.onnx").path))
         details.append({"plan": plan.to_dict(), "compression": report.to_dict()})
+        if fine_tune:
+            result = _finetune(model, original, source, args, ft_texts)
+            save_compressed(model, plan, report, source, out / f"{name}-ft", finetune=result)
+            variants.append((f"{name}-ft", export_onnx(model, out / f"{name}-ft.onnx").path))
+            details.append({"plan": plan.to_dict(), "compression": report.to_dict(), "finetune": result})
     model_name = DEFAULT_MODEL_NAME if args.model is None else str(source)
     report = bench(variants, source, texts, where, model=model_name, runs=args.runs)
     for row, extra in zip(report["variants"], details):
@@ -313,7 +408,13 @@ def cmd_run(args) -> None:
     _say(f"wrote {json_path} and {md_path}")
 
 
-COMMANDS = {"compress": cmd_compress, "export": cmd_export, "bench": cmd_bench, "run": cmd_run}
+COMMANDS = {
+    "compress": cmd_compress,
+    "finetune": cmd_finetune,
+    "export": cmd_export,
+    "bench": cmd_bench,
+    "run": cmd_run,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 from eval.graph import make_session
 from eval.probe import random_batch
 
-__all__ = ["SETTINGS", "latency_key", "time_session", "measure_latency"]
+__all__ = ["SETTINGS", "latency_key", "time_side_by_side", "measure_latency"]
 
 SETTINGS = ((1, 16, 1), (1, 16, 2), (8, 128, 1), (8, 128, 2))  # (batch, seq, intra-op threads)
 
@@ -34,17 +34,20 @@ def _percentiles(times: list[float]) -> dict:
     }
 
 
-def time_session(session, feed: dict, runs: int = 50, warmup: int = 5) -> dict:
-    """{"p50": ms, "p90": ms} of `runs` timed session.run calls after `warmup` untimed ones."""
-    _timed(session, feed, warmup)
-    return _percentiles(_timed(session, feed, runs))
+def time_side_by_side(sessions, feed: dict, runs: int = 50, warmup: int = 5, per_turn: int = 2) -> list[dict]:
+    """{"p50": ms, "p90": ms} per session. The sessions take turns, `per_turn` timed calls each,
+    until each has `runs`: a slow spell of a noisy machine falls on all of them alike."""
+    for session in sessions:
+        _timed(session, feed, warmup)
+    samples = [[] for _ in sessions]
+    while len(samples[0]) < runs:
+        for session, times in zip(sessions, samples):
+            times += _timed(session, feed, min(per_turn, runs - len(times)))
+    return [_percentiles(times) for times in samples]
 
 
-def measure_latency(
-    paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5, per_turn: int = 2, progress: bool = False
-) -> list:
-    """For each model, {"b1_s16_t1": {"p50": ms, "p90": ms}, …}. The models take turns, `per_turn`
-    timed calls each, until each has `runs`: a slow spell of a noisy machine falls on all alike."""
+def measure_latency(paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5, progress: bool = False):
+    """For each model, {"b1_s16_t1": {"p50": ms, "p90": ms}, …}, timed side by side."""
     out = [{} for _ in paths]
     bar = tqdm(total=len(settings), desc=f"latency of {len(paths)} models, taking turns", disable=not progress)
     for threads in sorted({t for _, _, t in settings}):
@@ -52,15 +55,9 @@ def measure_latency(
         for batch, seq, t in settings:
             if t != threads:
                 continue
-            feed = random_batch(batch, seq, vocab)
-            for session in sessions:
-                _timed(session, feed, warmup)
-            samples = [[] for _ in sessions]
-            while len(samples[0]) < runs:
-                for session, times in zip(sessions, samples):
-                    times += _timed(session, feed, min(per_turn, runs - len(times)))
-            for result, times in zip(out, samples):
-                result[latency_key(batch, seq, threads)] = _percentiles(times)
+            timings = time_side_by_side(sessions, random_batch(batch, seq, vocab), runs, warmup)
+            for result, timing in zip(out, timings):
+                result[latency_key(batch, seq, threads)] = timing
             bar.update()
     bar.close()
     return out

@@ -126,6 +126,50 @@ def test_lowrank_variants_and_budget_from_the_command_line(
     assert meta["modules"]["embeddings.word_embeddings"]["type"] == "HeadTailEmbedding"
 
 
+def test_finetune_command_and_run_with_finetune(tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
+    ckpt = tmp_path / "ckpt"
+    assert run_cli(capsys, "compress", tiny_bert_dir, "--rank", 2, "--out", ckpt)[0] == 0
+    code, _, err = run_cli(capsys, "finetune", ckpt, "--steps", 3, "--data", eval_text_file)
+    assert code == 0, err
+    assert "3 steps" in err and "validation cosine" in err
+    assert json.loads((ckpt / "compressor.json").read_text())["finetune"]["steps"] == 3
+    out_dir = tmp_path / "run"
+    code, _, err = run_cli(
+        capsys,
+        "run",
+        tiny_bert_dir,
+        "--rank",
+        2,
+        "--finetune-steps",
+        2,
+        "--data",
+        eval_text_file,
+        "--eval-text",
+        eval_text_file,
+        "--runs",
+        2,
+        "--out",
+        out_dir,
+    )
+    assert code == 0, err
+    variants = json.loads((out_dir / "report.json").read_text())["variants"]
+    assert [v["name"] for v in variants] == ["original", "tt-r2-pca", "tt-r2-pca-ft"]
+    assert variants[2]["finetune"]["steps"] == 2
+
+
+def test_finetune_without_its_teacher_says_so(tiny_bert_dir, tmp_path, capsys):
+    import shutil
+
+    source = tmp_path / "model"
+    shutil.copytree(tiny_bert_dir, source)
+    ckpt = tmp_path / "ckpt"
+    assert run_cli(capsys, "compress", source, "--rank", 2, "--out", ckpt)[0] == 0
+    shutil.rmtree(source)
+    code, _, err = run_cli(capsys, "finetune", ckpt, "--steps", 2)
+    assert code == 2 and "cannot be found" in err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -149,6 +193,9 @@ def test_lowrank_variants_and_budget_from_the_command_line(
         (["compress", "{tiny}", "--method", "lowrank", "--calib", "{tmp}/short.txt", "--out", "{tmp}/o"], "tokens"),
         (["compress", "{tiny}", "--method", "lowrank", "--keep", "2", "--out", "{tmp}/o"], "in (0, 1)"),
         (["compress", "{tiny}", "--dense-head", "100000", "--out", "{tmp}/o"], "leaves no tail"),
+        (["finetune", "{tiny}", "--steps", "2"], "not a compressed checkpoint"),
+        (["run", "{tiny}", "--finetune-time", "-1", "--out", "{tmp}/o"], "> 0 seconds"),
+        (["run", "{tiny}", "--finetune-steps", "3", "--data", "{tmp}/empty.txt", "--out", "{tmp}/o"], "at least 2"),
     ],
 )
 def test_bad_input_gets_one_clear_sentence(argv, message, tiny_bert_dir, eval_text_file, tmp_path, capsys):

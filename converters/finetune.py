@@ -1,0 +1,225 @@
+"""finetune_(student, teacher, ...): distil the original encoder into its compressed copy.
+
+Loss per batch (encoders): (1 − cos(pool(h_s), pool(h_t))) · w_cos + ‖h_s − h_t‖² / ‖h_t‖² · w_hidden
+over real tokens, pool = mean over real tokens. The teacher's hidden states are computed once,
+before training. AdamW on the compressed modules only (default) or on every parameter; `cuda`
+with bf16 autocast when present, else the CPU with all cores; the best weights by agreement on a
+held-out validation split are kept.
+"""
+
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from compressor.errors import CompressorError
+
+__all__ = ["FinetuneConfig", "FinetuneReport", "finetune_", "trainable_parameters", "distill_loss", "pick_device"]
+
+TRAINABLE = ("compressed", "all")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    steps: int | None = None  # stop after this many steps …
+    seconds: float | None = 300.0  # … or this much wall time, whichever comes first
+    lr: float = 1e-3
+    batch_size: int = 32
+    max_length: int = 64
+    trainable: str = "compressed"
+    cosine_weight: float = 1.0
+    hidden_weight: float = 1.0
+    eval_every: int = 50
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.steps is None and self.seconds is None:
+            raise CompressorError("a fine-tune needs a step budget, a time budget, or both")
+        if self.steps is not None and (isinstance(self.steps, bool) or self.steps < 0):
+            raise CompressorError(f"fine-tune steps must be ≥ 0, got {self.steps!r}")
+        if self.seconds is not None and self.seconds <= 0:
+            raise CompressorError(f"a fine-tune time budget must be > 0 seconds, got {self.seconds!r}")
+        if self.trainable not in TRAINABLE:
+            raise CompressorError(f"trainable must be one of {', '.join(TRAINABLE)}, got {self.trainable!r}")
+        if not self.lr > 0 or self.batch_size < 1 or self.max_length < 2 or self.eval_every < 1:
+            raise CompressorError(f"learning rate, batch size, length and interval must be positive: {self}")
+
+
+@dataclass
+class FinetuneReport:
+    device: str
+    steps: int = 0
+    seconds: float = 0.0
+    trainable_params: int = 0
+    best_step: int = 0
+    best_val_cosine: float = float("nan")
+    start_val_cosine: float = float("nan")
+    losses: list[float] = field(default_factory=list)  # mean loss per eval interval
+    stopped: str = ""  # why it stopped early (NaN loss, interrupt), empty otherwise
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "steps_per_second": round(self.steps_per_second, 3)}
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def trainable_parameters(student: nn.Module, which: str, compact_types: tuple[type, ...]) -> list[nn.Parameter]:
+    """Freeze everything, then unfreeze the compact modules' parameters (or all)."""
+    for p in student.parameters():
+        p.requires_grad_(which == "all")
+    if which == "compressed":
+        for m in student.modules():
+            if isinstance(m, compact_types):
+                for p in m.parameters():
+                    p.requires_grad_(True)
+    params = [p for p in student.parameters() if p.requires_grad]
+    if not params:
+        raise CompressorError("the model has no compressed modules to train; use trainable='all'")
+    return params
+
+
+def _pool(hidden: Tensor, mask: Tensor) -> Tensor:
+    m = mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)  # (B, H)
+
+
+def distill_loss(h_s: Tensor, h_t: Tensor, mask: Tensor, cfg: FinetuneConfig) -> Tensor:
+    """w_cos · mean(1 − cos(pool_s, pool_t)) + w_hidden · ‖h_s − h_t‖² / ‖h_t‖² over real tokens."""
+    h_s, h_t = h_s.float(), h_t.float()
+    cos = nn.functional.cosine_similarity(_pool(h_s, mask), _pool(h_t, mask), dim=-1)
+    real = mask.bool()
+    hidden = ((h_s - h_t)[real] ** 2).sum() / (h_t[real] ** 2).sum().clamp_min(1e-12)
+    return cfg.cosine_weight * (1 - cos).mean() + cfg.hidden_weight * hidden
+
+
+def _batches(tokenizer, texts: list[str], cfg: FinetuneConfig) -> list[tuple[Tensor, Tensor]]:
+    """Batches of similar length (sorted, then cut), each padded to its longest passage."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = []
+    for start in range(0, len(order), cfg.batch_size):
+        chunk = [texts[i] for i in order[start : start + cfg.batch_size]]
+        enc = tokenizer(chunk, padding=True, truncation=True, max_length=cfg.max_length, return_tensors="pt")
+        out.append((enc["input_ids"], enc["attention_mask"]))
+    return out
+
+
+@torch.no_grad()
+def _hidden_states(model: nn.Module, batches, device) -> list[Tensor]:
+    model.eval()
+    out = []
+    for ids, mask in batches:
+        out.append(model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state.float().cpu())
+    return out
+
+
+@torch.no_grad()
+def _agreement(student: nn.Module, batches, targets: list[Tensor], device) -> float:
+    """Mean cosine of pooled embeddings to the teacher's on the validation batches."""
+    student.eval()
+    cos = []
+    for (ids, mask), h_t in zip(batches, targets):
+        h_s = student(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state.float().cpu()
+        cos.append(nn.functional.cosine_similarity(_pool(h_s, mask), _pool(h_t, mask), dim=-1))
+    return float(torch.cat(cos).mean())
+
+
+def finetune_(
+    student: nn.Module,
+    teacher: nn.Module,
+    tokenizer,
+    texts: list[str],
+    val_texts: list[str],
+    cfg: FinetuneConfig,
+    compact_types: tuple[type, ...],
+    device: torch.device | None = None,
+    progress: bool = True,
+) -> FinetuneReport:
+    """Train `student` in place to match `teacher` on `texts`; keep its best weights by
+    agreement on `val_texts`. Returns what happened (steps, time, losses, why it stopped)."""
+    if not texts:
+        raise CompressorError("no fine-tune text: give a file with at least one passage")
+    if not val_texts:
+        raise CompressorError("no validation text for the fine-tune")
+    device = device or pick_device()
+    report = FinetuneReport(device=str(device))
+    if cfg.steps == 0:
+        report.stopped = "0 steps asked: skipped"
+        return report
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    if device.type == "cpu":
+        torch.set_num_threads(os.cpu_count() or 1)
+    teacher.to(device)
+    student.to(device)
+    train, val = _batches(tokenizer, texts, cfg), _batches(tokenizer, val_texts, cfg)
+    train_targets, val_targets = _hidden_states(teacher, train, device), _hidden_states(teacher, val, device)
+    params = trainable_parameters(student, cfg.trainable, compact_types)
+    report.trainable_params = sum(p.numel() for p in params)
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
+    report.start_val_cosine = report.best_val_cosine = _agreement(student, val, val_targets, device)
+
+    order: list[int] = []
+    window: list[float] = []
+    start = time.perf_counter()
+    bar = tqdm(total=cfg.steps, desc="fine-tune", disable=not progress, unit="step")
+    try:
+        while True:
+            elapsed = time.perf_counter() - start
+            if (cfg.steps is not None and report.steps >= cfg.steps) or (
+                cfg.seconds is not None and elapsed >= cfg.seconds
+            ):
+                break
+            if not order:
+                order = list(range(len(train)))
+                rng.shuffle(order)
+            i = order.pop()
+            ids, mask = train[i]
+            student.train()
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                h_s = student(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+            loss = distill_loss(h_s, train_targets[i].to(device), mask.to(device), cfg)
+            if not math.isfinite(float(loss)):
+                report.stopped = f"loss became {float(loss)} at step {report.steps + 1}; kept the best weights"
+                break
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            report.steps += 1
+            window.append(float(loss))
+            bar.update()
+            bar.set_postfix(loss=f"{float(loss):.4f}", steps_s=f"{report.steps / (time.perf_counter() - start):.2f}")
+            if report.steps % cfg.eval_every == 0:
+                report.losses.append(sum(window) / len(window))
+                window = []
+                score = _agreement(student, val, val_targets, device)
+                if score > report.best_val_cosine:
+                    report.best_val_cosine, report.best_step = score, report.steps
+                    best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
+    except KeyboardInterrupt:
+        report.stopped = f"interrupted at step {report.steps}; kept the best weights"
+    finally:
+        bar.close()
+    report.seconds = time.perf_counter() - start
+    if not report.stopped:
+        score = _agreement(student, val, val_targets, device)
+        if score > report.best_val_cosine:
+            report.best_val_cosine, report.best_step = score, report.steps
+            best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
+    student.load_state_dict(best_state)
+    for p in student.parameters():
+        p.requires_grad_(False)
+    student.to("cpu").eval()
+    teacher.to("cpu")
+    return report

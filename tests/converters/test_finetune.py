@@ -1,0 +1,111 @@
+import pytest
+import torch
+
+import converters.finetune as ft
+from compressor.errors import CompressorError
+from converters.checkpoint import load_model, save_compressed
+from converters.compress import compress_
+from converters.export import export_onnx
+from converters.finetune import FinetuneConfig, finetune_
+from converters.methods import COMPACT_MODULES
+from converters.plan import Plan, TTConfig
+from eval.quality import load_tokenizer
+
+TEXTS = [f"the {w} value of a list is a string in python module number {i}" for i, w in enumerate("abcdefgh" * 4)]
+COMPACT = tuple(COMPACT_MODULES.values())
+PLAN = Plan((("embeddings", TTConfig(rank=2, order="none")),))
+
+
+@pytest.fixture
+def pair(tiny_bert_dir):
+    teacher, source = load_model(tiny_bert_dir)
+    student, _ = load_model(tiny_bert_dir)
+    report = compress_(student, PLAN, progress=False)
+    return student, teacher, source, report
+
+
+def loss_on(student, teacher, tok, cfg):
+    batches = ft._batches(tok, TEXTS, cfg)
+    targets = ft._hidden_states(teacher, batches, torch.device("cpu"))
+    with torch.no_grad():
+        return sum(
+            float(ft.distill_loss(student(input_ids=i, attention_mask=m).last_hidden_state, t, m, cfg))
+            for (i, m), t in zip(batches, targets)
+        )
+
+
+def test_a_few_steps_lower_the_loss_and_train_only_the_compressed_layers(pair):
+    student, teacher, source, _ = pair
+    tok = load_tokenizer(source)
+    cfg = FinetuneConfig(steps=30, seconds=None, lr=1e-2, batch_size=8, eval_every=10)
+    frozen = {k: v.clone() for k, v in student.state_dict().items() if "word_embeddings" not in k}
+    before = loss_on(student, teacher, tok, cfg)
+    report = finetune_(student, teacher, tok, TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
+    assert report.steps == 30 and report.device == "cpu"
+    assert loss_on(student, teacher, tok, cfg) < before
+    assert report.best_val_cosine >= report.start_val_cosine
+    after = student.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in frozen.items())  # frozen weights bit-identical
+    assert report.trainable_params == student.get_input_embeddings().weight_like_params
+
+
+def test_finetuned_checkpoint_round_trips_and_exports(pair, tmp_path):
+    student, teacher, source, report = pair
+    cfg = FinetuneConfig(steps=5, seconds=None, batch_size=8, eval_every=5)
+    result = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], cfg, COMPACT, progress=False)
+    path = save_compressed(student, PLAN, report, source, tmp_path / "ft", finetune=result.to_dict())
+    loaded, _ = load_model(path)
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in student.state_dict().items())
+    assert export_onnx(loaded, tmp_path / "ft.onnx").parity_max_abs <= 1e-4
+
+
+def test_nan_loss_stops_and_keeps_the_best_weights(pair, monkeypatch):
+    student, teacher, source, _ = pair
+    start = {k: v.clone() for k, v in student.state_dict().items()}
+    real = ft.distill_loss
+    calls = iter(range(100))
+
+    def poisoned(*args):
+        loss = real(*args)
+        return loss * float("nan") if next(calls) >= 2 else loss
+
+    monkeypatch.setattr(ft, "distill_loss", poisoned)
+    cfg = FinetuneConfig(steps=10, seconds=None, batch_size=8, eval_every=100)
+    report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], cfg, COMPACT, progress=False)
+    assert "at step 3" in report.stopped and report.steps == 2
+    assert all(torch.isfinite(v).all() for v in student.state_dict().values() if v.is_floating_point())
+    assert all(torch.equal(v, start[k]) for k, v in student.state_dict().items())  # no eval beat the start
+
+
+def test_zero_steps_skip(pair):
+    student, teacher, source, _ = pair
+    report = finetune_(student, teacher, None, TEXTS, TEXTS, FinetuneConfig(steps=0), COMPACT, progress=False)
+    assert report.steps == 0 and "skipped" in report.stopped
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"steps": None, "seconds": None}, "step budget"),
+        ({"steps": -1}, "≥ 0"),
+        ({"seconds": 0}, "> 0 seconds"),
+        ({"trainable": "some"}, "trainable"),
+    ],
+)
+def test_bad_configs_raise(kwargs, message):
+    with pytest.raises(CompressorError, match=message):
+        FinetuneConfig(**kwargs)
+
+
+def test_no_data_raises(pair):
+    student, teacher, source, _ = pair
+    with pytest.raises(CompressorError, match="no fine-tune text"):
+        finetune_(student, teacher, load_tokenizer(source), [], TEXTS, FinetuneConfig(steps=2), COMPACT)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+def test_gpu_path_lowers_the_loss(pair):
+    student, teacher, source, _ = pair
+    cfg = FinetuneConfig(steps=20, seconds=None, lr=1e-2, batch_size=8, eval_every=10)
+    report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
+    assert report.device.startswith("cuda") and report.best_val_cosine >= report.start_val_cosine
