@@ -128,7 +128,7 @@ def _finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
         help="fine-tune text, one passage per line; its last tenth (at most 64) is held out for validation "
         "(default: the finetune split of pydoc_data.topics)",
     )
-    p.add_argument("--lr", type=float, default=1e-3, help="fine-tune: AdamW learning rate (default: 1e-3)")
+    p.add_argument("--lr", type=float, default=2e-3, help="fine-tune: AdamW learning rate (default: 2e-3)")
     p.add_argument(
         "--trainable",
         choices=["compressed", "all"],

@@ -1,7 +1,9 @@
 """finetune_(student, teacher, ...): distil the original encoder into its compressed copy.
 
 Loss per batch (encoders): (1 − cos(pool(h_s), pool(h_t))) · w_cos + ‖h_s − h_t‖² / ‖h_t‖² · w_hidden
-over real tokens, pool = mean over real tokens. The teacher's hidden states are computed once,
+over real tokens, pool = mean over real tokens, plus an anchor w_anchor · ‖E_s[u] − E_t[u]‖² / ‖E_t[u]‖²
+on the input embedding rows of random tokens u, so that rows the text never shows do not drift
+while shared factors move. The teacher's hidden states are computed once,
 before training. AdamW on the compressed modules only (default) or on every parameter; `cuda`
 with bf16 autocast when present, else the CPU with all cores; the best weights by agreement on a
 held-out validation split are kept.
@@ -28,13 +30,15 @@ TRAINABLE = ("compressed", "all")
 class FinetuneConfig:
     steps: int | None = None  # stop after this many steps …
     seconds: float | None = 300.0  # … or this much wall time, whichever comes first
-    lr: float = 1e-3
+    lr: float = 2e-3
     batch_size: int = 32
     max_length: int = 64
     trainable: str = "compressed"
     cosine_weight: float = 1.0
     hidden_weight: float = 1.0
     eval_every: int = 50
+    anchor_weight: float = 0.3  # weight of ‖E_s[u] − E_t[u]‖² / ‖E_t[u]‖² over random tokens u
+    anchor_tokens: int = 2048
     seed: int = 0
 
     def __post_init__(self):
@@ -164,6 +168,7 @@ def finetune_(
     student.to(device)
     train, val = _batches(tokenizer, texts, cfg), _batches(tokenizer, val_texts, cfg)
     train_targets, val_targets = _hidden_states(teacher, train, device), _hidden_states(teacher, val, device)
+    table = teacher.get_input_embeddings().weight.detach()
     params = trainable_parameters(student, cfg.trainable, compact_types)
     report.trainable_params = sum(p.numel() for p in params)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
@@ -190,6 +195,10 @@ def finetune_(
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 h_s = student(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
             loss = distill_loss(h_s, train_targets[i].to(device), mask.to(device), cfg)
+            if cfg.anchor_weight:
+                u = torch.randint(0, table.shape[0], (cfg.anchor_tokens,), device=device)
+                rows = student.get_input_embeddings()(u)
+                loss = loss + cfg.anchor_weight * ((rows - table[u]) ** 2).sum() / (table[u] ** 2).sum()
             if not math.isfinite(float(loss)):
                 report.stopped = f"loss became {float(loss)} at step {report.steps + 1}; kept the best weights"
                 break
