@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import ShapeError
 from compressor.lowrank_embedding import LowRankEmbedding
 from compressor.tt_embedding import TTEmbedding
@@ -34,7 +35,7 @@ class HeadTailSpec:
         return asdict(self)
 
 
-class HeadTailEmbedding(nn.Module):
+class HeadTailEmbedding(CompactEmbedding):
     """Head rows are bit-exact; in ONNX: a Gather of the permutation, a Gather of the head, the
     tail's own lookup, and one Where."""
 
@@ -71,14 +72,6 @@ class HeadTailEmbedding(nn.Module):
             module.permutation[head_tokens] = torch.arange(len(head_tokens))
             module.permutation[tail_ids] = torch.arange(len(tail_ids)) + len(head_tokens)
         return module
-
-    @property
-    def num_embeddings(self) -> int:
-        return self.spec.num_embeddings
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.spec.embedding_dim
 
     def to_dense(self) -> Tensor:
         rows = torch.cat([self.head, self.tail.to_dense()])  # in position order

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from compressor.compact_embedding import CompactEmbedding
 from compressor.lowrank import svd_factors, weighted_row_factors
 
 __all__ = ["LowRankEmbedding", "LowRankEmbeddingSpec"]
@@ -21,7 +22,7 @@ class LowRankEmbeddingSpec:
         return asdict(self)
 
 
-class LowRankEmbedding(nn.Module):
+class LowRankEmbedding(CompactEmbedding):
     """Row i is codes[i] @ basis: a Gather from a V×r table, then one MatMul with r×D."""
 
     spec_type = LowRankEmbeddingSpec
@@ -42,14 +43,6 @@ class LowRankEmbedding(nn.Module):
             module.codes.copy_(factors.up)
             module.basis.copy_(factors.down)
         return module
-
-    @property
-    def num_embeddings(self) -> int:
-        return self.spec.num_embeddings
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.spec.embedding_dim
 
     def to_dense(self) -> Tensor:
         return self.codes @ self.basis

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import ShapeError
 from compressor.factorize import balanced_factors
 from compressor.token_order import TOKEN_ORDERS, principal_order
@@ -42,7 +43,7 @@ class TTEmbeddingSpec:
         return asdict(self)
 
 
-class TTEmbedding(nn.Module):
+class TTEmbedding(CompactEmbedding):
     """Embedding(V, D) as d TT cores, each stored token-axis first, (v_k, r_{k-1}, d_k, r_k),
     so that one Gather takes every token's slice; the lookup is then d−1 batched matmuls."""
 
@@ -99,14 +100,6 @@ class TTEmbedding(nn.Module):
             if spec.permuted:
                 module.permutation.copy_(perm)
         return module
-
-    @property
-    def num_embeddings(self) -> int:
-        return self.spec.num_embeddings
-
-    @property
-    def embedding_dim(self) -> int:
-        return self.spec.embedding_dim
 
     @property
     def weight_like_params(self) -> int:

@@ -1,0 +1,18 @@
+"""What every compact embedding shares: its table's shape (V, D) is read from its spec."""
+
+from torch import nn
+
+__all__ = ["CompactEmbedding"]
+
+
+class CompactEmbedding(nn.Module):
+    """Base of the embedding modules that never hold their (V, D) table; `self.spec` carries
+    num_embeddings and embedding_dim, as nn.Embedding's attributes of the same names do."""
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.spec.num_embeddings
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.spec.embedding_dim
