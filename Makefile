@@ -24,7 +24,7 @@ test: install
 	$(BIN)/python -m pytest -q
 
 bench: install
-	$(BIN)/python benchmarks/tt_lookup.py --json runs/bench/tt_lookup.json
+	$(BIN)/python benchmarks/tt_lookup.py --runs 400 --json runs/bench/tt_lookup.json
 	$(BIN)/compressor run --rank 16 32 64 128 --order none pca --out runs/bench/tt
 
 lint: install
