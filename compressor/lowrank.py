@@ -73,7 +73,9 @@ def whitened_factors(weight: Tensor, gram: Tensor, rank: int, damp: float = 1e-6
     if gram.shape != (w.shape[1], w.shape[1]):
         raise ShapeError(f"Gram matrix {tuple(gram.shape)} does not match a layer with {w.shape[1]} inputs")
     rank = _clamp(rank, w)
-    s_mat, _ = cholesky_whitener(gram, damp)
+    s_mat, lam = cholesky_whitener(gram, damp)
+    if int(torch.linalg.cholesky_ex(gram.detach().to(torch.float64))[1]) != 0:
+        warnings.warn(f"the input Gram matrix is singular; regularised with λ = {lam:.3g}", stacklevel=2)
     u, s, vh = torch.linalg.svd(w @ s_mat, full_matrices=False)
     up, down_white = _split(u, s, vh, rank)
     down = torch.linalg.solve_triangular(s_mat, down_white, upper=False, left=False)  # (Σ^{1/2} Vᵀ) S⁻¹

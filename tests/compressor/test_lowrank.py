@@ -47,7 +47,8 @@ def test_singular_gram_is_regularised():
     x[:, 5:] = 0  # inputs live in a 5-dim subspace: XᵀX is singular
     s, lam = cholesky_whitener(x.T.double() @ x.double())
     assert lam > 0 and torch.isfinite(s).all()
-    f = whitened_factors(w, x.T.double() @ x.double(), 5)
+    with pytest.warns(UserWarning, match="singular; regularised"):
+        f = whitened_factors(w, x.T.double() @ x.double(), 5)
     assert torch.allclose((f.up @ f.down) @ x.T, w @ x.T, atol=1e-3)  # exact on the inputs seen
 
 
