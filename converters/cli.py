@@ -166,7 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a model or compressed checkpoint to ONNX, parity-checked")
     p.add_argument("model", nargs="?", default=None, help="model or checkpoint directory (default: the default model)")
-    p.add_argument("--out", type=Path, default=None, help="ONNX file to write (default: MODEL_DIR.onnx)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="ONNX file to write (default: MODEL_DIR.onnx beside the directory; original.onnx for the default model)",
+    )
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, ≥ 17 (default: 17)")
 
     p = sub.add_parser("bench", help="measure ONNX encoders side by side; the first is the reference")
@@ -357,7 +362,7 @@ def cmd_finetune(args) -> None:
 
 def cmd_export(args) -> None:
     model, source = load_model(args.model)
-    out = args.out or (source.with_suffix(".onnx") if args.model else Path("original.onnx"))
+    out = args.out or (source.parent / f"{source.name}.onnx" if args.model else Path("original.onnx"))
     result = export_onnx(model, out, opset=args.opset)
     _say(f"wrote {result.path} (parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e})")
 
