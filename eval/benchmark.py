@@ -4,7 +4,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from eval.graph import file_bytes, initializer_stats, load_graph, optimized_initializer_bytes
+from eval.graph import check_encoder_graph, file_bytes, initializer_stats, load_graph, optimized_initializer_bytes
 from eval.latency import SETTINGS, measure_latency
 from eval.memory import peak_rss
 from eval.quality import cosine_mean, encode_passages, load_tokenizer, recall_at_k, sentence_embeddings
@@ -37,7 +37,7 @@ def bench(
     of `rss_shape` (batch, sequence); latency uses `settings` (default: latency.SETTINGS)."""
     settings = SETTINGS if settings is None else settings
     for _, path in variants:
-        load_graph(path, with_data=False)  # every file checked before any is measured
+        check_encoder_graph(path)  # every file checked before any is measured
     tokenizer = load_tokenizer(tokenizer_dir)
     batches = encode_passages(tokenizer, eval_texts)
     vocab = tokenizer.vocab_size  # latency and RSS inputs draw ids from [0, vocab)

@@ -3,8 +3,10 @@
 import json
 
 import pytest
+import torch
 
 from converters.cli import main
+from converters.export import export_embedding_onnx
 
 
 def run_cli(capsys, *argv):
@@ -184,6 +186,7 @@ def test_finetune_without_its_teacher_says_so(tiny_bert_dir, tmp_path, capsys):
         (["compress", "{tiny}", "--rel-eps", "1.5", "--out", "{tmp}/o"], "in (0, 1)"),
         (["compress", "{tiny}", "--plan", "{tmp}/none.json", "--out", "{tmp}/o"], "does not exist"),
         (["bench", "{tmp}/bad.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "ONNX"),
+        (["bench", "{tmp}/lookup.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "not an encoder graph"),
         (["bench", "{tmp}/missing.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "does not exist"),
         (["run", "{tiny}", "--eval-text", "{tmp}/empty.txt", "--out", "{tmp}/o"], "at least 11 are needed"),
         (["run", "{tiny}", "--runs", "0", "--out", "{tmp}/o"], "--runs must be at least 1"),
@@ -200,6 +203,7 @@ def test_finetune_without_its_teacher_says_so(tiny_bert_dir, tmp_path, capsys):
 )
 def test_bad_input_gets_one_clear_sentence(argv, message, tiny_bert_dir, eval_text_file, tmp_path, capsys):
     (tmp_path / "bad.onnx").write_text("this is not onnx")
+    export_embedding_onnx(torch.nn.Embedding(10, 4), tmp_path / "lookup.onnx")
     (tmp_path / "empty.txt").write_text("\n\n")
     (tmp_path / "short.txt").write_text("the value\n")
     fill = {"tmp": tmp_path, "tiny": tiny_bert_dir, "text": eval_text_file}
