@@ -1,9 +1,9 @@
-"""Rank allocation under a parameter budget: greedy on the drop in relative error per parameter.
+"""Rank allocation under a parameter budget: greedy on the drop in error per parameter.
 
-A layer at rank r has relative error e(r) = Σ_{j>r} σ_j² / Σ_j σ_j² (σ from the SVD that its
-truncation uses) and costs fixed + r·per_rank parameters; past break-even (cost ≥ dense) it
-stays dense at error 0. The greedy order does not depend on the budget, so more budget never
-gives more total error."""
+A layer at rank r has error e(r) = Σ_{j>r} σ_j² (σ from the SVD that its truncation uses), divided
+by Σ_j σ_j² when the layers' spectra are not in common units (relative), and costs fixed +
+r·per_rank parameters; past break-even (cost ≥ dense) it stays dense at error 0. The greedy order
+does not depend on the budget, so more budget never gives more total error."""
 
 import heapq
 from dataclasses import dataclass
@@ -13,7 +13,7 @@ from torch import Tensor
 
 from compressor.errors import RankError
 
-__all__ = ["LayerCost", "Allocation", "allocate_ranks", "relative_tail_error"]
+__all__ = ["LayerCost", "Allocation", "allocate_ranks", "tail_error"]
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,12 @@ class LayerCost:
         return max(0, min(len(self.spectrum), (self.dense - self.fixed - 1) // self.per_rank))
 
 
-def relative_tail_error(spectrum: Tensor, rank: int | None) -> float:
-    """Σ_{j>r} σ_j² / Σ σ_j²; 0 for dense (None)."""
+def tail_error(spectrum: Tensor, rank: int | None, relative: bool = True) -> float:
+    """Σ_{j>r} σ_j², over Σ σ_j² when `relative`; 0 for dense (None)."""
     if rank is None:
         return 0.0
     energy = spectrum.to(torch.float64) ** 2
-    return float(energy[rank:].sum() / energy.sum().clamp_min(1e-300))
+    return float(energy[rank:].sum() / (energy.sum().clamp_min(1e-300) if relative else 1.0))
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,14 @@ class Allocation:
     predicted_error: dict[str, float]
 
 
-def allocate_ranks(layers: list[LayerCost], budget: int, step: int = 8) -> Allocation:
+def allocate_ranks(layers: list[LayerCost], budget: int, step: int = 8, relative: bool = True) -> Allocation:
     """Start every layer at rank `step`; repeatedly give `step` more rank (or, at break-even,
-    the dense layer) to the layer whose error drops most per added parameter, while it fits."""
+    the dense layer) to the layer whose error drops most per added parameter, while it fits.
+    Errors are relative unless the spectra share units (`relative=False`: summed loss estimates)."""
+
+    def error(layer: LayerCost, rank: int | None) -> float:
+        return tail_error(layer.spectrum, rank, relative)
+
     ranks: dict[str, int | None] = {}
     for layer in layers:
         if layer.break_even() < 1:
@@ -66,7 +71,7 @@ def allocate_ranks(layers: list[LayerCost], budget: int, step: int = 8) -> Alloc
         if r is None:
             return None
         nxt = r + step if r + step <= layer.break_even() else None  # None: go dense
-        gain = relative_tail_error(layer.spectrum, r) - relative_tail_error(layer.spectrum, nxt)
+        gain = error(layer, r) - error(layer, nxt)
         extra = layer.cost(nxt) - layer.cost(r)
         return (-gain / max(extra, 1), layer.name, nxt, extra)
 
@@ -81,5 +86,5 @@ def allocate_ranks(layers: list[LayerCost], budget: int, step: int = 8) -> Alloc
         p = proposal(by_name[name])
         if p is not None:
             heapq.heappush(heap, p)
-    errors = {layer.name: relative_tail_error(layer.spectrum, ranks[layer.name]) for layer in layers}
+    errors = {layer.name: error(layer, ranks[layer.name]) for layer in layers}
     return Allocation(ranks, spent, errors)

@@ -34,9 +34,15 @@ class LowRankEmbedding(CompactEmbedding):
         self.basis = nn.Parameter(torch.zeros(spec.rank, spec.embedding_dim))  # B (r, D)
 
     @classmethod
-    def from_weight(cls, weight: Tensor, rank: int, row_weights: Tensor | None = None) -> "LowRankEmbedding":
-        """Truncated SVD of the table, or of diag(√f) W when row weights f are given."""
-        factors = svd_factors(weight, rank) if row_weights is None else weighted_row_factors(weight, row_weights, rank)
+    def from_weight(
+        cls, weight: Tensor, rank: int, row_weights: Tensor | None = None, sensitivity: Tensor | None = None
+    ) -> "LowRankEmbedding":
+        """Truncated SVD of the table; of diag(√f) W when row weights f are given, and of
+        diag(√f) W L (L Lᵀ = F) when the output sensitivity F is given as well."""
+        if row_weights is None:
+            factors = svd_factors(weight, rank)
+        else:
+            factors = weighted_row_factors(weight, row_weights, rank, sensitivity)
         spec = LowRankEmbeddingSpec(weight.shape[0], weight.shape[1], factors.rank)
         module = cls(spec).to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():

@@ -46,10 +46,15 @@ class LowRankLinear(nn.Module):
         return module
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, rank: int, gram: Tensor | None = None) -> "LowRankLinear":
-        """Plain truncated SVD, or activation-aware when the input Gram matrix XᵀX is given."""
+    def from_linear(
+        cls, linear: nn.Linear, rank: int, gram: Tensor | None = None, sensitivity: Tensor | None = None
+    ) -> "LowRankLinear":
+        """Plain truncated SVD; activation-aware when the input Gram matrix XᵀX is given, and
+        output-aware too when the output sensitivity F = E[g gᵀ] is given as well."""
         w = linear.weight
-        return cls.from_factors(linear, svd_factors(w, rank) if gram is None else whitened_factors(w, gram, rank))
+        if gram is None:
+            return cls.from_factors(linear, svd_factors(w, rank))
+        return cls.from_factors(linear, whitened_factors(w, gram, rank, sensitivity=sensitivity))
 
     def to_dense(self) -> Tensor:
         """W' = up · down, (K, D)."""

@@ -1,16 +1,19 @@
 """A parameter budget over the targeted modules, turned into a concrete low-rank plan: each
-module's rank is chosen by compressor.budget.allocate_ranks from its singular values (whitened
-for linear layers, frequency-weighted for the embedding's tail) so that the summed relative
-error is smallest."""
+module's rank is chosen by compressor.budget.allocate_ranks from the singular values its
+truncation uses (whitened for linear layers, frequency-weighted for the embedding's tail) so
+that the summed error is smallest. The fisher kind also maps each layer's output by its
+sensitivity: its σ² are then loss estimates in common units, summed as they are; the other
+kinds' errors are relative to each layer's energy."""
 
 import re
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 from compressor.budget import LayerCost, allocate_ranks
 from compressor.errors import PlanError
-from compressor.lowrank import cholesky_whitener
+from compressor.lowrank import SENSITIVITY_DAMP, cholesky_whitener
 from converters.calibration import Calibration
 from converters.methods import head_tokens
 from converters.plan import LowRankConfig, Plan, match_plan
@@ -35,20 +38,30 @@ def parse_budget(text: str) -> tuple[str, float]:
     return "bytes", value * UNITS[unit]
 
 
-def _layer_cost(name: str, module: nn.Module, calib: Calibration, whiten: bool, dense_head: int) -> LayerCost:
+def _output_root(calib: Calibration, name: str, cfg: LowRankConfig) -> torch.Tensor | None:
+    return cholesky_whitener(calib.sensitivity(name), SENSITIVITY_DAMP)[0] if cfg.sensitive else None
+
+
+def _layer_cost(name: str, module: nn.Module, calib: Calibration, cfg: LowRankConfig) -> LayerCost:
+    """The layer's cost per rank and the singular values its truncation under `cfg` will use."""
     w = module.weight.detach().to(torch.float64)
+    out = _output_root(calib, name, cfg)
     if isinstance(module, nn.Linear):
-        if whiten:
+        if cfg.whiten:
             w = w @ cholesky_whitener(calib.gram(name))[0]
+        if out is not None:
+            w = out.T @ w
         k, d = module.weight.shape
         return LayerCost(name, torch.linalg.svdvals(w), per_rank=k + d, dense=k * d)
     rows, dim = w.shape
     tail = torch.ones(rows, dtype=torch.bool)
-    if dense_head:
-        tail[head_tokens(calib, dense_head)] = False
-    freq = calib.counts[tail].to(torch.float64) + 1.0
-    spectrum = torch.linalg.svdvals(w[tail] * freq.sqrt()[:, None])
-    return LayerCost(name, spectrum, per_rank=int(tail.sum()) + dim, dense=rows * dim, fixed=dense_head * dim)
+    if cfg.dense_head:
+        tail[head_tokens(calib, cfg.dense_head)] = False
+    weighted = w[tail]
+    if cfg.weighted:
+        weighted = weighted * (calib.counts[tail].to(torch.float64) + 1.0).sqrt()[:, None]
+    spectrum = torch.linalg.svdvals(weighted if out is None else weighted @ out)
+    return LayerCost(name, spectrum, per_rank=int(tail.sum()) + dim, dense=rows * dim, fixed=cfg.dense_head * dim)
 
 
 def plan_for_budget(
@@ -57,23 +70,25 @@ def plan_for_budget(
     budget: str,
     calibration: Calibration,
     dense_head: int = 0,
-    whiten: bool = True,
+    kind: str = "fisher",
 ) -> Plan:
-    """A plan with one exact-name LowRankConfig per targeted module, ranks from the budget."""
-    kind, value = parse_budget(budget)
+    """A plan with one exact-name LowRankConfig of `kind` per targeted module, ranks from the budget."""
+    unit, value = parse_budget(budget)
     probe = Plan(tuple((t, LowRankConfig(dense_head=dense_head)) for t in targets))
     names = list(match_plan(probe, model))
     modules = {n: model.get_submodule(n) for n in names}
     unsupported = [n for n, m in modules.items() if not isinstance(m, nn.Linear | nn.Embedding)]
     if unsupported:
         raise PlanError(f"a budget applies to linear and embedding layers; {unsupported[0]!r} is neither")
-    layers = [
-        _layer_cost(n, m, calibration, whiten, dense_head if isinstance(m, nn.Embedding) else 0)
+    configs = {
+        n: LowRankConfig.of_kind(kind, rank=1, keep=None, dense_head=dense_head if isinstance(m, nn.Embedding) else 0)
         for n, m in modules.items()
-    ]
+    }
+    layers = [_layer_cost(n, m, calibration, configs[n]) for n, m in modules.items()]
     total = sum(layer.dense for layer in layers)
-    params = int(value * total) if kind == "fraction" else int(value // 4)  # float32 weights
-    alloc = allocate_ranks(layers, params)
+    params = int(value * total) if unit == "fraction" else int(value // 4)  # float32 weights
+    relative = not configs[names[0]].sensitive
+    alloc = allocate_ranks(layers, params, relative=relative)
     entries, notes = (
         [],
         [f"budget {budget}: {alloc.params:,} of {total:,} targeted weights ({alloc.params / total:.3f})"],
@@ -83,11 +98,9 @@ def plan_for_budget(
         if rank is None:
             notes.append(f"{layer.name}: kept dense (the greedy gave it every rank up to break-even)")
             continue
-        head = dense_head if isinstance(modules[layer.name], nn.Embedding) else 0
-        cfg = LowRankConfig(rank=rank, keep=None, whiten=whiten, weighted=True, dense_head=head)
-        entries.append((layer.name, cfg))
-        notes.append(f"{layer.name}: rank {rank}, predicted relative error {err:.4f}")
+        entries.append((layer.name, replace(configs[layer.name], rank=rank)))
+        what = "relative error" if relative else "loss increase"
+        notes.append(f"{layer.name}: rank {rank}, predicted {what} {err:.4g}")
     if not entries:
         raise PlanError(f"the budget {budget} leaves every targeted module dense; nothing to compress")
-    kind_label = "aware" if whiten else "plain"
-    return Plan(tuple(entries), name=f"lowrank-budget{budget}-{kind_label}", notes=tuple(notes))
+    return Plan(tuple(entries), name=f"lowrank-budget{budget}-{kind}", notes=tuple(notes))

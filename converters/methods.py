@@ -125,18 +125,22 @@ def _lowrank(module: nn.Module, cfg: LowRankConfig, ctx: Context) -> nn.Module |
         rank = lowrank_linear_rank(cfg, k, d)
         if rank < 1 or rank * (k + d) >= k * d:
             return Skip(f"rank {rank} would not save parameters: {rank}·({k}+{d}) ≥ {k}·{d}")
-        gram = ctx.require_calibration("activation-aware low-rank").gram(ctx.name) if cfg.whiten else None
-        return LowRankLinear.from_linear(module, rank, gram)
+        if not cfg.whiten:
+            return LowRankLinear.from_linear(module, rank)
+        calib = ctx.require_calibration("activation-aware low-rank")
+        sensitivity = calib.sensitivity(ctx.name) if cfg.sensitive else None
+        return LowRankLinear.from_linear(module, rank, calib.gram(ctx.name), sensitivity)
 
     rows, dim = module.weight.shape
     rank = lowrank_tail_rank(cfg, rows, dim)
     if rank < 1:
         return Skip(f"a dense head of {cfg.dense_head} rows leaves no parameters for the tail at keep={cfg.keep}")
-    counts = ctx.require_calibration("frequency weighting").counts if cfg.weighted else None
+    calib = ctx.require_calibration("frequency weighting") if cfg.weighted else None
+    sensitivity = calib.sensitivity(ctx.name) if cfg.sensitive else None
 
     def build(weight, ids):
-        freq = None if counts is None else counts[ids].to(torch.float64) + 1.0  # +1: unseen tokens still count
-        return LowRankEmbedding.from_weight(weight, rank, freq)
+        freq = None if calib is None else calib.counts[ids].to(torch.float64) + 1.0  # +1: unseen tokens still count
+        return LowRankEmbedding.from_weight(weight, rank, freq, sensitivity)
 
     if cfg.dense_head:
         return _with_dense_head(module, cfg.dense_head, ctx, build)

@@ -68,11 +68,15 @@ def _check_dense_head(k: object) -> None:
         raise PlanError(f"a dense head must be a number of rows ≥ 0, got {k!r}")
 
 
+LOWRANK_KINDS = ("plain", "aware", "fisher")
+
+
 @dataclass(frozen=True)
 class LowRankConfig:
     """Low-rank factors W ≈ up · down at `rank`, or at the rank that keeps the fraction `keep` of
     the module's parameters. Linear layers: activation-aware when `whiten` (needs calibration).
-    Embeddings: rows weighted by token frequency when `weighted`, and an exact `dense_head`."""
+    Embeddings: rows weighted by token frequency when `weighted`, and an exact `dense_head`.
+    `sensitive` adds each layer's output sensitivity to either (the "fisher" kind)."""
 
     method: ClassVar[str] = "lowrank"
     rank: int | None = None
@@ -80,9 +84,24 @@ class LowRankConfig:
     whiten: bool = True
     weighted: bool = True
     dense_head: int = 0
+    sensitive: bool = False
+
+    @classmethod
+    def of_kind(cls, kind: str, **options) -> "LowRankConfig":
+        """plain: SVD; aware: activation-aware / frequency-weighted; fisher: aware + output sensitivity."""
+        if kind not in LOWRANK_KINDS:
+            raise PlanError(f"a low-rank kind is one of {', '.join(LOWRANK_KINDS)}, got {kind!r}")
+        aware = kind != "plain"
+        return cls(whiten=aware, weighted=aware, sensitive=kind == "fisher", **options)
+
+    @property
+    def kind(self) -> str:
+        return "fisher" if self.sensitive else "aware" if self.whiten else "plain"
 
     def __post_init__(self):
         _check_dense_head(self.dense_head)
+        if self.sensitive and not (self.whiten and self.weighted):
+            raise PlanError("output sensitivity (fisher) builds on activation-aware and frequency-weighted factors")
         if self.rank is None and self.keep is None:
             raise PlanError("a low-rank plan needs a rank or a fraction of parameters to keep; got neither")
         if self.rank is not None:
@@ -92,9 +111,8 @@ class LowRankConfig:
 
     def label(self) -> str:
         size = f"r{self.rank}" if self.rank is not None else f"keep{self.keep:g}"
-        kind = "aware" if self.whiten else "plain"
         head = [f"head{self.dense_head}"] if self.dense_head else []
-        return "-".join(["lowrank", *head, size, kind])
+        return "-".join(["lowrank", *head, size, self.kind])
 
 
 METHODS: dict[str, type] = {

@@ -3,7 +3,14 @@ import torch
 from torch import nn
 
 from compressor.errors import RankError, ShapeError
-from compressor.lowrank import cholesky_whitener, svd_factors, weighted_row_factors, whitened_factors
+from compressor.lowrank import (
+    SENSITIVITY_DAMP,
+    cholesky_whitener,
+    metric_factors,
+    svd_factors,
+    weighted_row_factors,
+    whitened_factors,
+)
 from compressor.lowrank_embedding import LowRankEmbedding
 from compressor.lowrank_linear import LowRankLinear
 
@@ -30,6 +37,42 @@ def test_whitened_output_error_is_no_worse_than_plain():
         err_plain = torch.linalg.norm((w - plain.up @ plain.down) @ x.T)
         err_aware = torch.linalg.norm((w - aware.up @ aware.down) @ x.T)
         assert err_aware <= err_plain * (1 + 1e-5), rank
+
+
+def sensitivity(k=16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(k, k, generator=g, dtype=torch.float64) * torch.logspace(0, -2, k, dtype=torch.float64)
+    return a @ a.T  # an anisotropic output metric F
+
+
+def test_output_aware_full_rank_is_exact():
+    x, w = data()
+    f = whitened_factors(w, x.T.double() @ x.double(), 16, sensitivity=sensitivity())
+    assert torch.allclose(f.up @ f.down, w, atol=1e-4)
+
+
+def test_metric_factors_tail_is_the_metric_error_and_optimal():
+    """‖P (W − W') Q‖² = Σ_{j>r} σ_j², and no worse than plain or activation-aware truncation."""
+    x, w = data()
+    w = w.double()
+    gram, fisher = x.T.double() @ x.double(), sensitivity()
+    p, q = cholesky_whitener(fisher, SENSITIVITY_DAMP)[0].T, cholesky_whitener(gram)[0]
+    for rank in (2, 5, 9):
+        kfac = whitened_factors(w, gram, rank, sensitivity=fisher)
+
+        def metric_error(f):
+            return float(torch.linalg.norm(p @ (w - f.up.double() @ f.down.double()) @ q) ** 2)
+
+        assert metric_error(kfac) == pytest.approx(float((kfac.spectrum[rank:] ** 2).sum()), rel=1e-4)
+        assert metric_error(kfac) <= metric_error(whitened_factors(w, gram, rank)) * (1 + 1e-6)
+        assert metric_error(kfac) <= metric_error(svd_factors(w, rank)) * (1 + 1e-6)
+
+
+def test_diagonal_metrics_equal_their_matrices():
+    _, w = data()
+    left, right = torch.rand(16, dtype=torch.float64) + 0.5, torch.rand(24, dtype=torch.float64) + 0.5
+    a, b = metric_factors(w, 4, left, right), metric_factors(w, 4, torch.diag(left), torch.diag(right))
+    assert torch.allclose(a.up @ a.down, b.up @ b.down, atol=1e-5)
 
 
 def test_error_decreases_with_rank():
@@ -75,6 +118,8 @@ def test_mismatched_gram_and_weights_raise():
         whitened_factors(torch.randn(8, 6), torch.eye(5), 2)
     with pytest.raises(ShapeError, match="positive"):
         weighted_row_factors(torch.randn(8, 6), torch.zeros(8), 2)
+    with pytest.raises(ShapeError, match="sensitivity matrix"):
+        whitened_factors(torch.randn(8, 6), torch.eye(6), 2, sensitivity=torch.eye(6))
 
 
 def test_rank_above_the_shape_is_clamped():

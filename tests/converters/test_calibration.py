@@ -5,7 +5,7 @@ from compressor.errors import CompressorError, PlanError
 from compressor.head_tail import HeadTailEmbedding
 from compressor.lowrank_linear import LowRankLinear
 from converters.budget import parse_budget, plan_for_budget
-from converters.calibration import cached_calibration, calibrate
+from converters.calibration import _pooled_probes, cached_calibration, calibrate
 from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
@@ -38,7 +38,7 @@ def tiny(tiny_bert_dir):
 @pytest.fixture(scope="module")
 def calib(tiny):
     model, _, tok = tiny
-    return calibrate(model, tok, TEXTS, ALL_LINEAR, batch=5, progress=False)
+    return calibrate(model, tok, TEXTS, ALL_LINEAR, batch=5, progress=False, sensitivity=True)
 
 
 def test_streamed_gram_equals_the_gram_of_all_inputs(tiny, calib):
@@ -55,13 +55,39 @@ def test_streamed_gram_equals_the_gram_of_all_inputs(tiny, calib):
     assert int(calib.counts[tok.cls_token_id]) == len(TEXTS)
 
 
-def test_cache_returns_the_same_statistics(tiny, tmp_path):
+@pytest.mark.parametrize("sensitivity", [False, True])
+def test_cache_returns_the_same_statistics(tiny, tmp_path, sensitivity):
     model, source, tok = tiny
-    first = cached_calibration(tmp_path, source, model, tok, TEXTS, LINEAR, progress=False)
+    first = cached_calibration(tmp_path, source, model, tok, TEXTS, LINEAR, progress=False, sensitivity=sensitivity)
     assert len(list(tmp_path.glob("calibration-*.safetensors"))) == 1
-    again = cached_calibration(tmp_path, source, model, tok, TEXTS, LINEAR, progress=False)
+    again = cached_calibration(tmp_path, source, model, tok, TEXTS, LINEAR, progress=False)  # reuses either
+    assert len(list(tmp_path.glob("calibration-*.safetensors"))) == 1
     assert torch.equal(first.counts, again.counts) and first.special_ids == again.special_ids
     assert all(torch.equal(first.grams[n], again.grams[n]) for n in LINEAR)
+    assert first.sensitivities.keys() == again.sensitivities.keys()
+    assert all(torch.equal(first.sensitivities[n], again.sensitivities[n]) for n in first.sensitivities)
+
+
+def test_probes_have_the_hessian_of_the_cosine_loss_as_covariance():
+    """E[z zᵀ] = (I − êêᵀ) / ‖e‖², z = ∂(zᵀe)/∂e: the Hessian of 1 − cos(e, ·) at e."""
+    e = torch.tensor([[3.0, 0.0, 4.0, 0.0]], dtype=torch.float64)
+    hidden = e[:, None, :].clone().requires_grad_(True)  # one passage, one token
+    probes = _pooled_probes(hidden, torch.ones(1, 1), 20_000, torch.Generator().manual_seed(0))
+    z = torch.stack([torch.autograd.grad(p, hidden, retain_graph=True)[0][0, 0] for p in probes])
+    unit = e[0] / e.norm()
+    expected = (torch.eye(4, dtype=torch.float64) - torch.outer(unit, unit)) / 25.0
+    assert torch.allclose(z.T @ z / len(probes), expected, atol=2e-3)
+
+
+def test_sensitivities_cover_the_layers_and_the_embedding(tiny, calib, tiny_bert_dir):
+    model, _, _ = tiny
+    assert set(calib.sensitivities) == {*ALL_LINEAR, "embeddings.word_embeddings"}
+    for name, f in calib.sensitivities.items():
+        out = model.get_submodule(name).weight.shape[0 if name in ALL_LINEAR else 1]
+        assert f.shape == (out, out) and torch.allclose(f, f.T)
+        assert float(torch.linalg.eigvalsh(f).min()) >= -1e-9 * float(f.diagonal().max())
+    fresh, _ = load_model(tiny_bert_dir)
+    assert [p.requires_grad for p in model.parameters()] == [p.requires_grad for p in fresh.parameters()]
 
 
 def test_too_little_calibration_text_raises(tiny):
@@ -84,9 +110,12 @@ def test_data_aware_plans_need_calibration(tiny_bert_dir):
         compress_(model, Plan((("linear", LowRankConfig()),)), progress=False)
 
 
-def test_lowrank_plan_round_trips_and_exports(tiny_bert_dir, calib, tmp_path):
+@pytest.mark.parametrize("kind", ["aware", "fisher"])
+def test_lowrank_plan_round_trips_and_exports(tiny_bert_dir, calib, tmp_path, kind):
     model, source = load_model(tiny_bert_dir)
-    plan = Plan((("embeddings", LowRankConfig(keep=0.3, dense_head=10)), ("linear", LowRankConfig(keep=0.4))))
+    embeddings = LowRankConfig.of_kind(kind, keep=0.3, dense_head=10)
+    plan = Plan((("embeddings", embeddings), ("linear", LowRankConfig.of_kind(kind, keep=0.4))))
+    assert Plan.from_json(plan.to_json()) == plan
     report = compress_(model, plan, calib, progress=False)
     assert isinstance(model.get_input_embeddings(), HeadTailEmbedding)
     assert isinstance(model.get_submodule(LINEAR[0]), LowRankLinear)
@@ -109,18 +138,27 @@ def test_a_rank_that_saves_nothing_leaves_the_layer_dense(tiny_bert_dir, calib):
     assert not report.modules and "would not save parameters" in report.skipped[LINEAR[0]]
 
 
-def test_budget_plan_stays_within_budget(tiny_bert_dir, calib):
+@pytest.mark.parametrize("kind", ["aware", "fisher"])
+def test_budget_plan_stays_within_budget(tiny_bert_dir, calib, kind):
     model, _ = load_model(tiny_bert_dir)
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not n.startswith("pooler")]
     before = sum(model.get_submodule(n).weight.numel() for n in names)
-    plan = plan_for_budget(model, ["linear"], "0.5", calib)
+    plan = plan_for_budget(model, ["linear"], "0.5", calib, kind=kind)
     compress_(model, plan, calib, progress=False)
 
     def weights(m):
         return m.up.numel() + m.down.numel() if isinstance(m, LowRankLinear) else m.weight.numel()
 
     assert sum(weights(model.get_submodule(n)) for n in names) <= 0.5 * before
-    assert any("predicted relative error" in note for note in plan.notes)
+    what = {"aware": "predicted relative error", "fisher": "predicted loss increase"}[kind]
+    assert any(what in note for note in plan.notes)
+
+
+def test_fisher_needs_the_aware_factors_and_a_known_kind():
+    with pytest.raises(PlanError, match="builds on activation-aware"):
+        LowRankConfig(whiten=False, sensitive=True)
+    with pytest.raises(PlanError, match="kind is one of"):
+        LowRankConfig.of_kind("clever")
 
 
 @pytest.mark.parametrize("text", ["0", "1", "1.5", "-3MB", "12parsecs", "lots"])

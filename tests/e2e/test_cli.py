@@ -89,6 +89,7 @@ def test_lowrank_variants_and_budget_from_the_command_line(
         "--targets",
         "linear",
         "--kind",
+        "fisher",
         "aware",
         "plain",
         "--calib",
@@ -103,7 +104,7 @@ def test_lowrank_variants_and_budget_from_the_command_line(
     assert code == 0, err
     assert "calibration:" in err
     names = [v["name"] for v in json.loads((out_dir / "report.json").read_text())["variants"]]
-    assert names == ["original", "lowrank-keep0.5-aware", "lowrank-keep0.5-plain"]
+    assert names == ["original", "lowrank-keep0.5-fisher", "lowrank-keep0.5-aware", "lowrank-keep0.5-plain"]
     ckpt = tmp_path / "budget"
     code, _, err = run_cli(
         capsys,
@@ -115,6 +116,8 @@ def test_lowrank_variants_and_budget_from_the_command_line(
         "all",
         "--budget",
         "0.5",
+        "--kind",
+        "aware",
         "--dense-head",
         8,
         "--calib",
