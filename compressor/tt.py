@@ -13,7 +13,7 @@ from torch import Tensor
 from compressor.errors import ShapeError
 from compressor.ranks import check_rank, check_rel_eps, clamp_ranks
 
-__all__ = ["tt_full_ranks", "tt_matrix_svd", "tt_matrix_to_dense", "tt_params"]
+__all__ = ["tt_full_ranks", "tt_matrix_svd", "tt_matrix_to_dense", "tt_params", "tt2_weighted_als"]
 
 
 def tt_full_ranks(row_dims: tuple[int, ...], col_dims: tuple[int, ...]) -> list[int]:
@@ -78,3 +78,39 @@ def tt_matrix_to_dense(cores: list[Tensor]) -> Tensor:
         r0, v, d, r1 = g.shape
         x = torch.einsum("abr,rvds->avbds", x, g).reshape(x.shape[0] * v, x.shape[1] * d, r1)
     return x[..., 0]
+
+
+def tt2_weighted_als(cores: list[Tensor], matrix: Tensor, row_weights: Tensor, sweeps: int = 20) -> list[Tensor]:
+    """Two TT-matrix cores refitted to minimise Σ_p f_p ‖W_p − TT_p‖² (row p = i_1 v_2 + i_2),
+    starting from `cores`. Alternating least squares: with G_2 fixed, the slices G_1[i_1] solve
+    (Σ_{i_2} f_{i_1 i_2} G_2[i_2] G_2[i_2]ᵀ) X = Σ_{i_2} f_{i_1 i_2} G_2[i_2] W_{i_1 i_2}ᵀ, and alike
+    for G_2; each half-sweep lowers the weighted error. Weights ≥ 0, one per row."""
+    if len(cores) != 2:
+        raise ShapeError(f"frequency-weighted TT cores are fitted for 2 cores, got {len(cores)}")
+    (_, v1, d1, r), (_, v2, d2, _) = cores[0].shape, cores[1].shape
+    if tuple(matrix.shape) != (v1 * v2, d1 * d2) or tuple(row_weights.shape) != (v1 * v2,):
+        raise ShapeError(
+            f"a {tuple(matrix.shape)} matrix with {tuple(row_weights.shape)} weights does not fit the cores"
+        )
+    if not bool((row_weights >= 0).all()) or not float(row_weights.sum()) > 0:
+        raise ShapeError("row weights must be non-negative and not all zero")
+    a = cores[0].detach().to(torch.float64)[0]  # (v1, d1, r)
+    b = cores[1].detach().to(torch.float64)[..., 0]  # (r, v2, d2)
+    f = row_weights.detach().to(torch.float64).reshape(v1, v2)
+    # f_{i1 i2} W_{i1 i2}, laid out (v1 d1, v2 d2) for the right-hand sides
+    fw = (f[:, :, None, None] * matrix.detach().to(torch.float64).reshape(v1, v2, d1, d2)).permute(0, 2, 1, 3)
+    fw = fw.reshape(v1 * d1, v2 * d2)
+    eye = torch.eye(r, dtype=torch.float64)
+
+    def solve(gram: Tensor, rhs: Tensor) -> Tensor:  # gram (n, r, r), rhs (n, r, m); a tiny ridge for empty slices
+        ridge = 1e-10 * gram.diagonal(dim1=1, dim2=2).mean(-1).clamp_min(1e-30)
+        return torch.linalg.solve(gram + ridge[:, None, None] * eye, rhs)
+
+    for _ in range(sweeps):
+        gram = torch.einsum("ik,kpq->ipq", f, torch.einsum("pkb,qkb->kpq", b, b))  # (v1, r, r)
+        rhs = (fw @ b.permute(1, 2, 0).reshape(v2 * d2, r)).reshape(v1, d1, r)
+        a = solve(gram, rhs.transpose(1, 2)).transpose(1, 2)  # (v1, d1, r)
+        gram = torch.einsum("ik,ipq->kpq", f, torch.einsum("iap,iaq->ipq", a, a))  # (v2, r, r)
+        rhs = (a.reshape(v1 * d1, r).T @ fw).reshape(r, v2, d2).permute(1, 0, 2)  # (v2, r, d2)
+        b = solve(gram, rhs).permute(1, 0, 2)  # (r, v2, d2)
+    return [a[None].to(cores[0].dtype).contiguous(), b[..., None].to(cores[1].dtype).contiguous()]

@@ -62,7 +62,8 @@ def _method_options(p: argparse.ArgumentParser, many: bool) -> None:
         default=None,
         help="lowrank: fisher (aware, and each layer's output weighted by how much the model's output feels it), "
         "aware (activation-aware for linear layers, frequency-weighted for embeddings) — both need calibration — "
-        f"or plain SVD{each} (default: fisher)",
+        "or plain SVD (default: fisher); tt: aware (cores refitted to calibration token frequencies) or plain "
+        f"TT-SVD (default: plain){each}",
     )
     p.add_argument(
         "--budget",
@@ -216,10 +217,20 @@ def plans_from_args(args: argparse.Namespace) -> list[Plan]:
             raise CompressorError(f"plan file {str(args.plan)!r} does not exist")
         return [Plan.from_json(args.plan.read_text())]
     if args.method == "tt":
-        grid = itertools.product(_as_list(args.rank, [32]), _as_list(args.order, ["pca"]))
+        kinds = _as_list(args.kind, ["plain"])
+        if "fisher" in kinds:
+            raise CompressorError("--kind fisher is for --method lowrank; a TT embedding is plain or aware")
+        grid = itertools.product(_as_list(args.rank, [32]), _as_list(args.order, ["pca"]), kinds)
         configs = [
-            TTConfig(rank=r, rel_eps=args.rel_eps, num_cores=args.cores, order=o, dense_head=args.dense_head)
-            for r, o in grid
+            TTConfig(
+                rank=r,
+                rel_eps=args.rel_eps,
+                num_cores=args.cores,
+                order=o,
+                dense_head=args.dense_head,
+                weighted=kind == "aware",
+            )
+            for r, o, kind in grid
         ]
     else:
         grid = itertools.product(_as_list(args.rank, [None]), _as_list(args.kind, [DEFAULT_KIND]))

@@ -107,13 +107,20 @@ def distill_loss(h_s: Tensor, h_t: Tensor, mask: Tensor, cfg: FinetuneConfig) ->
     return cfg.cosine_weight * (1 - cos).mean() + cfg.hidden_weight * hidden
 
 
+def _windows(tokenizer, texts: list[str], length: int) -> list[list[int]]:
+    """Each passage cut into consecutive windows of at most `length` tokens, each with its special
+    tokens ([CLS] … [SEP]): the whole text is seen, not only each passage's start."""
+    enc = tokenizer(texts, truncation=True, max_length=length, return_overflowing_tokens=True, stride=0)
+    return list(enc["input_ids"])
+
+
 def _batches(tokenizer, texts: list[str], cfg: FinetuneConfig) -> list[tuple[Tensor, Tensor]]:
-    """Batches of similar length (sorted, then cut), each padded to its longest passage."""
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    """Windows of at most max_length tokens, sorted by length and cut into batches, each padded to its longest."""
+    windows = sorted(_windows(tokenizer, texts, cfg.max_length), key=len)
     out = []
-    for start in range(0, len(order), cfg.batch_size):
-        chunk = [texts[i] for i in order[start : start + cfg.batch_size]]
-        enc = tokenizer(chunk, padding=True, truncation=True, max_length=cfg.max_length, return_tensors="pt")
+    for start in range(0, len(windows), cfg.batch_size):
+        chunk = windows[start : start + cfg.batch_size]
+        enc = tokenizer.pad({"input_ids": chunk}, padding=True, return_tensors="pt")
         out.append((enc["input_ids"], enc["attention_mask"]))
     return out
 
@@ -199,16 +206,17 @@ def finetune_(
                 u = torch.randint(0, table.shape[0], (cfg.anchor_tokens,), device=device)
                 rows = student.get_input_embeddings()(u)
                 loss = loss + cfg.anchor_weight * ((rows - table[u]) ** 2).sum() / (table[u] ** 2).sum()
-            if not math.isfinite(float(loss)):
-                report.stopped = f"loss became {float(loss)} at step {report.steps + 1}; kept the best weights"
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                report.stopped = f"loss became {value} at step {report.steps + 1}; kept the best weights"
                 break
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             report.steps += 1
-            window.append(float(loss))
+            window.append(value)
             bar.update()
-            bar.set_postfix(loss=f"{float(loss):.4f}", steps_s=f"{report.steps / (time.perf_counter() - start):.2f}")
+            bar.set_postfix(loss=f"{value:.4f}", steps_s=f"{report.steps / (time.perf_counter() - start):.2f}")
             if report.steps % cfg.eval_every == 0:
                 report.losses.append(sum(window) / len(window))
                 window = []

@@ -88,14 +88,20 @@ def _with_dense_head(embedding: nn.Embedding, k: int, ctx: Context, build_tail) 
     return HeadTailEmbedding.from_embedding(embedding, head_tokens(calib, k), build_tail)
 
 
-@registers(TTConfig, accepts=(nn.Embedding,), needs_calibration=lambda cfg: cfg.dense_head > 0)
+TT_UNSEEN_WEIGHT = 0.03  # a weighted TT row's weight is its calibration count plus this
+
+
+@registers(TTConfig, accepts=(nn.Embedding,), needs_calibration=lambda cfg: cfg.dense_head > 0 or cfg.weighted)
 def _tt_embedding(module: nn.Embedding, cfg: TTConfig, ctx: Context) -> nn.Module:
-    def build(weight, _ids):
-        return TTEmbedding.from_weight(weight, cfg.rank, cfg.rel_eps, cfg.num_cores, cfg.order)
+    counts = ctx.require_calibration("a frequency-weighted TT").counts if cfg.weighted else None
+
+    def build(weight, ids):
+        freq = None if counts is None else counts[ids].to(torch.float64) + TT_UNSEEN_WEIGHT
+        return TTEmbedding.from_weight(weight, cfg.rank, cfg.rel_eps, cfg.num_cores, cfg.order, freq)
 
     if cfg.dense_head:
         return _with_dense_head(module, cfg.dense_head, ctx, build)
-    return build(module.weight, None)
+    return build(module.weight, torch.arange(module.num_embeddings))
 
 
 def lowrank_linear_rank(cfg: LowRankConfig, out_features: int, in_features: int) -> int:

@@ -35,7 +35,8 @@ PLAN_VERSION = 1
 
 @dataclass(frozen=True)
 class TTConfig:
-    """Tensor-train embedding: TT-SVD truncated at `rank` and/or relative error `rel_eps`."""
+    """Tensor-train embedding: TT-SVD truncated at `rank` and/or relative error `rel_eps`; with
+    `weighted`, cores refitted to the calibration token frequencies (needs calibration)."""
 
     method: ClassVar[str] = "tt"
     rank: int | None = 32
@@ -43,9 +44,16 @@ class TTConfig:
     num_cores: int = 2
     order: str = "pca"
     dense_head: int = 0  # keep the rows of this many most frequent tokens exact (needs calibration)
+    weighted: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "aware" if self.weighted else "plain"
 
     def __post_init__(self):
         _check_dense_head(self.dense_head)
+        if self.weighted and self.num_cores != 2:
+            raise PlanError(f"frequency-weighted TT cores are fitted for 2 cores, got num_cores={self.num_cores}")
         if self.rank is None and self.rel_eps is None:
             raise PlanError("a TT plan needs a rank, a relative error, or both; got neither")
         if self.rank is not None:
@@ -60,7 +68,8 @@ class TTConfig:
     def label(self) -> str:
         parts = [f"r{self.rank}" if self.rank is not None else "", f"e{self.rel_eps}" if self.rel_eps else ""]
         head = [f"head{self.dense_head}"] if self.dense_head else []
-        return "-".join(["tt", *head, *filter(None, parts), self.order])
+        weighted = ["aware"] if self.weighted else []
+        return "-".join(["tt", *head, *filter(None, parts), self.order, *weighted])
 
 
 def _check_dense_head(k: object) -> None:

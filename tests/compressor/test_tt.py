@@ -6,7 +6,7 @@ import torch
 from tensorly.decomposition import tensor_train_matrix
 
 from compressor.errors import RankError, ShapeError
-from compressor.tt import tt_full_ranks, tt_matrix_svd, tt_matrix_to_dense, tt_params
+from compressor.tt import tt2_weighted_als, tt_full_ranks, tt_matrix_svd, tt_matrix_to_dense, tt_params
 
 CASES = [((7, 5), (6, 4)), ((4, 3, 5), (2, 3, 4)), ((3, 2, 2, 2), (2, 2, 3, 2))]
 
@@ -69,3 +69,41 @@ def test_bad_tolerance_raises(eps):
 def test_factors_that_do_not_match_the_matrix_raise():
     with pytest.raises(ShapeError, match="does not match"):
         tt_matrix_svd(torch.randn(30, 24), (7, 5), (6, 4))
+
+
+def weighted_case(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(7 * 5, 6 * 4, generator=g, dtype=torch.float64)
+    f = torch.rand(35, generator=g, dtype=torch.float64) ** 6 * 100 + 0.01  # a few heavy rows
+    return w, f
+
+
+def weighted_error(cores, w, f):
+    return float((f[:, None] * (tt_matrix_to_dense(cores) - w) ** 2).sum())
+
+
+def test_weighted_als_never_raises_the_weighted_error_and_beats_tt_svd():
+    w, f = weighted_case()
+    start = tt_matrix_svd(w, (7, 5), (6, 4), max_rank=3)
+    errors = [weighted_error(start, w, f)]
+    for sweeps in (1, 2, 4, 8):
+        errors.append(weighted_error(tt2_weighted_als(start, w, f, sweeps), w, f))
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(errors, errors[1:]))
+    assert errors[-1] < 0.8 * errors[0]
+
+
+def test_weighted_als_at_full_rank_stays_exact():
+    w, f = weighted_case()
+    cores = tt2_weighted_als(tt_matrix_svd(w, (7, 5), (6, 4)), w, f, sweeps=3)
+    assert torch.allclose(tt_matrix_to_dense(cores), w, atol=1e-8)
+
+
+def test_weighted_als_refuses_bad_input():
+    w, f = weighted_case()
+    cores = tt_matrix_svd(w, (7, 5), (6, 4), max_rank=3)
+    with pytest.raises(ShapeError, match="2 cores"):
+        tt2_weighted_als(tt_matrix_svd(torch.randn(24, 24), (4, 3, 2), (2, 3, 4), max_rank=2), torch.randn(24, 24), f)
+    with pytest.raises(ShapeError, match="non-negative"):
+        tt2_weighted_als(cores, w, -f)
+    with pytest.raises(ShapeError, match="does not fit"):
+        tt2_weighted_als(cores, w[:30], f[:30])

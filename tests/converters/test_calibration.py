@@ -126,10 +126,24 @@ def test_lowrank_plan_round_trips_and_exports(tiny_bert_dir, calib, tmp_path, ki
     assert export_onnx(loaded, tmp_path / "m.onnx").parity_max_abs <= 1e-4
 
 
-def test_tt_tail_with_dense_head_exports(tiny_bert_dir, calib, tmp_path):
+@pytest.mark.parametrize("config", [TTConfig(rank=4, dense_head=16), TTConfig(rank=4, weighted=True)])
+def test_tt_with_dense_head_or_weights_exports(tiny_bert_dir, calib, tmp_path, config):
     model, _ = load_model(tiny_bert_dir)
-    compress_(model, Plan((("embeddings", TTConfig(rank=4, dense_head=16)),)), calib, progress=False)
+    compress_(model, Plan((("embeddings", config),)), calib, progress=False)
     assert export_onnx(model, tmp_path / "m.onnx").parity_max_abs <= 1e-4
+
+
+def test_weighted_tt_fits_the_calibration_tokens_better(tiny_bert_dir, calib):
+    table = load_model(tiny_bert_dir)[0].get_input_embeddings().weight.detach()
+    seen = calib.counts > 0
+    errors = {}
+    for weighted in (False, True):
+        model, _ = load_model(tiny_bert_dir)
+        compress_(model, Plan((("embeddings", TTConfig(rank=4, weighted=weighted)),)), calib, progress=False)
+        errors[weighted] = float(((model.get_input_embeddings().to_dense() - table)[seen] ** 2).sum())
+    assert errors[True] < errors[False]
+    with pytest.raises(PlanError, match="2 cores"):
+        TTConfig(weighted=True, num_cores=3)
 
 
 def test_a_rank_that_saves_nothing_leaves_the_layer_dense(tiny_bert_dir, calib):
