@@ -109,3 +109,15 @@ def test_gpu_path_lowers_the_loss(pair):
     cfg = FinetuneConfig(steps=20, seconds=None, lr=1e-2, batch_size=8, eval_every=10)
     report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
     assert report.device.startswith("cuda") and report.best_val_cosine >= report.start_val_cosine
+
+
+def test_batches_cover_whole_passages_in_windows(tiny_bert_dir):
+    tok = load_tokenizer(load_model(tiny_bert_dir)[1])
+    long_text = " ".join(TEXTS)
+    cfg = FinetuneConfig(max_length=16, batch_size=4)
+    batches = ft._batches(tok, [long_text], cfg)
+    words = tok(long_text, add_special_tokens=False)["input_ids"]
+    windows = [row[mask.bool()].tolist() for ids, masks in batches for row, mask in zip(ids, masks)]
+    assert len(windows) > 1 and all(len(w) <= 16 for w in windows)
+    assert all(w[0] == tok.cls_token_id and w[-1] == tok.sep_token_id for w in windows)
+    assert sorted(t for w in windows for t in w[1:-1]) == sorted(words)  # every token once, none cut off
