@@ -134,6 +134,11 @@ def _lowrank(module: nn.Module, cfg: LowRankConfig, ctx: Context) -> nn.Module |
         if not cfg.whiten:
             return LowRankLinear.from_linear(module, rank)
         calib = ctx.require_calibration("activation-aware low-rank")
+        if calib.tokens < rank:
+            raise PlanError(
+                f"{ctx.name}: the calibration text has {calib.tokens} tokens; activation-aware rank {rank} "
+                f"needs at least {rank} (a few times {d}, the layer's inputs, is better)"
+            )
         sensitivity = calib.sensitivity(ctx.name) if cfg.sensitive else None
         return LowRankLinear.from_linear(module, rank, calib.gram(ctx.name), sensitivity)
 

@@ -5,7 +5,7 @@ from compressor.errors import CompressorError, PlanError
 from compressor.head_tail import HeadTailEmbedding
 from compressor.lowrank_linear import LowRankLinear
 from converters.budget import parse_budget, plan_for_budget
-from converters.calibration import _pooled_probes, cached_calibration, calibrate
+from converters.calibration import Calibration, _pooled_probes, cached_calibration, calibrate
 from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
@@ -94,6 +94,13 @@ def test_too_little_calibration_text_raises(tiny):
     model, _, tok = tiny
     with pytest.raises(CompressorError, match="at least 64 are needed"):
         calibrate(model, tok, ["the"], LINEAR, progress=False)
+
+
+def test_a_rank_above_the_calibration_tokens_says_how_many_are_needed(tiny_bert_dir, calib):
+    model, _ = load_model(tiny_bert_dir)
+    few = Calibration(calib.grams, torch.zeros_like(calib.counts).index_fill_(0, torch.tensor([5]), 20))
+    with pytest.raises(PlanError, match="has 20 tokens; activation-aware rank 24 needs at least 24"):
+        compress_(model, Plan((("intermediate.dense", LowRankConfig(rank=24, keep=None)),)), few, progress=False)
 
 
 def test_head_tokens_are_the_most_frequent_and_the_special_ones(calib):
