@@ -13,7 +13,7 @@ from torch import Tensor
 from compressor.errors import ShapeError
 from compressor.ranks import check_rank, check_rel_eps, clamp_ranks
 
-__all__ = ["tt_full_ranks", "tt_matrix_svd", "tt_matrix_to_dense", "tt_params", "tt2_weighted_als"]
+__all__ = ["balance_cores", "tt_full_ranks", "tt_matrix_svd", "tt_matrix_to_dense", "tt_params", "tt2_weighted_als"]
 
 
 def tt_full_ranks(row_dims: tuple[int, ...], col_dims: tuple[int, ...]) -> list[int]:
@@ -69,6 +69,18 @@ def tt_matrix_svd(
         r_prev = r
     cores.append(rest.reshape(r_prev, row_dims[-1], col_dims[-1], 1))
     return [c.to(matrix.dtype).contiguous() for c in cores]
+
+
+def balance_cores(cores: list[Tensor]) -> list[Tensor]:
+    """The same TT with every core at the same root-mean-square entry: core k times g / rms_k, g the
+    geometric mean of the rms (the scales multiply to 1). TT-SVD leaves the first cores orthonormal
+    (entries ~ 1/√(v d r)) and the norm in the last; Adam's steps are absolute per entry, so after
+    balancing its learning rate means the same relative change for every core."""
+    rms = [float(c.detach().pow(2).mean().sqrt()) for c in cores]
+    if min(rms) == 0.0:
+        return cores
+    mean = math.exp(sum(math.log(r) for r in rms) / len(rms))
+    return [c * (mean / r) for c, r in zip(cores, rms)]
 
 
 def tt_matrix_to_dense(cores: list[Tensor]) -> Tensor:

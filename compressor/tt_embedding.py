@@ -14,7 +14,7 @@ from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import ShapeError
 from compressor.factorize import balanced_factors
 from compressor.token_order import TOKEN_ORDERS, principal_order
-from compressor.tt import tt2_weighted_als, tt_matrix_svd, tt_matrix_to_dense
+from compressor.tt import balance_cores, tt2_weighted_als, tt_matrix_svd, tt_matrix_to_dense
 
 __all__ = ["TTEmbedding", "TTEmbeddingSpec"]
 
@@ -84,7 +84,8 @@ class TTEmbedding(CompactEmbedding):
         row_weights: Tensor | None = None,
     ) -> "TTEmbedding":
         """TT-SVD of a (V, D) table, truncated by `rank` and/or `rel_eps`, in `order`; with
-        `row_weights` f (one per token, two cores) then refitted to minimise Σ_t f_t ‖w_t − TT_t‖²."""
+        `row_weights` f (one per token, two cores) then refitted to minimise Σ_t f_t ‖w_t − TT_t‖²;
+        the cores are balanced (equal rms entry) so that a fine-tune moves them alike."""
         if order not in TOKEN_ORDERS:
             raise ShapeError(f"token order must be one of {TOKEN_ORDERS}, got {order!r}")
         weight = weight.detach()
@@ -100,6 +101,7 @@ class TTEmbedding(CompactEmbedding):
             padded_weights = row_weights.new_zeros(len(padded), dtype=torch.float64)
             padded_weights[perm] = row_weights.to(torch.float64)  # padding rows weigh nothing
             cores = tt2_weighted_als(cores, padded, padded_weights)
+        cores = balance_cores(cores)
         spec = TTEmbeddingSpec(num, dim, row_dims, col_dims, tuple(c.shape[-1] for c in cores[:-1]), order != "none")
         module = cls(spec).to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():

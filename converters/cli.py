@@ -18,7 +18,7 @@ from converters.calibration import Calibration, cached_calibration
 from converters.checkpoint import is_compressed_dir, load_model, read_meta, save_compressed
 from converters.compress import CompressionReport, compress_
 from converters.export import export_onnx
-from converters.finetune import FinetuneConfig, finetune_
+from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig, finetune_
 from converters.loading import DEFAULT_MODEL_NAME, default_model_path
 from converters.methods import COMPACT_MODULES, handler_for
 from converters.plan import LOWRANK_KINDS, METHODS, LowRankConfig, Plan, TTConfig, match_plan
@@ -132,12 +132,31 @@ def _finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
         help="fine-tune text, one passage per line; its last tenth (at most 64) is held out for validation "
         "(default: the finetune split of pydoc_data.topics)",
     )
-    p.add_argument("--lr", type=float, default=2e-3, help="fine-tune: AdamW learning rate (default: 2e-3)")
+    defaults = FinetuneConfig
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=defaults.lr,
+        help=f"fine-tune: AdamW learning rate of the compressed modules (default: {defaults.lr:g})",
+    )
     p.add_argument(
         "--trainable",
-        choices=["compressed", "all"],
-        default="compressed",
-        help="fine-tune: train the compressed modules only, or every parameter (default: compressed)",
+        choices=list(TRAINABLE),
+        default=defaults.trainable,
+        help=f"fine-tune: train the compressed modules only, or every parameter (default: {defaults.trainable})",
+    )
+    p.add_argument(
+        "--rest-lr",
+        type=float,
+        default=defaults.rest_lr,
+        help=f"fine-tune: learning rate of the other parameters with --trainable all (default: {defaults.rest_lr:g})",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=list(SCHEDULES),
+        default=defaults.schedule,
+        help=f"fine-tune: learning rate schedule; linear warms up over {defaults.warmup_steps} steps, then decays "
+        f"to 0 when the step or time budget ends (default: {defaults.schedule})",
     )
 
 
@@ -328,7 +347,14 @@ def cmd_compress(args) -> None:
 
 
 def _finetune_config(args) -> FinetuneConfig:
-    return FinetuneConfig(steps=args.ft_steps, seconds=args.ft_time, lr=args.lr, trainable=args.trainable)
+    return FinetuneConfig(
+        steps=args.ft_steps,
+        seconds=args.ft_time,
+        lr=args.lr,
+        rest_lr=args.rest_lr,
+        schedule=args.schedule,
+        trainable=args.trainable,
+    )
 
 
 def _finetune_texts(args) -> tuple[list[str], list[str], str]:

@@ -1,13 +1,11 @@
 """finetune_(student, teacher, ...): distil the original encoder into its compressed copy.
 
 Loss per batch (encoders): (1 − cos(pool(h_s), pool(h_t))) · w_cos + ‖h_s − h_t‖² / ‖h_t‖² · w_hidden
-over real tokens, pool = mean over real tokens, plus an anchor w_anchor · ‖E_s[u] − E_t[u]‖² / ‖E_t[u]‖²
-on the input embedding rows of random tokens u, so that rows the text never shows do not drift
-while shared factors move. The teacher's hidden states are computed once,
-before training. AdamW on the compressed modules only (default) or on every parameter; `cuda`
-with bf16 autocast when present, else the CPU with all cores; the best weights by agreement on a
-held-out validation split are kept.
-"""
+over real tokens, pool = mean over real tokens. The teacher's hidden states are computed once, before
+training. AdamW on the compressed modules only (default) or on every parameter, the others at a
+smaller rate (they start trained); the rate warms up, then decays linearly to 0 at the end of the
+step or time budget. `cuda` with bf16 autocast when present, else the CPU with all cores; the best
+weights by agreement on a held-out validation split are kept."""
 
 import math
 import os
@@ -21,24 +19,35 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 
-__all__ = ["FinetuneConfig", "FinetuneReport", "finetune_", "trainable_parameters", "distill_loss", "pick_device"]
+__all__ = [
+    "FinetuneConfig",
+    "FinetuneReport",
+    "SCHEDULES",
+    "TRAINABLE",
+    "finetune_",
+    "trainable_parameters",
+    "distill_loss",
+    "pick_device",
+]
 
 TRAINABLE = ("compressed", "all")
+SCHEDULES = ("constant", "linear")
 
 
 @dataclass(frozen=True)
 class FinetuneConfig:
     steps: int | None = None  # stop after this many steps …
     seconds: float | None = 300.0  # … or this much wall time, whichever comes first
-    lr: float = 2e-3
+    lr: float = 2e-3  # of the compressed modules' parameters
+    rest_lr: float = 1e-4  # of the others, with trainable="all": they start trained, so smaller steps
+    schedule: str = "linear"  # warm up over warmup_steps, then decay to 0 at the budget's end; or "constant"
+    warmup_steps: int = 20
     batch_size: int = 32
     max_length: int = 64
     trainable: str = "compressed"
     cosine_weight: float = 1.0
     hidden_weight: float = 1.0
     eval_every: int = 50
-    anchor_weight: float = 0.3  # weight of ‖E_s[u] − E_t[u]‖² / ‖E_t[u]‖² over random tokens u
-    anchor_tokens: int = 2048
     seed: int = 0
 
     def __post_init__(self):
@@ -50,7 +59,9 @@ class FinetuneConfig:
             raise CompressorError(f"a fine-tune time budget must be > 0 seconds, got {self.seconds!r}")
         if self.trainable not in TRAINABLE:
             raise CompressorError(f"trainable must be one of {', '.join(TRAINABLE)}, got {self.trainable!r}")
-        if not self.lr > 0 or self.batch_size < 1 or self.max_length < 2 or self.eval_every < 1:
+        if self.schedule not in SCHEDULES:
+            raise CompressorError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not self.lr > 0 or not self.rest_lr > 0 or self.batch_size < 1 or self.max_length < 2 or self.eval_every < 1:
             raise CompressorError(f"learning rate, batch size, length and interval must be positive: {self}")
 
 
@@ -78,19 +89,19 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def trainable_parameters(student: nn.Module, which: str, compact_types: tuple[type, ...]) -> list[nn.Parameter]:
-    """Freeze everything, then unfreeze the compact modules' parameters (or all)."""
+def trainable_parameters(
+    student: nn.Module, which: str, compact_types: tuple[type, ...]
+) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(the compact modules' parameters, the others if `which` is "all"), the rest frozen."""
+    compact = {id(p) for m in student.modules() if isinstance(m, compact_types) for p in m.parameters()}
+    groups: tuple[list[nn.Parameter], list[nn.Parameter]] = ([], [])
     for p in student.parameters():
-        p.requires_grad_(which == "all")
-    if which == "compressed":
-        for m in student.modules():
-            if isinstance(m, compact_types):
-                for p in m.parameters():
-                    p.requires_grad_(True)
-    params = [p for p in student.parameters() if p.requires_grad]
-    if not params:
+        p.requires_grad_(which == "all" or id(p) in compact)
+        if p.requires_grad:
+            groups[id(p) not in compact].append(p)
+    if not groups[0] and which == "compressed":
         raise CompressorError("the model has no compressed modules to train; use trainable='all'")
-    return params
+    return groups
 
 
 def _pool(hidden: Tensor, mask: Tensor) -> Tensor:
@@ -123,6 +134,16 @@ def _batches(tokenizer, texts: list[str], cfg: FinetuneConfig) -> list[tuple[Ten
         enc = tokenizer.pad({"input_ids": chunk}, padding=True, return_tensors="pt")
         out.append((enc["input_ids"], enc["attention_mask"]))
     return out
+
+
+def _lr_factor(cfg: FinetuneConfig, step: int, elapsed: float) -> float:
+    """Multiplier of the learning rate at `step` (0-based) after `elapsed` seconds: 1 when constant;
+    linear: min(1, (step+1)/warmup) · (1 − progress), progress the larger spent fraction of the budgets."""
+    if cfg.schedule == "constant":
+        return 1.0
+    spent = [step / cfg.steps] if cfg.steps else []
+    spent += [elapsed / cfg.seconds] if cfg.seconds else []
+    return min(1.0, (step + 1) / max(cfg.warmup_steps, 1)) * max(0.0, 1.0 - max(spent))
 
 
 @torch.no_grad()
@@ -175,10 +196,12 @@ def finetune_(
     student.to(device)
     train, val = _batches(tokenizer, texts, cfg), _batches(tokenizer, val_texts, cfg)
     train_targets, val_targets = _hidden_states(teacher, train, device), _hidden_states(teacher, val, device)
-    table = teacher.get_input_embeddings().weight.detach()
-    params = trainable_parameters(student, cfg.trainable, compact_types)
-    report.trainable_params = sum(p.numel() for p in params)
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    compact, rest = trainable_parameters(student, cfg.trainable, compact_types)
+    report.trainable_params = sum(p.numel() for p in compact + rest)
+    groups = [{"params": ps, "lr": lr} for ps, lr in ((compact, cfg.lr), (rest, cfg.rest_lr)) if ps]
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = group["lr"]
     best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
     report.start_val_cosine = report.best_val_cosine = _agreement(student, val, val_targets, device)
 
@@ -202,16 +225,14 @@ def finetune_(
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 h_s = student(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
             loss = distill_loss(h_s, train_targets[i].to(device), mask.to(device), cfg)
-            if cfg.anchor_weight:
-                u = torch.randint(0, table.shape[0], (cfg.anchor_tokens,), device=device)
-                rows = student.get_input_embeddings()(u)
-                loss = loss + cfg.anchor_weight * ((rows - table[u]) ** 2).sum() / (table[u] ** 2).sum()
             value = float(loss.detach())
             if not math.isfinite(value):
                 report.stopped = f"loss became {value} at step {report.steps + 1}; kept the best weights"
                 break
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            for group in optimizer.param_groups:
+                group["lr"] = group["initial_lr"] * _lr_factor(cfg, report.steps, elapsed)
             optimizer.step()
             report.steps += 1
             window.append(value)

@@ -6,7 +6,7 @@ import torch
 from tensorly.decomposition import tensor_train_matrix
 
 from compressor.errors import RankError, ShapeError
-from compressor.tt import tt2_weighted_als, tt_full_ranks, tt_matrix_svd, tt_matrix_to_dense, tt_params
+from compressor.tt import balance_cores, tt2_weighted_als, tt_full_ranks, tt_matrix_svd, tt_matrix_to_dense, tt_params
 
 CASES = [((7, 5), (6, 4)), ((4, 3, 5), (2, 3, 4)), ((3, 2, 2, 2), (2, 2, 3, 2))]
 
@@ -37,6 +37,18 @@ def test_relative_error_bound_holds(eps):
     cores = tt_matrix_svd(w, rows, cols, rel_eps=eps)
     assert torch.linalg.norm(tt_matrix_to_dense(cores) - w) <= eps * torch.linalg.norm(w) + 1e-9
     assert tt_params(rows, cols, [c.shape[-1] for c in cores[:-1]]) == sum(c.numel() for c in cores)
+
+
+@pytest.mark.parametrize("rows, cols", CASES)
+def test_balanced_cores_keep_the_matrix_and_share_one_scale(rows, cols):
+    w = torch.randn(math.prod(rows), math.prod(cols), dtype=torch.float64) * 30
+    cores = tt_matrix_svd(w, rows, cols, max_rank=3)
+    balanced = balance_cores(cores)
+    assert torch.allclose(tt_matrix_to_dense(balanced), tt_matrix_to_dense(cores), atol=1e-9)
+    rms = torch.stack([c.pow(2).mean().sqrt() for c in balanced])
+    assert torch.allclose(rms, rms[0].expand_as(rms)) and not torch.allclose(
+        cores[0].pow(2).mean(), cores[-1].pow(2).mean()
+    )
 
 
 def test_matches_tensorly_at_equal_ranks():

@@ -49,6 +49,50 @@ def test_a_few_steps_lower_the_loss_and_train_only_the_compressed_layers(pair):
     assert report.trainable_params == student.get_input_embeddings().weight_like_params
 
 
+def test_all_trains_the_rest_at_its_own_learning_rate(pair, monkeypatch):
+    student, teacher, source, _ = pair
+    seen, adamw = [], torch.optim.AdamW
+    monkeypatch.setattr(ft.torch.optim, "AdamW", lambda groups, **kw: seen.append(groups) or adamw(groups, **kw))
+    cfg = FinetuneConfig(steps=3, seconds=None, lr=1e-2, rest_lr=1e-3, trainable="all", batch_size=8, eval_every=1)
+    report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
+    compact, rest = seen[0]
+    assert (compact["initial_lr"], rest["initial_lr"]) == (1e-2, 1e-3)
+    assert {id(p) for p in compact["params"]} == {id(p) for p in student.get_input_embeddings().parameters()}
+    assert any(p is student.encoder.layer[0].attention.self.query.weight for p in rest["params"])
+    assert report.trainable_params == sum(p.numel() for p in student.parameters())
+
+
+@pytest.mark.parametrize(
+    "schedule, step, elapsed, factor",
+    [
+        ("constant", 5, 50.0, 1.0),
+        ("linear", 0, 0.0, 0.1),
+        ("linear", 9, 0.0, 0.91),
+        ("linear", 50, 10.0, 0.5),
+        ("linear", 20, 75.0, 0.25),
+        ("linear", 100, 100.0, 0.0),
+    ],
+)
+def test_learning_rate_schedule(schedule, step, elapsed, factor):
+    cfg = FinetuneConfig(steps=100, seconds=100.0, schedule=schedule, warmup_steps=10)
+    assert ft._lr_factor(cfg, step, elapsed) == pytest.approx(factor)
+
+
+def test_distill_loss_terms():
+    torch.manual_seed(0)
+    h_t, mask = torch.randn(4, 5, 8), torch.ones(4, 5)
+    mask[0, 3:] = 0
+    at_thrice = {"cosine_weight": 0.0, "hidden_weight": 4.0}  # h_s = 3 h_t: same directions, ‖h_s − h_t‖² = 4‖h_t‖²
+    for term, expected in at_thrice.items():
+        cfg = FinetuneConfig(**{**dict.fromkeys(at_thrice, 0.0), term: 1.0})
+        assert float(ft.distill_loss(h_t, h_t, mask, cfg)) == pytest.approx(0.0, abs=1e-6)
+        assert float(ft.distill_loss(3 * h_t, h_t, mask, cfg)) == pytest.approx(expected, abs=1e-5)
+        assert float(ft.distill_loss(torch.randn(4, 5, 8), h_t, mask, cfg)) > 0.01
+    padded = h_t.clone()
+    padded[0, 3:] = 100.0  # what padding holds is ignored
+    assert float(ft.distill_loss(padded, h_t, mask, FinetuneConfig())) == pytest.approx(0.0, abs=1e-6)
+
+
 def test_finetuned_checkpoint_round_trips_and_exports(pair, tmp_path):
     student, teacher, source, report = pair
     cfg = FinetuneConfig(steps=5, seconds=None, batch_size=8, eval_every=5)
@@ -90,6 +134,8 @@ def test_zero_steps_skip(pair):
         ({"steps": -1}, "≥ 0"),
         ({"seconds": 0}, "> 0 seconds"),
         ({"trainable": "some"}, "trainable"),
+        ({"schedule": "cosine"}, "schedule"),
+        ({"rest_lr": 0.0}, "learning rate"),
     ],
 )
 def test_bad_configs_raise(kwargs, message):
