@@ -13,7 +13,15 @@ from torch import Tensor
 from compressor.errors import ShapeError
 from compressor.ranks import check_rank, check_rel_eps, clamp_ranks
 
-__all__ = ["balance_cores", "tt_full_ranks", "tt_matrix_svd", "tt_matrix_to_dense", "tt_params", "tt2_weighted_als"]
+__all__ = [
+    "balance_cores",
+    "tt_full_ranks",
+    "tt_matrix_svd",
+    "tt_matrix_to_dense",
+    "tt_params",
+    "tt2_weighted_als",
+    "tt_refit_under_metric",
+]
 
 
 def tt_full_ranks(row_dims: tuple[int, ...], col_dims: tuple[int, ...]) -> list[int]:
@@ -126,3 +134,36 @@ def tt2_weighted_als(cores: list[Tensor], matrix: Tensor, row_weights: Tensor, s
         rhs = (a.reshape(v1 * d1, r).T @ fw).reshape(r, v2, d2).permute(1, 0, 2)  # (v2, r, d2)
         b = solve(gram, rhs).permute(1, 0, 2)  # (r, v2, d2)
     return [a[None].to(cores[0].dtype).contiguous(), b[..., None].to(cores[1].dtype).contiguous()]
+
+
+def tt_refit_under_metric(
+    cores: list[Tensor], matrix: Tensor, row_weights: Tensor, metric: Tensor, steps: int = 300, lr: float = 3e-3
+) -> list[Tensor]:
+    """Cores refitted by Adam (full batch, `steps` steps) to minimise Σ_p f_p δ_pᵀ M δ_p / Σ_p f_p,
+    δ_p = TT_p − W_p, from `cores` (best balanced): rows weighted by f, columns under the PSD metric
+    M (D × D, D ≤ the padded width; padded columns weigh nothing). No closed form: M couples the
+    columns that the cores split. The start is returned if the refit ends no better."""
+    dim = metric.shape[0]
+    if tuple(metric.shape) != (dim, dim) or dim > matrix.shape[1] or tuple(row_weights.shape) != (len(matrix),):
+        raise ShapeError(
+            f"a {tuple(metric.shape)} metric and {tuple(row_weights.shape)} weights do not fit "
+            f"a {tuple(matrix.shape)} matrix"
+        )
+    target = matrix.detach().float()[:, :dim]
+    f = (row_weights.detach().float() / row_weights.sum().float())[:, None]
+    m = metric.detach().float()
+    params = [torch.nn.Parameter(c.detach().float().clone()) for c in cores]
+    optimizer = torch.optim.Adam(params, lr=lr)
+
+    def loss() -> Tensor:
+        delta = tt_matrix_to_dense(params)[:, :dim] - target
+        return (f * (delta @ m) * delta).sum()
+
+    with torch.enable_grad():
+        start = float(loss())
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss().backward()
+            optimizer.step()
+        end = float(loss())
+    return cores if not end < start else [p.detach().to(c.dtype) for p, c in zip(params, cores)]

@@ -13,8 +13,9 @@ from torch import Tensor, nn
 from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import ShapeError
 from compressor.factorize import balanced_factors
+from compressor.lowrank import SENSITIVITY_DAMP
 from compressor.token_order import TOKEN_ORDERS, principal_order
-from compressor.tt import balance_cores, tt2_weighted_als, tt_matrix_svd, tt_matrix_to_dense
+from compressor.tt import balance_cores, tt2_weighted_als, tt_matrix_svd, tt_matrix_to_dense, tt_refit_under_metric
 
 __all__ = ["TTEmbedding", "TTEmbeddingSpec"]
 
@@ -82,9 +83,11 @@ class TTEmbedding(CompactEmbedding):
         num_cores: int = 2,
         order: str = "none",
         row_weights: Tensor | None = None,
+        sensitivity: Tensor | None = None,
     ) -> "TTEmbedding":
         """TT-SVD of a (V, D) table, truncated by `rank` and/or `rel_eps`, in `order`; with
-        `row_weights` f (one per token, two cores) then refitted to minimise Σ_t f_t ‖w_t − TT_t‖²;
+        `row_weights` f (one per token, two cores) then refitted to minimise Σ_t f_t ‖w_t − TT_t‖²,
+        and with the output `sensitivity` F (D × D) as well, to Σ_t f_t δ_tᵀ (F + μI) δ_t (Adam);
         the cores are balanced (equal rms entry) so that a fine-tune moves them alike."""
         if order not in TOKEN_ORDERS:
             raise ShapeError(f"token order must be one of {TOKEN_ORDERS}, got {order!r}")
@@ -102,6 +105,12 @@ class TTEmbedding(CompactEmbedding):
             padded_weights[perm] = row_weights.to(torch.float64)  # padding rows weigh nothing
             cores = tt2_weighted_als(cores, padded, padded_weights)
         cores = balance_cores(cores)
+        if sensitivity is not None:
+            if row_weights is None or sensitivity.shape != (dim, dim):
+                raise ShapeError(f"an output sensitivity must be ({dim}, {dim}) and come with row weights")
+            damp = SENSITIVITY_DAMP * sensitivity.diagonal().mean().clamp_min(1e-30)
+            metric = sensitivity.to(torch.float64) + damp * torch.eye(dim, dtype=torch.float64)
+            cores = balance_cores(tt_refit_under_metric(cores, padded, padded_weights, metric))
         spec = TTEmbeddingSpec(num, dim, row_dims, col_dims, tuple(c.shape[-1] for c in cores[:-1]), order != "none")
         module = cls(spec).to(device=weight.device, dtype=weight.dtype)
         with torch.no_grad():

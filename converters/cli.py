@@ -62,8 +62,8 @@ def _method_options(p: argparse.ArgumentParser, many: bool) -> None:
         default=None,
         help="lowrank: fisher (aware, and each layer's output weighted by how much the model's output feels it), "
         "aware (activation-aware for linear layers, frequency-weighted for embeddings) — both need calibration — "
-        "or plain SVD (default: fisher); tt: aware (cores refitted to calibration token frequencies) or plain "
-        f"TT-SVD (default: plain){each}",
+        "or plain SVD (default: fisher); tt: aware (cores refitted to calibration token frequencies), fisher "
+        f"(aware, then refitted under the embedding output's sensitivity) or plain TT-SVD (default: plain){each}",
     )
     p.add_argument(
         "--budget",
@@ -237,8 +237,6 @@ def plans_from_args(args: argparse.Namespace) -> list[Plan]:
         return [Plan.from_json(args.plan.read_text())]
     if args.method == "tt":
         kinds = _as_list(args.kind, ["plain"])
-        if "fisher" in kinds:
-            raise CompressorError("--kind fisher is for --method lowrank; a TT embedding is plain or aware")
         grid = itertools.product(_as_list(args.rank, [32]), _as_list(args.order, ["pca"]), kinds)
         configs = [
             TTConfig(
@@ -247,7 +245,8 @@ def plans_from_args(args: argparse.Namespace) -> list[Plan]:
                 num_cores=args.cores,
                 order=o,
                 dense_head=args.dense_head,
-                weighted=kind == "aware",
+                weighted=kind != "plain",
+                sensitive=kind == "fisher",
             )
             for r, o, kind in grid
         ]

@@ -93,11 +93,12 @@ TT_UNSEEN_WEIGHT = 0.03  # a weighted TT row's weight is its calibration count p
 
 @registers(TTConfig, accepts=(nn.Embedding,), needs_calibration=lambda cfg: cfg.dense_head > 0 or cfg.weighted)
 def _tt_embedding(module: nn.Embedding, cfg: TTConfig, ctx: Context) -> nn.Module:
-    counts = ctx.require_calibration("a frequency-weighted TT").counts if cfg.weighted else None
+    calib = ctx.require_calibration("a frequency-weighted TT") if cfg.weighted else None
+    sensitivity = calib.sensitivity(ctx.name) if cfg.sensitive else None
 
     def build(weight, ids):
-        freq = None if counts is None else counts[ids].to(torch.float64) + TT_UNSEEN_WEIGHT
-        return TTEmbedding.from_weight(weight, cfg.rank, cfg.rel_eps, cfg.num_cores, cfg.order, freq)
+        freq = None if calib is None else calib.counts[ids].to(torch.float64) + TT_UNSEEN_WEIGHT
+        return TTEmbedding.from_weight(weight, cfg.rank, cfg.rel_eps, cfg.num_cores, cfg.order, freq, sensitivity)
 
     if cfg.dense_head:
         return _with_dense_head(module, cfg.dense_head, ctx, build)

@@ -36,7 +36,8 @@ PLAN_VERSION = 1
 @dataclass(frozen=True)
 class TTConfig:
     """Tensor-train embedding: TT-SVD truncated at `rank` and/or relative error `rel_eps`; with
-    `weighted`, cores refitted to the calibration token frequencies (needs calibration)."""
+    `weighted`, cores refitted to the calibration token frequencies (needs calibration), and with
+    `sensitive` also under the embedding output's sensitivity (the "fisher" kind)."""
 
     method: ClassVar[str] = "tt"
     rank: int | None = 32
@@ -45,13 +46,16 @@ class TTConfig:
     order: str = "pca"
     dense_head: int = 0  # keep the rows of this many most frequent tokens exact (needs calibration)
     weighted: bool = False
+    sensitive: bool = False
 
     @property
     def kind(self) -> str:
-        return "aware" if self.weighted else "plain"
+        return "fisher" if self.sensitive else "aware" if self.weighted else "plain"
 
     def __post_init__(self):
         _check_dense_head(self.dense_head)
+        if self.sensitive and not self.weighted:
+            raise PlanError("output sensitivity (fisher) builds on frequency-weighted TT cores")
         if self.weighted and self.num_cores != 2:
             raise PlanError(f"frequency-weighted TT cores are fitted for 2 cores, got num_cores={self.num_cores}")
         if self.rank is None and self.rel_eps is None:
@@ -68,8 +72,8 @@ class TTConfig:
     def label(self) -> str:
         parts = [f"r{self.rank}" if self.rank is not None else "", f"e{self.rel_eps}" if self.rel_eps else ""]
         head = [f"head{self.dense_head}"] if self.dense_head else []
-        weighted = ["aware"] if self.weighted else []
-        return "-".join(["tt", *head, *filter(None, parts), self.order, *weighted])
+        kind = [self.kind] if self.weighted else []
+        return "-".join(["tt", *head, *filter(None, parts), self.order, *kind])
 
 
 def _check_dense_head(k: object) -> None:

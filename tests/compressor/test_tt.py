@@ -6,7 +6,15 @@ import torch
 from tensorly.decomposition import tensor_train_matrix
 
 from compressor.errors import RankError, ShapeError
-from compressor.tt import balance_cores, tt2_weighted_als, tt_full_ranks, tt_matrix_svd, tt_matrix_to_dense, tt_params
+from compressor.tt import (
+    balance_cores,
+    tt2_weighted_als,
+    tt_full_ranks,
+    tt_matrix_svd,
+    tt_matrix_to_dense,
+    tt_params,
+    tt_refit_under_metric,
+)
 
 CASES = [((7, 5), (6, 4)), ((4, 3, 5), (2, 3, 4)), ((3, 2, 2, 2), (2, 2, 3, 2))]
 
@@ -119,3 +127,28 @@ def test_weighted_als_refuses_bad_input():
         tt2_weighted_als(cores, w, -f)
     with pytest.raises(ShapeError, match="does not fit"):
         tt2_weighted_als(cores, w[:30], f[:30])
+
+
+def metric_error(cores, w, f, m):
+    d = tt_matrix_to_dense(cores).double() - w
+    return float((f[:, None] * (d @ m) * d).sum())
+
+
+def test_refit_under_a_metric_lowers_the_metric_error_of_the_weighted_fit():
+    w, f = weighted_case()
+    g = torch.Generator().manual_seed(1)
+    root = torch.randn(24, 24, generator=g, dtype=torch.float64)
+    m = root @ root.T + torch.diag(torch.linspace(0, 50, 24, dtype=torch.float64))  # far from a multiple of I
+    start = balance_cores(tt2_weighted_als(tt_matrix_svd(w, (7, 5), (6, 4), max_rank=3), w, f))
+    refit = tt_refit_under_metric(start, w, f, m, steps=200, lr=1e-2)
+    assert metric_error(refit, w, f, m) < 0.95 * metric_error(start, w, f, m)
+    assert tt_refit_under_metric(start, w, f, m, steps=0) is start  # no better: the start comes back
+
+
+def test_refit_under_a_metric_refuses_shapes_that_do_not_fit():
+    w, f = weighted_case()
+    cores = tt_matrix_svd(w, (7, 5), (6, 4), max_rank=3)
+    with pytest.raises(ShapeError, match="do not fit"):
+        tt_refit_under_metric(cores, w, f, torch.eye(25, dtype=torch.float64))
+    with pytest.raises(ShapeError, match="do not fit"):
+        tt_refit_under_metric(cores, w, f[:30], torch.eye(24, dtype=torch.float64))

@@ -85,3 +85,21 @@ def test_unknown_order_and_inconsistent_spec_raise():
         TTEmbedding.from_embedding(table(10, 4), order="random")
     with pytest.raises(ShapeError, match="do not cover"):
         TTEmbeddingSpec(100, 16, (5, 5), (4, 4), (3,), False)
+
+
+def test_sensitivity_refit_lowers_the_error_it_measures_and_needs_row_weights():
+    weight = table(97, 24).weight.detach()
+    torch.manual_seed(1)
+    f = torch.rand(97, dtype=torch.float64) * 10
+    root = torch.randn(24, 24, dtype=torch.float64)
+    sensitivity = root @ root.T + torch.diag(torch.linspace(0, 30, 24, dtype=torch.float64))
+
+    def error(module):
+        d = (module.to_dense() - weight).double()
+        return float((f[:, None] * (d @ sensitivity) * d).sum())
+
+    weighted = TTEmbedding.from_weight(weight, rank=4, row_weights=f)
+    refit = TTEmbedding.from_weight(weight, rank=4, row_weights=f, sensitivity=sensitivity)
+    assert error(refit) < error(weighted)
+    with pytest.raises(ShapeError, match="row weights"):
+        TTEmbedding.from_weight(weight, rank=4, sensitivity=sensitivity)

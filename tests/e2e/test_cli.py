@@ -131,6 +131,19 @@ def test_lowrank_variants_and_budget_from_the_command_line(
     assert meta["modules"]["embeddings.word_embeddings"]["type"] == "HeadTailEmbedding"
 
 
+def test_tt_fisher_kind_from_the_command_line(tiny_bert_dir, eval_text_file, tmp_path, capsys):
+    calib = tmp_path / "calib.txt"
+    calib.write_text(eval_text_file.read_text() * 3)
+    ckpt = tmp_path / "ttf"
+    argv = ("compress", tiny_bert_dir, "--rank", 4, "--kind", "fisher", "--dense-head", 8, "--calib", calib)
+    code, _, err = run_cli(capsys, *argv, "--out", ckpt)
+    assert code == 0, err
+    config = json.loads((ckpt / "compressor.json").read_text())["plan"]["entries"][0]["config"]
+    assert config["weighted"] and config["sensitive"]
+    code, _, err = run_cli(capsys, "export", ckpt, "--out", tmp_path / "ttf.onnx")
+    assert code == 0 and "parity" in err, err
+
+
 def test_finetune_command_and_run_with_finetune(tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
     ckpt = tmp_path / "ckpt"
