@@ -159,11 +159,13 @@ def tt_refit_under_metric(
         delta = tt_matrix_to_dense(params)[:, :dim] - target
         return (f * (delta @ m) * delta).sum()
 
-    with torch.enable_grad():
+    with torch.no_grad():
         start = float(loss())
+    with torch.enable_grad():
         for _ in range(steps):
             optimizer.zero_grad()
             loss().backward()
             optimizer.step()
+    with torch.no_grad():
         end = float(loss())
     return cores if not end < start else [p.detach().to(c.dtype) for p, c in zip(params, cores)]
