@@ -168,4 +168,4 @@ def tt_refit_under_metric(
             optimizer.step()
     with torch.no_grad():
         end = float(loss())
-    return cores if not end < start else [p.detach().to(c.dtype) for p, c in zip(params, cores)]
+    return [p.detach().to(c.dtype) for p, c in zip(params, cores)] if end < start else cores
