@@ -1,22 +1,19 @@
-"""A parameter budget over the targeted modules, turned into a concrete low-rank plan: each
-module's rank is chosen by compressor.budget.allocate_ranks from the singular values its
-truncation uses (whitened for linear layers, frequency-weighted for the embedding's tail) so
-that the summed error is smallest. The fisher kind also maps each layer's output by its
-sensitivity: its σ² are then loss estimates in common units, summed as they are; the other
-kinds' errors are relative to each layer's energy."""
+"""A parameter budget over the targeted modules, turned into a concrete plan: each module's rank
+is chosen by compressor.budget.allocate_ranks from the singular values its truncation uses (the
+method's BudgetRule says which) so that the summed error is smallest. When the method's spectra
+are loss estimates in common units (the fisher kind) they are summed as they are; otherwise each
+layer's error is taken relative to its energy."""
 
 import re
 from dataclasses import replace
 
-import torch
 from torch import nn
 
-from compressor.budget import LayerCost, allocate_ranks
+from compressor.budget import allocate_ranks
 from compressor.errors import PlanError
-from compressor.lowrank import SENSITIVITY_DAMP, cholesky_whitener
 from converters.calibration import Calibration
-from converters.methods import head_tokens
-from converters.plan import LowRankConfig, Plan, match_plan
+from converters.plan import Plan, match_plan
+from converters.registry import method_of
 
 __all__ = ["parse_budget", "plan_for_budget"]
 
@@ -38,61 +35,28 @@ def parse_budget(text: str) -> tuple[str, float]:
     return "bytes", value * UNITS[unit]
 
 
-def _output_root(calib: Calibration, name: str, cfg: LowRankConfig) -> torch.Tensor | None:
-    return cholesky_whitener(calib.sensitivity(name), SENSITIVITY_DAMP)[0] if cfg.sensitive else None
-
-
-def _layer_cost(name: str, module: nn.Module, calib: Calibration, cfg: LowRankConfig) -> LayerCost:
-    """The layer's cost per rank and the singular values its truncation under `cfg` will use."""
-    w = module.weight.detach().to(torch.float64)
-    out = _output_root(calib, name, cfg)
-    if isinstance(module, nn.Linear):
-        if cfg.whiten:
-            w = w @ cholesky_whitener(calib.gram(name))[0]
-        if out is not None:
-            w = out.T @ w
-        k, d = module.weight.shape
-        return LayerCost(name, torch.linalg.svdvals(w), per_rank=k + d, dense=k * d)
-    rows, dim = w.shape
-    tail = torch.ones(rows, dtype=torch.bool)
-    if cfg.dense_head:
-        tail[head_tokens(calib, cfg.dense_head)] = False
-    weighted = w[tail]
-    if cfg.weighted:
-        weighted = weighted * (calib.counts[tail].to(torch.float64) + 1.0).sqrt()[:, None]
-    spectrum = torch.linalg.svdvals(weighted if out is None else weighted @ out)
-    return LayerCost(name, spectrum, per_rank=int(tail.sum()) + dim, dense=rows * dim, fixed=cfg.dense_head * dim)
-
-
-def plan_for_budget(
-    model: nn.Module,
-    targets: list[str],
-    budget: str,
-    calibration: Calibration,
-    dense_head: int = 0,
-    kind: str = "fisher",
-) -> Plan:
-    """A plan with one exact-name LowRankConfig of `kind` per targeted module, ranks from the budget."""
+def plan_for_budget(model: nn.Module, targets: list[str], budget: str, calibration: Calibration, config) -> Plan:
+    """A plan with one exact-name config per targeted module, derived from `config` by its method's
+    budget rule, ranks chosen so that the targeted modules fit the budget."""
     unit, value = parse_budget(budget)
-    probe = Plan(tuple((t, LowRankConfig(dense_head=dense_head)) for t in targets))
-    names = list(match_plan(probe, model))
+    method = method_of(config)
+    rule = method.budget
+    if rule is None:
+        raise PlanError(f"the method {method.name} has no budget rule; name its ranks instead")
+    names = list(match_plan(Plan(tuple((t, config) for t in targets)), model))
     modules = {n: model.get_submodule(n) for n in names}
-    unsupported = [n for n, m in modules.items() if not isinstance(m, nn.Linear | nn.Embedding)]
+    unsupported = [n for n, m in modules.items() if not isinstance(m, method.accepts)]
     if unsupported:
-        raise PlanError(f"a budget applies to linear and embedding layers; {unsupported[0]!r} is neither")
-    configs = {
-        n: LowRankConfig.of_kind(kind, rank=1, keep=None, dense_head=dense_head if isinstance(m, nn.Embedding) else 0)
-        for n, m in modules.items()
-    }
-    layers = [_layer_cost(n, m, calibration, configs[n]) for n, m in modules.items()]
+        kinds = " and ".join(t.__name__ for t in method.accepts)
+        raise PlanError(f"a {method.name} budget applies to {kinds} layers; {unsupported[0]!r} is neither")
+    configs = {n: rule.configure(m, config) for n, m in modules.items()}
+    layers = [rule.cost(n, m, configs[n], calibration) for n, m in modules.items()]
     total = sum(layer.dense for layer in layers)
     params = int(value * total) if unit == "fraction" else int(value // 4)  # float32 weights
-    relative = not configs[names[0]].sensitive
+    relative = not rule.loss_units(config)
     alloc = allocate_ranks(layers, params, relative=relative)
-    entries, notes = (
-        [],
-        [f"budget {budget}: {alloc.params:,} of {total:,} targeted weights ({alloc.params / total:.3f})"],
-    )
+    entries = []
+    notes = [f"budget {budget}: {alloc.params:,} of {total:,} targeted weights ({alloc.params / total:.3f})"]
     for layer in layers:
         rank, err = alloc.ranks[layer.name], alloc.predicted_error[layer.name]
         if rank is None:
@@ -103,4 +67,6 @@ def plan_for_budget(
         notes.append(f"{layer.name}: rank {rank}, predicted {what} {err:.4g}")
     if not entries:
         raise PlanError(f"the budget {budget} leaves every targeted module dense; nothing to compress")
-    return Plan(tuple(entries), name=f"lowrank-budget{budget}-{kind}", notes=tuple(notes))
+    kind = getattr(config, "kind", None)
+    name = "-".join(filter(None, [method.name, f"budget{budget}", kind]))
+    return Plan(tuple(entries), name=name, notes=tuple(notes))

@@ -1,26 +1,32 @@
 """Calibration statistics: run the model on calibration text and collect, with forward hooks,
 each targeted linear layer's input Gram matrix XᵀX (streamed over batches, float64, real tokens
-only) and the token counts of the input embedding. Cached by content hash.
+only) and the token counts of the input embedding. Cached under the user's cache folder, keyed
+on a hash of the weights, the texts and the layers.
 
-On request also each layer's output sensitivity F = Σ_tokens E_z[g gᵀ], g = ∂(zᵀe)/∂y the gradient
-at the layer output y of a random probe of the pooled embedding e, z = (I − êêᵀ) u / ‖e‖, u ~ N(0, I):
-E[z zᵀ] is the Hessian of 1 − cos(e, e') at e' = e, so δyᵀ F δy ≈ 2 × the loss an error δy adds."""
+On request also each layer's output sensitivity F = Σ_tokens E_z[g gᵀ], g = ∂(zᵀo)/∂y the gradient
+at the layer output y of the model kind's random probes zᵀo of its output o, chosen so that E[z zᵀ]
+is the Hessian of the kind's loss at o (an encoder: 1 − cos of the pooled embedding), so that
+δyᵀ F δy ≈ 2 × the loss an error δy adds."""
 
 import hashlib
 import json
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
-from converters.atomic import atomic_file
+from converters.kinds import kind_of
+from eval.atomic import atomic_file
+from eval.quality import encode_passages
 
-__all__ = ["Calibration", "calibrate", "cached_calibration", "MIN_CALIB_TOKENS"]
+__all__ = ["Calibration", "calibrate", "cached_calibration", "default_cache_dir", "MIN_CALIB_TOKENS"]
 
 MIN_CALIB_TOKENS = 64
 
@@ -47,35 +53,16 @@ class Calibration:
             raise CompressorError(f"calibration has no output sensitivity for {name!r}; calibrate with sensitivity")
         return self.sensitivities[name]
 
-
-def _batches(tokenizer, texts: list[str], max_length: int, batch: int):
-    for start in range(0, len(texts), batch):
-        enc = tokenizer(
-            texts[start : start + batch],
-            padding=True,
-            truncation=True,
-            max_length=max_length,
-            return_tensors="pt",
-        )
-        yield enc["input_ids"], enc["attention_mask"]
+    def head_tokens(self, k: int) -> Tensor:
+        """The k most frequent token ids, special tokens always among them."""
+        counts = self.counts.clone().to(torch.float64)
+        counts[list(self.special_ids)] = float("inf")
+        return torch.argsort(counts, descending=True, stable=True)[:k]
 
 
 def _accumulate(store: dict[str, Tensor], name: str, rows: Tensor, scale: float = 1.0) -> None:
     rows = rows.detach().to(torch.float64)
     store[name] = store.get(name, 0) + scale * (rows.T @ rows)
-
-
-def _pooled_probes(hidden: Tensor, mask: Tensor, probes: int, generator: torch.Generator) -> list[Tensor]:
-    """`probes` scalars zᵀe over the batch, e the mean-pooled embedding, z = (I − êêᵀ) u / ‖e‖."""
-    m = mask.unsqueeze(-1).to(hidden.dtype)
-    e = (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)  # (B, H)
-    norm = e.detach().norm(dim=-1, keepdim=True).clamp_min(1e-12)
-    unit = e.detach() / norm
-    out = []
-    for _ in range(probes):
-        u = torch.randn(e.shape, generator=generator, dtype=e.dtype)
-        out.append(((u - unit * (unit * u).sum(-1, keepdim=True)) / norm * e).sum())
-    return out
 
 
 def calibrate(
@@ -91,7 +78,8 @@ def calibrate(
 ) -> Calibration:
     """Forward the model over `texts`; Gram matrices of the inputs of `linear_names`, and with
     `sensitivity` the output sensitivities of those layers and of the input embedding (a backward
-    pass per probe)."""
+    pass per probe of the model kind's output)."""
+    kind = kind_of(model)
     embedding = model.get_input_embeddings()
     vocab = embedding.num_embeddings
     embedding_name = next(n for n, m in model.named_modules() if m is embedding)
@@ -126,15 +114,19 @@ def calibrate(
             p.requires_grad_(False)
         steps = (len(texts) + batch - 1) // batch
         desc = "calibrate (with sensitivity)" if sensitivity else "calibrate"
-        for ids, mask in tqdm(
-            _batches(tokenizer, texts, max_length, batch), total=steps, desc=desc, disable=not progress
+        for feed in tqdm(
+            encode_passages(tokenizer, texts, max_length, batch, tensors="pt"),
+            total=steps,
+            desc=desc,
+            disable=not progress,
         ):
+            ids, mask = feed["input_ids"], feed["attention_mask"]
             current_mask[:] = [mask.bool()]
             counts += torch.bincount(ids[mask.bool()], minlength=vocab)[:vocab]
             with torch.set_grad_enabled(sensitivity):
-                hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+                output = kind.output(model, ids, mask)
                 if sensitivity:
-                    for i, probe in enumerate(_pooled_probes(hidden, mask, probes, generator)):
+                    for i, probe in enumerate(kind.probes(output, mask, probes, generator)):
                         probe.backward(retain_graph=i < probes - 1)
     finally:
         for h in handles:
@@ -147,10 +139,20 @@ def calibrate(
     return calib
 
 
-def _key(model_dir: Path, texts: list[str], linear_names: list[str], max_length: int) -> str:
+def default_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/compressor, else ~/.cache/compressor."""
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "compressor"
+
+
+def _key(model: nn.Module, texts: list[str], linear_names: list[str], max_length: int) -> str:
+    """A hash of the weights (names, dtypes, shapes, bytes), the layers, the length and the texts."""
     h = hashlib.sha256()
-    h.update(json.dumps([str(Path(model_dir).resolve()), sorted(linear_names), max_length]).encode())
-    h.update((model_dir / "config.json").read_bytes() if (model_dir / "config.json").is_file() else b"")
+    h.update(json.dumps([sorted(linear_names), max_length]).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     for t in texts:
         h.update(t.encode() + b"\0")
     return h.hexdigest()[:16]
@@ -159,9 +161,25 @@ def _key(model_dir: Path, texts: list[str], linear_names: list[str], max_length:
 SENSITIVITY_PREFIX = "__sensitivity__."
 
 
+def _read(path: Path) -> Calibration | None:
+    """The calibration cached in `path`; a file that does not load is said, removed, and a miss."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            special = tuple(json.loads(f.metadata()["special_ids"]))
+        data = load_file(path)
+        counts = data.pop("__counts__")
+    except (SafetensorError, OSError, KeyError, TypeError, ValueError) as e:
+        print(
+            f"compressor: the calibration cache {path} is damaged ({e}); removed, computing it again", file=sys.stderr
+        )
+        path.unlink(missing_ok=True)
+        return None
+    sens = {k[len(SENSITIVITY_PREFIX) :]: data.pop(k) for k in list(data) if k.startswith(SENSITIVITY_PREFIX)}
+    return Calibration(data, counts, special, sens)
+
+
 def cached_calibration(
-    cache_dir: Path,
-    model_dir: Path,
+    cache_dir: Path | None,
     model: nn.Module,
     tokenizer,
     texts: list[str],
@@ -170,19 +188,16 @@ def cached_calibration(
     progress: bool = True,
     sensitivity: bool = False,
 ) -> Calibration:
-    """calibrate(...), read from `cache_dir` when the same model, text and layers were seen (a
-    calibration with sensitivities serves a request without them too)."""
-    key = _key(model_dir, texts, linear_names, max_length)
+    """calibrate(...), read from `cache_dir` when the same weights, text and layers were seen (a
+    calibration with sensitivities serves a request without them too); None: no cache."""
+    if cache_dir is None:
+        return calibrate(model, tokenizer, texts, linear_names, max_length, progress=progress, sensitivity=sensitivity)
+    key = _key(model, texts, linear_names, max_length)
     with_sens = Path(cache_dir) / f"calibration-{key}-sensitivity.safetensors"
     plain = Path(cache_dir) / f"calibration-{key}.safetensors"
     for path in [with_sens] if sensitivity else [plain, with_sens]:
-        if path.is_file():
-            with safe_open(str(path), framework="pt") as f:
-                special = tuple(json.loads(f.metadata()["special_ids"]))
-            data = load_file(path)
-            counts = data.pop("__counts__")
-            sens = {k[len(SENSITIVITY_PREFIX) :]: data.pop(k) for k in list(data) if k.startswith(SENSITIVITY_PREFIX)}
-            return Calibration(data, counts, special, sens)
+        if path.is_file() and (cached := _read(path)) is not None:
+            return cached
     calib = calibrate(model, tokenizer, texts, linear_names, max_length, progress=progress, sensitivity=sensitivity)
     tensors = {
         **{k: v.contiguous() for k, v in calib.grams.items()},

@@ -4,7 +4,6 @@ nothing is decomposed again."""
 
 import json
 import shutil
-import warnings
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -13,11 +12,12 @@ from safetensors.torch import save_model as save_safetensors
 from torch import nn
 
 from compressor.errors import CompressorError, PlanError, ShapeError
-from converters.atomic import atomic_dir
 from converters.compress import CompressionReport, set_submodule
-from converters.loading import TOKENIZER_FILES, load_pretrained, resolve_model_dir
-from converters.methods import COMPACT_MODULES
+from converters.kinds import kind_for_config, kind_named, kind_of
+from converters.loading import TOKENIZER_FILES, resolve_model_dir
 from converters.plan import Plan
+from converters.registry import compact_modules
+from eval.atomic import atomic_dir
 
 __all__ = ["CHECKPOINT_META", "CHECKPOINT_VERSION", "save_compressed", "load_model", "is_compressed_dir", "read_meta"]
 
@@ -38,13 +38,16 @@ def save_compressed(
     finetune: dict | None = None,
 ) -> Path:
     """Write the checkpoint to a temporary directory and rename it to `out_dir` when whole."""
+    known = compact_modules()
     compact: dict[str, dict] = {}
     for name, m in model.named_modules():
         inside = any(name.startswith(outer + ".") for outer in compact)  # a head-tail's own tail
-        if type(m).__name__ in COMPACT_MODULES and not inside:
+        if type(m).__name__ in known and not inside:
             compact[name] = {"type": type(m).__name__, "spec": m.spec.to_dict()}
+    kind = kind_of(model)
     meta = {
         "version": CHECKPOINT_VERSION,
+        "kind": kind.name,
         "source": str(source),
         "plan": plan.to_dict(),
         "modules": compact,
@@ -52,7 +55,7 @@ def save_compressed(
         "finetune": finetune,
     }
     with atomic_dir(Path(out_dir)) as tmp:
-        model.config.save_pretrained(tmp)
+        kind.save_config(model, tmp)
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, tmp / name)
@@ -75,16 +78,12 @@ def read_meta(path: Path) -> dict:
 
 
 def _load_compressed(path: Path) -> nn.Module:
-    from transformers import AutoConfig, AutoModel
-
     meta = read_meta(path)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModel.from_config(config, attn_implementation="eager")
+    model = kind_named(meta.get("kind", "encoder")).from_config(path)  # checkpoints before kinds were encoders
     names = {n for n, _ in model.named_modules()}
+    known = compact_modules()
     for name, entry in meta["modules"].items():
-        cls = COMPACT_MODULES.get(entry["type"])
+        cls = known.get(entry["type"])
         if cls is None:
             raise PlanError(f"{path} holds an unknown compact module type {entry['type']!r}")
         if name not in names:
@@ -107,4 +106,4 @@ def load_model(model: str | Path | None) -> tuple[nn.Module, Path]:
     """(model, its directory) from a Hugging Face directory, a compressed checkpoint, or None
     for the default model."""
     path = resolve_model_dir(model)
-    return (_load_compressed(path) if is_compressed_dir(path) else load_pretrained(path)), path
+    return (_load_compressed(path) if is_compressed_dir(path) else kind_for_config(path).load(path)), path

@@ -9,8 +9,8 @@ from tqdm.auto import tqdm
 
 from compressor.errors import PlanError
 from converters.calibration import Calibration
-from converters.methods import Context, Skip, handler_for
 from converters.plan import Plan, match_plan
+from converters.registry import Context, Skip, handler_for
 
 __all__ = ["CompressionReport", "compress_", "set_submodule"]
 

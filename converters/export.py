@@ -1,8 +1,7 @@
-"""ONNX export of an encoder (input_ids, attention_mask → last_hidden_state), opset ≥ 17 with
-dynamic batch and sequence axes, checked against PyTorch in ONNX Runtime on ids and shapes the
-tracer never saw before the file takes its final name."""
+"""ONNX export of a model as its kind's graph (an encoder: input_ids, attention_mask →
+last_hidden_state), opset ≥ 17 with dynamic batch and sequence axes, checked against PyTorch in
+ONNX Runtime on ids and shapes the tracer never saw before the file takes its final name."""
 
-import inspect
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,10 +12,10 @@ import torch
 from torch import Tensor, nn
 
 from compressor.errors import CompressorError, ExportParityError
-from converters.atomic import atomic_file
+from converters.kinds import kind_of
+from eval.atomic import atomic_file
 
 __all__ = [
-    "EncoderGraph",
     "LookupGraph",
     "ExportResult",
     "export_onnx",
@@ -28,23 +27,11 @@ __all__ = [
 
 PARITY_ATOL = 1e-4
 TWO_GB = 2**31
-INPUTS = ("input_ids", "attention_mask")
-OUTPUT = "last_hidden_state"
-
-
-class EncoderGraph(nn.Module):
-    """The graph's contract: (input_ids, attention_mask) → last_hidden_state (B, T, H)."""
-
-    def __init__(self, encoder: nn.Module):
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-
 class LookupGraph(nn.Module):
-    """An embedding alone: input_ids → (B, T, D), for measuring a lookup."""
+    """An embedding alone: input_ids → (B, T, D) (named last_hidden_state), for measuring a lookup."""
+
+    inputs = ("input_ids",)
+    output = "last_hidden_state"
 
     def __init__(self, embedding: nn.Module):
         super().__init__()
@@ -70,8 +57,8 @@ def _sample_inputs(vocab: int, batch: int, seq: int, seed: int) -> tuple[Tensor,
     return ids, mask
 
 
-def check_parity(graph: nn.Module, onnx_path: Path, vocab: int, atol: float = PARITY_ATOL) -> float:
-    """Max |ONNX Runtime − PyTorch| on inputs of shapes unlike the traced one; raise above atol."""
+def check_parity(graph: nn.Module, onnx_path: Path, vocab: int, output: str, atol: float = PARITY_ATOL) -> float:
+    """Max |ONNX Runtime − PyTorch| of `output` on inputs of shapes unlike the traced one; raise above atol."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
@@ -81,7 +68,7 @@ def check_parity(graph: nn.Module, onnx_path: Path, vocab: int, atol: float = PA
         inputs = _sample_inputs(vocab, batch, seq, seed)[: len(names)]
         with torch.no_grad():
             expected = graph(*inputs).numpy()
-        (got,) = session.run([OUTPUT], {n: x.numpy() for n, x in zip(names, inputs)})
+        (got,) = session.run([output], {n: x.numpy() for n, x in zip(names, inputs)})
         if got.shape != expected.shape:
             raise ExportParityError(
                 f"ONNX output shape {got.shape} differs from PyTorch's {expected.shape} at input shape {(batch, seq)}"
@@ -89,18 +76,21 @@ def check_parity(graph: nn.Module, onnx_path: Path, vocab: int, atol: float = PA
         worst = max(worst, float(np.abs(got - expected).max()))
     if not worst <= atol:
         raise ExportParityError(
-            f"ONNX Runtime and PyTorch differ by {worst:.3g} on {OUTPUT}, above the tolerance {atol:g}"
+            f"ONNX Runtime and PyTorch differ by {worst:.3g} on {output}, above the tolerance {atol:g}"
         )
     return worst
 
 
-def _export_checked(graph: nn.Module, vocab: int, path: Path, opset: int, atol: float) -> ExportResult:
-    """Trace with the TorchScript-based exporter (its graph of a BERT runs faster in ONNX
-    Runtime than the dynamo one's), check parity, record it in the metadata, then rename."""
+def _export_checked(
+    graph: nn.Module, names: tuple[str, ...], output: str, vocab: int, path: Path, opset: int, atol: float
+) -> ExportResult:
+    """Trace `graph` (inputs `names`, which are input_ids and, when two, attention_mask) with the
+    TorchScript-based exporter (its graph of a BERT runs faster in ONNX Runtime than the dynamo
+    one's), check parity, record it in the metadata, then rename."""
     if opset < 17:
         raise CompressorError(f"opset must be ≥ 17, got {opset}")
     path = Path(path)
-    names = list(INPUTS[: len(inspect.signature(graph.forward).parameters)])
+    names = list(names)
     with atomic_file(path) as tmp:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
@@ -111,10 +101,10 @@ def _export_checked(graph: nn.Module, vocab: int, path: Path, opset: int, atol: 
                 dynamo=False,
                 opset_version=opset,
                 input_names=names,
-                output_names=[OUTPUT],
-                dynamic_axes={name: {0: "batch", 1: "sequence"} for name in (*names, OUTPUT)},
+                output_names=[output],
+                dynamic_axes={name: {0: "batch", 1: "sequence"} for name in (*names, output)},
             )
-        parity = check_parity(graph, tmp, vocab, atol)
+        parity = check_parity(graph, tmp, vocab, output, atol)
         proto = onnx.load(str(tmp))
         onnx.helper.set_model_props(proto, {"compressor.parity_max_abs": repr(parity)})
         onnx.save_model(
@@ -127,11 +117,14 @@ def _export_checked(graph: nn.Module, vocab: int, path: Path, opset: int, atol: 
 
 
 def export_onnx(model: nn.Module, path: Path, opset: int = 17, atol: float = PARITY_ATOL) -> ExportResult:
-    """An encoder as (input_ids, attention_mask) → last_hidden_state, parity-checked."""
+    """A model as its kind's graph (an encoder: (input_ids, attention_mask) → last_hidden_state), parity-checked."""
+    kind = kind_of(model)
     vocab = model.get_input_embeddings().num_embeddings
-    return _export_checked(EncoderGraph(model).eval(), vocab, path, opset, atol)
+    graph = kind.export_graph(model).eval()
+    return _export_checked(graph, kind.graph.inputs, kind.graph.output, vocab, path, opset, atol)
 
 
 def export_embedding_onnx(embedding: nn.Module, path: Path, opset: int = 17, atol: float = PARITY_ATOL) -> ExportResult:
     """An embedding alone as input_ids → (B, T, D) (named last_hidden_state), parity-checked."""
-    return _export_checked(LookupGraph(embedding).eval(), embedding.num_embeddings, path, opset, atol)
+    graph = LookupGraph(embedding).eval()
+    return _export_checked(graph, graph.inputs, graph.output, embedding.num_embeddings, path, opset, atol)

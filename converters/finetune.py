@@ -1,12 +1,14 @@
-"""finetune_(student, teacher, ...): distil the original encoder into its compressed copy.
+"""finetune_(student, teacher, ...): distil the original model into its compressed copy.
 
-Loss per batch (encoders): (1 − cos(pool(h_s), pool(h_t))) · w_cos + ‖h_s − h_t‖² / ‖h_t‖² · w_hidden
-over real tokens, pool = mean over real tokens. The teacher's hidden states are computed once, before
-training. AdamW on the compressed modules only (default) or on every parameter, the others at a
-smaller rate (they start trained); the rate warms up, then decays linearly to 0 at the end of the
-step or time budget. `cuda` with bf16 autocast when present, else the CPU with all cores; the best
-weights by agreement on a held-out validation split are kept."""
+The loss per batch is the model kind's (an encoder: (1 − cos(pool(h_s), pool(h_t))) · w_cos +
+‖h_s − h_t‖² / ‖h_t‖² · w_hidden over real tokens, pool = mean over real tokens). The teacher's
+outputs are computed once, before training. AdamW on the compressed modules only (default) or on
+every parameter, the others at a smaller rate (they start trained); the rate warms up, then
+decays linearly to 0 at the end of the step or time budget. `cuda` with bf16 autocast when
+present, else the CPU with all cores (the thread setting restored after); the best weights by
+the kind's agreement on a held-out validation split are kept."""
 
+import contextlib
 import math
 import os
 import random
@@ -18,6 +20,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
+from converters.kinds import ModelKind, kind_of
 
 __all__ = [
     "FinetuneConfig",
@@ -26,7 +29,6 @@ __all__ = [
     "TRAINABLE",
     "finetune_",
     "trainable_parameters",
-    "distill_loss",
     "pick_device",
 ]
 
@@ -104,20 +106,6 @@ def trainable_parameters(
     return groups
 
 
-def _pool(hidden: Tensor, mask: Tensor) -> Tensor:
-    m = mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-    return (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)  # (B, H)
-
-
-def distill_loss(h_s: Tensor, h_t: Tensor, mask: Tensor, cfg: FinetuneConfig) -> Tensor:
-    """w_cos · mean(1 − cos(pool_s, pool_t)) + w_hidden · ‖h_s − h_t‖² / ‖h_t‖² over real tokens."""
-    h_s, h_t = h_s.float(), h_t.float()
-    cos = nn.functional.cosine_similarity(_pool(h_s, mask), _pool(h_t, mask), dim=-1)
-    real = mask.bool()
-    hidden = ((h_s - h_t)[real] ** 2).sum() / (h_t[real] ** 2).sum().clamp_min(1e-12)
-    return cfg.cosine_weight * (1 - cos).mean() + cfg.hidden_weight * hidden
-
-
 def _windows(tokenizer, texts: list[str], length: int) -> list[list[int]]:
     """Each passage cut into consecutive windows of at most `length` tokens, each with its special
     tokens ([CLS] … [SEP]): the whole text is seen, not only each passage's start."""
@@ -147,23 +135,31 @@ def _lr_factor(cfg: FinetuneConfig, step: int, elapsed: float) -> float:
 
 
 @torch.no_grad()
-def _hidden_states(model: nn.Module, batches, device) -> list[Tensor]:
+def _outputs(kind: ModelKind, model: nn.Module, batches, device) -> list[Tensor]:
+    """The model's output on each batch, float32 on the CPU."""
     model.eval()
-    out = []
-    for ids, mask in batches:
-        out.append(model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state.float().cpu())
-    return out
+    return [kind.output(model, ids.to(device), mask.to(device)).float().cpu() for ids, mask in batches]
 
 
-@torch.no_grad()
-def _agreement(student: nn.Module, batches, targets: list[Tensor], device) -> float:
-    """Mean cosine of pooled embeddings to the teacher's on the validation batches."""
-    student.eval()
-    cos = []
-    for (ids, mask), h_t in zip(batches, targets):
-        h_s = student(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state.float().cpu()
-        cos.append(nn.functional.cosine_similarity(_pool(h_s, mask), _pool(h_t, mask), dim=-1))
-    return float(torch.cat(cos).mean())
+def _agreement(kind: ModelKind, student: nn.Module, batches, targets: list[Tensor], device) -> float:
+    """The kind's agreement with the teacher, averaged over the validation batches' examples."""
+    scores = [
+        kind.agreement(out, t, mask)
+        for out, t, (_, mask) in zip(_outputs(kind, student, batches, device), targets, batches)
+    ]
+    return float(torch.cat(scores).mean())
+
+
+@contextlib.contextmanager
+def _threads(device: torch.device):
+    """All cores for a CPU fine-tune, the process's setting restored after."""
+    before = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def finetune_(
@@ -188,14 +184,30 @@ def finetune_(
     if cfg.steps == 0:
         report.stopped = "0 steps asked: skipped"
         return report
+    with _threads(device):
+        _train(
+            kind_of(student),
+            student,
+            teacher,
+            tokenizer,
+            texts,
+            val_texts,
+            cfg,
+            compact_types,
+            device,
+            progress,
+            report,
+        )
+    return report
+
+
+def _train(kind, student, teacher, tokenizer, texts, val_texts, cfg, compact_types, device, progress, report) -> None:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    if device.type == "cpu":
-        torch.set_num_threads(os.cpu_count() or 1)
     teacher.to(device)
     student.to(device)
     train, val = _batches(tokenizer, texts, cfg), _batches(tokenizer, val_texts, cfg)
-    train_targets, val_targets = _hidden_states(teacher, train, device), _hidden_states(teacher, val, device)
+    train_targets, val_targets = _outputs(kind, teacher, train, device), _outputs(kind, teacher, val, device)
     compact, rest = trainable_parameters(student, cfg.trainable, compact_types)
     report.trainable_params = sum(p.numel() for p in compact + rest)
     groups = [{"params": ps, "lr": lr} for ps, lr in ((compact, cfg.lr), (rest, cfg.rest_lr)) if ps]
@@ -203,7 +215,7 @@ def finetune_(
     for group in optimizer.param_groups:
         group["initial_lr"] = group["lr"]
     best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
-    report.start_val_cosine = report.best_val_cosine = _agreement(student, val, val_targets, device)
+    report.start_val_cosine = report.best_val_cosine = _agreement(kind, student, val, val_targets, device)
 
     order: list[int] = []
     window: list[float] = []
@@ -223,8 +235,8 @@ def finetune_(
             ids, mask = train[i]
             student.train()
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                h_s = student(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
-            loss = distill_loss(h_s, train_targets[i].to(device), mask.to(device), cfg)
+                out = kind.output(student, ids.to(device), mask.to(device))
+            loss = kind.distill_loss(out, train_targets[i].to(device), mask.to(device), cfg)
             value = float(loss.detach())
             if not math.isfinite(value):
                 report.stopped = f"loss became {value} at step {report.steps + 1}; kept the best weights"
@@ -241,7 +253,7 @@ def finetune_(
             if report.steps % cfg.eval_every == 0:
                 report.losses.append(sum(window) / len(window))
                 window = []
-                score = _agreement(student, val, val_targets, device)
+                score = _agreement(kind, student, val, val_targets, device)
                 if score > report.best_val_cosine:
                     report.best_val_cosine, report.best_step = score, report.steps
                     best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
@@ -251,7 +263,7 @@ def finetune_(
         bar.close()
     report.seconds = time.perf_counter() - start
     if not report.stopped:
-        score = _agreement(student, val, val_targets, device)
+        score = _agreement(kind, student, val, val_targets, device)
         if score > report.best_val_cosine:
             report.best_val_cosine, report.best_step = score, report.steps
             best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
@@ -260,4 +272,3 @@ def finetune_(
         p.requires_grad_(False)
     student.to("cpu").eval()
     teacher.to("cpu")
-    return report

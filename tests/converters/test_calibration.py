@@ -5,12 +5,14 @@ from compressor.errors import CompressorError, PlanError
 from compressor.head_tail import HeadTailEmbedding
 from compressor.lowrank_linear import LowRankLinear
 from converters.budget import parse_budget, plan_for_budget
-from converters.calibration import Calibration, _pooled_probes, cached_calibration, calibrate
+from converters.calibration import Calibration, cached_calibration, calibrate
 from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
-from converters.methods import head_tokens
-from converters.plan import LowRankConfig, Plan, TTConfig
+from converters.kinds.encoder import ENCODER
+from converters.methods.lowrank import LowRankConfig
+from converters.methods.tt import TTConfig
+from converters.plan import Plan
 from eval.quality import load_tokenizer
 
 TEXTS = [f"the value {i} of list and dict is a string in python module" * (1 + i % 3) for i in range(24)]
@@ -57,10 +59,10 @@ def test_streamed_gram_equals_the_gram_of_all_inputs(tiny, calib):
 
 @pytest.mark.parametrize("sensitivity", [False, True])
 def test_cache_returns_the_same_statistics(tiny, tmp_path, sensitivity):
-    model, source, tok = tiny
-    first = cached_calibration(tmp_path, source, model, tok, TEXTS, LINEAR, progress=False, sensitivity=sensitivity)
+    model, _, tok = tiny
+    first = cached_calibration(tmp_path, model, tok, TEXTS, LINEAR, progress=False, sensitivity=sensitivity)
     assert len(list(tmp_path.glob("calibration-*.safetensors"))) == 1
-    again = cached_calibration(tmp_path, source, model, tok, TEXTS, LINEAR, progress=False)  # reuses either
+    again = cached_calibration(tmp_path, model, tok, TEXTS, LINEAR, progress=False)  # reuses either
     assert len(list(tmp_path.glob("calibration-*.safetensors"))) == 1
     assert torch.equal(first.counts, again.counts) and first.special_ids == again.special_ids
     assert all(torch.equal(first.grams[n], again.grams[n]) for n in LINEAR)
@@ -72,7 +74,7 @@ def test_probes_have_the_hessian_of_the_cosine_loss_as_covariance():
     """E[z zᵀ] = (I − êêᵀ) / ‖e‖², z = ∂(zᵀe)/∂e: the Hessian of 1 − cos(e, ·) at e."""
     e = torch.tensor([[3.0, 0.0, 4.0, 0.0]], dtype=torch.float64)
     hidden = e[:, None, :].clone().requires_grad_(True)  # one passage, one token
-    probes = _pooled_probes(hidden, torch.ones(1, 1), 20_000, torch.Generator().manual_seed(0))
+    probes = ENCODER.probes(hidden, torch.ones(1, 1), 20_000, torch.Generator().manual_seed(0))
     z = torch.stack([torch.autograd.grad(p, hidden, retain_graph=True)[0][0, 0] for p in probes])
     unit = e[0] / e.norm()
     expected = (torch.eye(4, dtype=torch.float64) - torch.outer(unit, unit)) / 25.0
@@ -104,7 +106,7 @@ def test_a_rank_above_the_calibration_tokens_says_how_many_are_needed(tiny_bert_
 
 
 def test_head_tokens_are_the_most_frequent_and_the_special_ones(calib):
-    head = head_tokens(calib, 8)
+    head = calib.head_tokens(8)
     assert set(calib.special_ids) <= set(head.tolist())
     rest = torch.ones_like(calib.counts, dtype=torch.bool)
     rest[head] = False
@@ -164,7 +166,7 @@ def test_budget_plan_stays_within_budget(tiny_bert_dir, calib, kind):
     model, _ = load_model(tiny_bert_dir)
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not n.startswith("pooler")]
     before = sum(model.get_submodule(n).weight.numel() for n in names)
-    plan = plan_for_budget(model, ["linear"], "0.5", calib, kind=kind)
+    plan = plan_for_budget(model, ["linear"], "0.5", calib, LowRankConfig.of_kind(kind))
     compress_(model, plan, calib, progress=False)
 
     def weights(m):

@@ -6,7 +6,8 @@ from compressor.errors import CompressorError, ShapeError
 from compressor.tt_embedding import TTEmbedding
 from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
-from converters.plan import Plan, TTConfig
+from converters.methods.tt import TTConfig
+from converters.plan import Plan
 
 PLAN = Plan((("embeddings", TTConfig(rank=6, order="pca")),))
 

@@ -9,7 +9,9 @@ from compressor.errors import CompressorError, ExportParityError
 from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.export import export_onnx
-from converters.plan import Plan, TTConfig
+from converters.kinds.encoder import EncoderGraph
+from converters.methods.tt import TTConfig
+from converters.plan import Plan
 
 
 @pytest.mark.parametrize("plan", [None, Plan((("embeddings", TTConfig(rank=4, order="pca")),))])
@@ -57,7 +59,7 @@ def test_parity_check_catches_a_graph_that_differs(tiny_bert_dir, tmp_path):
         weight = model.get_input_embeddings().weight
         weight.add_(torch.randn_like(weight))  # (a constant shift would vanish in LayerNorm)
     with pytest.raises(ExportParityError, match="differ by"):
-        export.check_parity(export.EncoderGraph(model).eval(), path, model.config.vocab_size)
+        export.check_parity(EncoderGraph(model).eval(), path, model.config.vocab_size, "last_hidden_state")
 
 
 def test_old_opset_is_refused(tiny_bert_dir, tmp_path):

@@ -7,12 +7,14 @@ from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
 from converters.finetune import FinetuneConfig, finetune_
-from converters.methods import COMPACT_MODULES
-from converters.plan import Plan, TTConfig
+from converters.kinds.encoder import ENCODER
+from converters.methods.tt import TTConfig
+from converters.plan import Plan
+from converters.registry import compact_modules
 from eval.quality import load_tokenizer
 
 TEXTS = [f"the {w} value of a list is a string in python module number {i}" for i, w in enumerate("abcdefgh" * 4)]
-COMPACT = tuple(COMPACT_MODULES.values())
+COMPACT = tuple(compact_modules().values())
 PLAN = Plan((("embeddings", TTConfig(rank=2, order="none")),))
 
 
@@ -26,10 +28,10 @@ def pair(tiny_bert_dir):
 
 def loss_on(student, teacher, tok, cfg):
     batches = ft._batches(tok, TEXTS, cfg)
-    targets = ft._hidden_states(teacher, batches, torch.device("cpu"))
+    targets = ft._outputs(ENCODER, teacher, batches, torch.device("cpu"))
     with torch.no_grad():
         return sum(
-            float(ft.distill_loss(student(input_ids=i, attention_mask=m).last_hidden_state, t, m, cfg))
+            float(ENCODER.distill_loss(ENCODER.output(student, i, m), t, m, cfg))
             for (i, m), t in zip(batches, targets)
         )
 
@@ -85,12 +87,12 @@ def test_distill_loss_terms():
     at_thrice = {"cosine_weight": 0.0, "hidden_weight": 4.0}  # h_s = 3 h_t: same directions, ‖h_s − h_t‖² = 4‖h_t‖²
     for term, expected in at_thrice.items():
         cfg = FinetuneConfig(**{**dict.fromkeys(at_thrice, 0.0), term: 1.0})
-        assert float(ft.distill_loss(h_t, h_t, mask, cfg)) == pytest.approx(0.0, abs=1e-6)
-        assert float(ft.distill_loss(3 * h_t, h_t, mask, cfg)) == pytest.approx(expected, abs=1e-5)
-        assert float(ft.distill_loss(torch.randn(4, 5, 8), h_t, mask, cfg)) > 0.01
+        assert float(ENCODER.distill_loss(h_t, h_t, mask, cfg)) == pytest.approx(0.0, abs=1e-6)
+        assert float(ENCODER.distill_loss(3 * h_t, h_t, mask, cfg)) == pytest.approx(expected, abs=1e-5)
+        assert float(ENCODER.distill_loss(torch.randn(4, 5, 8), h_t, mask, cfg)) > 0.01
     padded = h_t.clone()
     padded[0, 3:] = 100.0  # what padding holds is ignored
-    assert float(ft.distill_loss(padded, h_t, mask, FinetuneConfig())) == pytest.approx(0.0, abs=1e-6)
+    assert float(ENCODER.distill_loss(padded, h_t, mask, FinetuneConfig())) == pytest.approx(0.0, abs=1e-6)
 
 
 def test_finetuned_checkpoint_round_trips_and_exports(pair, tmp_path):
@@ -106,14 +108,14 @@ def test_finetuned_checkpoint_round_trips_and_exports(pair, tmp_path):
 def test_nan_loss_stops_and_keeps_the_best_weights(pair, monkeypatch):
     student, teacher, source, _ = pair
     start = {k: v.clone() for k, v in student.state_dict().items()}
-    real = ft.distill_loss
+    real = type(ENCODER).distill_loss
     calls = iter(range(100))
 
     def poisoned(*args):
         loss = real(*args)
         return loss * float("nan") if next(calls) >= 2 else loss
 
-    monkeypatch.setattr(ft, "distill_loss", poisoned)
+    monkeypatch.setattr(type(ENCODER), "distill_loss", poisoned)
     cfg = FinetuneConfig(steps=10, seconds=None, batch_size=8, eval_every=100)
     report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], cfg, COMPACT, progress=False)
     assert "at step 3" in report.stopped and report.steps == 2

@@ -5,7 +5,8 @@ from torch import nn
 from compressor.errors import PlanError, RankError
 from compressor.tt_embedding import TTEmbedding
 from converters.compress import compress_
-from converters.plan import Plan, TTConfig, match_plan
+from converters.methods.tt import TTConfig
+from converters.plan import Plan, match_plan
 
 
 class Tiny(nn.Module):

@@ -1,0 +1,40 @@
+"""The command line, one module per command: compress, finetune, export, bench, run. The only
+place that wires compressor, converters and eval together; it names no method and no model kind
+(it reads the method registry and the kind adapters)."""
+
+import argparse
+import os
+
+from compressor.errors import CompressorError
+from converters.cli import bench, compress, export, finetune, run
+from converters.cli.steps import say
+
+__all__ = ["main", "build_parser", "COMMANDS"]
+
+COMMANDS = {"compress": compress, "finetune": finetune, "export": export, "bench": bench, "run": run}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="compressor",
+        description="Post-training compression of trained NLP models: compress, export to ONNX, benchmark.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, command in COMMANDS.items():
+        command.add_arguments(sub.add_parser(name, help=command.HELP))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    try:
+        COMMANDS[args.command].run(args)
+    except CompressorError as e:
+        say(f"error: {e}")
+        return 2
+    except KeyboardInterrupt:
+        say("interrupted; outputs not yet complete were not written under their final names")
+        return 130
+    return 0

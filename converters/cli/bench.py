@@ -1,0 +1,40 @@
+"""compressor bench ONNX...: measure ONNX models side by side; the first is the reference."""
+
+from pathlib import Path
+
+from converters.cli.options import bench_options
+from converters.cli.steps import check_runs, eval_texts, say
+from converters.loading import default_model_path
+from eval.benchmark import bench
+from eval.kinds import graph_kind
+from eval.report import markdown_table, write_report
+
+HELP = "measure ONNX models side by side; the first is the reference"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("onnx", nargs="+", type=Path, help="ONNX files; the first is the original")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="directory with the tokenizer (default: the default model's)",
+    )
+    p.add_argument(
+        "--json",
+        type=Path,
+        default=Path("report.json"),
+        help="report path; report.md is written beside it (default: report.json)",
+    )
+    bench_options(p)
+
+
+def run(args) -> None:
+    check_runs(args.runs)
+    texts, where = eval_texts(args, graph_kind(args.onnx[0]))
+    tokenizer = args.tokenizer or default_model_path()
+    names = ["original", *[p.stem for p in args.onnx[1:]]]
+    report = bench(list(zip(names, args.onnx)), tokenizer, texts, where, model=str(args.onnx[0]), runs=args.runs)
+    json_path, _ = write_report(report, args.json)
+    print(markdown_table(report))
+    say(f"wrote {json_path} and {json_path.with_suffix('.md')}")

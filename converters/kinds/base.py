@@ -1,0 +1,66 @@
+"""The interface of a model kind (see converters.kinds)."""
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from eval.kinds import GraphKind
+
+__all__ = ["ModelKind"]
+
+
+class ModelKind(ABC):
+    """The interface every kind implements. `output(model, ids, mask)` is the tensor the kind's
+    distillation, agreement and probes read (an encoder's last hidden state, an LM's logits)."""
+
+    name: str
+    graph: GraphKind  # how eval sees its exported graph
+
+    @abstractmethod
+    def recognises(self, model: nn.Module) -> bool:
+        """Whether a loaded module is of this kind."""
+
+    @abstractmethod
+    def recognises_config(self, config: dict) -> bool:
+        """Whether a model directory whose config.json holds `config` is of this kind."""
+
+    @abstractmethod
+    def load(self, path: Path) -> nn.Module:
+        """The trained model in a directory, in eval mode."""
+
+    @abstractmethod
+    def from_config(self, path: Path) -> nn.Module:
+        """The model's structure from the config in `path`, untrained (a checkpoint loads into it)."""
+
+    @abstractmethod
+    def save_config(self, model: nn.Module, path: Path) -> None:
+        """Write what from_config reads back into `path`."""
+
+    @abstractmethod
+    def export_graph(self, model: nn.Module) -> nn.Module:
+        """A module whose forward takes the graph's inputs in order and returns its output."""
+
+    @abstractmethod
+    def output(self, model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
+        """The model's output on a batch, the tensor distillation and probes read."""
+
+    @abstractmethod
+    def distill_loss(self, student: Tensor, teacher: Tensor, mask: Tensor, cfg) -> Tensor:
+        """The scalar the fine-tune minimises, from the student's and teacher's outputs (cfg: its weights)."""
+
+    @abstractmethod
+    def agreement(self, student: Tensor, teacher: Tensor, mask: Tensor) -> Tensor:
+        """One score per example, higher is closer (the fine-tune keeps the best weights by its mean)."""
+
+    @abstractmethod
+    def probes(self, output: Tensor, mask: Tensor, count: int, generator) -> list[Tensor]:
+        """`count` random scalars whose expected gradient outer product is the loss Hessian at the output."""
+
+    @abstractmethod
+    def is_body_linear(self, name: str, module: nn.Module) -> bool:
+        """A linear layer of the model's body (the "linear" target), not of a head on top."""
+
+    def is_attention(self, name: str) -> bool:
+        """A layer inside an attention block (the "attention" target; the rest of the body is "ffn")."""
+        return ".attention." in f".{name}."

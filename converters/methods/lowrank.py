@@ -1,0 +1,184 @@
+"""Low-rank factors (DESIGN §2.2): the config, the build of linear layers and embeddings, the
+budget rule, and the registration. Kinds: plain SVD; aware (activation-aware linear layers,
+frequency-weighted embeddings); fisher (aware, each layer's output weighted by its sensitivity)."""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from compressor.budget import LayerCost
+from compressor.errors import PlanError
+from compressor.head_tail import HeadTailEmbedding
+from compressor.lowrank import SENSITIVITY_DAMP, cholesky_whitener
+from compressor.lowrank_embedding import LowRankEmbedding
+from compressor.lowrank_linear import LowRankLinear
+from compressor.ranks import check_rank
+from converters.calibration import Calibration
+from converters.methods.dense_head import DENSE_HEAD_OPTION, check_dense_head, with_dense_head
+from converters.registry import BudgetRule, Context, Method, Option, Skip, given, register
+
+__all__ = ["LowRankConfig", "LOWRANK_KINDS"]
+
+LOWRANK_KINDS = ("plain", "aware", "fisher")
+
+
+@dataclass(frozen=True)
+class LowRankConfig:
+    """Low-rank factors W ≈ up · down at `rank`, or at the rank that keeps the fraction `keep` of
+    the module's parameters. Linear layers: activation-aware when `whiten` (needs calibration).
+    Embeddings: rows weighted by token frequency when `weighted`, and an exact `dense_head`.
+    `sensitive` adds each layer's output sensitivity to either (the "fisher" kind)."""
+
+    method: ClassVar[str] = "lowrank"
+    rank: int | None = None
+    keep: float | None = 0.5
+    whiten: bool = True
+    weighted: bool = True
+    dense_head: int = 0
+    sensitive: bool = False
+
+    @classmethod
+    def of_kind(cls, kind: str, **options) -> "LowRankConfig":
+        """plain: SVD; aware: activation-aware / frequency-weighted; fisher: aware + output sensitivity."""
+        if kind not in LOWRANK_KINDS:
+            raise PlanError(f"a low-rank kind is one of {', '.join(LOWRANK_KINDS)}, got {kind!r}")
+        aware = kind != "plain"
+        return cls(whiten=aware, weighted=aware, sensitive=kind == "fisher", **options)
+
+    @property
+    def kind(self) -> str:
+        return "fisher" if self.sensitive else "aware" if self.whiten else "plain"
+
+    def __post_init__(self):
+        check_dense_head(self.dense_head)
+        if self.sensitive and not (self.whiten and self.weighted):
+            raise PlanError("output sensitivity (fisher) builds on activation-aware and frequency-weighted factors")
+        if self.rank is None and self.keep is None:
+            raise PlanError("a low-rank plan needs a rank or a fraction of parameters to keep; got neither")
+        if self.rank is not None:
+            check_rank(self.rank)
+        if self.keep is not None and (isinstance(self.keep, bool) or not 0 < self.keep < 1):
+            raise PlanError(f"the fraction of parameters to keep must lie in (0, 1), got {self.keep!r}")
+
+    def label(self) -> str:
+        size = f"r{self.rank}" if self.rank is not None else f"keep{self.keep:g}"
+        head = [f"head{self.dense_head}"] if self.dense_head else []
+        return "-".join(["lowrank", *head, size, self.kind])
+
+
+def _footprint(module: nn.Module, cfg: LowRankConfig) -> tuple[int, int, int]:
+    """(parameters per rank, dense parameters, fixed parameters): a linear K×D layer costs r(K+D)
+    against KD; a V×D table with a dense head of K rows costs KD + r(V−K+D) against VD."""
+    rows, cols = module.weight.shape
+    head = cfg.dense_head if isinstance(module, nn.Embedding) else 0
+    return rows - head + cols, rows * cols, head * cols
+
+
+def _rank(module: nn.Module, cfg: LowRankConfig) -> int:
+    """The configured rank, or the one keeping the fraction cfg.keep of the dense parameters."""
+    if cfg.rank is not None:
+        return cfg.rank
+    per_rank, dense, fixed = _footprint(module, cfg)
+    return int((cfg.keep * dense - fixed) // per_rank)
+
+
+def _build(module: nn.Module, cfg: LowRankConfig, ctx: Context) -> nn.Module | Skip:
+    rank = _rank(module, cfg)
+    per_rank, dense, fixed = _footprint(module, cfg)
+    rows, cols = module.weight.shape
+    if isinstance(module, nn.Linear):
+        if rank < 1 or rank * per_rank >= dense:
+            return Skip(f"rank {rank} would not save parameters: {rank}·({rows}+{cols}) ≥ {rows}·{cols}")
+        if not cfg.whiten:
+            return LowRankLinear.from_linear(module, rank)
+        calib = ctx.require_calibration("activation-aware low-rank")
+        if calib.tokens < rank:
+            raise PlanError(
+                f"{ctx.name}: the calibration text has {calib.tokens} tokens; activation-aware rank {rank} "
+                f"needs at least {rank} (a few times {cols}, the layer's inputs, is better)"
+            )
+        sensitivity = calib.sensitivity(ctx.name) if cfg.sensitive else None
+        return LowRankLinear.from_linear(module, rank, calib.gram(ctx.name), sensitivity)
+
+    if rank < 1:
+        return Skip(f"a dense head of {cfg.dense_head} rows leaves no parameters for the tail at keep={cfg.keep}")
+    calib = ctx.require_calibration("frequency weighting") if cfg.weighted else None
+    sensitivity = calib.sensitivity(ctx.name) if cfg.sensitive else None
+
+    def build(weight, ids):
+        freq = None if calib is None else calib.counts[ids].to(torch.float64) + 1.0  # +1: unseen tokens still count
+        return LowRankEmbedding.from_weight(weight, rank, freq, sensitivity)
+
+    if cfg.dense_head:
+        return with_dense_head(module, cfg.dense_head, ctx, build)
+    if rank * per_rank >= dense:
+        return Skip(f"rank {rank} would not save parameters: {rank}·({rows}+{cols}) ≥ {rows}·{cols}")
+    return build(module.weight, torch.arange(rows))
+
+
+def _layer_cost(name: str, module: nn.Module, cfg: LowRankConfig, calib: Calibration) -> LayerCost:
+    """The layer's cost per rank and the singular values its truncation under `cfg` will use:
+    of W S (S the input whitener) for linear layers, of the frequency-weighted tail rows for
+    embeddings; mapped by the output sensitivity's root with the fisher kind."""
+    w = module.weight.detach().to(torch.float64)
+    out = cholesky_whitener(calib.sensitivity(name), SENSITIVITY_DAMP)[0] if cfg.sensitive else None
+    per_rank, dense, fixed = _footprint(module, cfg)
+    if isinstance(module, nn.Linear):
+        if cfg.whiten:
+            w = w @ cholesky_whitener(calib.gram(name))[0]
+        if out is not None:
+            w = out.T @ w
+        return LayerCost(name, torch.linalg.svdvals(w), per_rank=per_rank, dense=dense)
+    tail = torch.ones(w.shape[0], dtype=torch.bool)
+    if cfg.dense_head:
+        tail[calib.head_tokens(cfg.dense_head)] = False
+    weighted = w[tail]
+    if cfg.weighted:
+        weighted = weighted * (calib.counts[tail].to(torch.float64) + 1.0).sqrt()[:, None]
+    spectrum = torch.linalg.svdvals(weighted if out is None else weighted @ out)
+    return LayerCost(name, spectrum, per_rank=per_rank, dense=dense, fixed=fixed)
+
+
+def _for_budget(module: nn.Module, cfg: LowRankConfig) -> LowRankConfig:
+    """The config a budget gives one module: a rank (set later), no keep; the dense head on embeddings only."""
+    head = cfg.dense_head if isinstance(module, nn.Embedding) else 0
+    return LowRankConfig.of_kind(cfg.kind, rank=1, keep=None, dense_head=head)
+
+
+def _from_options(o: dict) -> LowRankConfig:
+    rank = o.get("rank")
+    return LowRankConfig.of_kind(
+        given(o, "kind", "fisher"),
+        rank=rank,
+        keep=given(o, "keep", 0.5) if rank is None else None,
+        dense_head=given(o, "dense_head", 0),
+    )
+
+
+register(
+    Method(
+        config=LowRankConfig,
+        accepts=(nn.Linear, nn.Embedding),
+        build=_build,
+        compact=(LowRankLinear, LowRankEmbedding, HeadTailEmbedding),
+        options=(
+            Option("--rank", "the rank (default: from --keep)", int, many=True),
+            Option(
+                "--kind",
+                "fisher (aware, and each layer's output weighted by how much the model's output feels it), aware "
+                "(activation-aware for linear layers, frequency-weighted for embeddings) — both need calibration — "
+                "or plain SVD (default: fisher)",
+                choices=LOWRANK_KINDS,
+                many=True,
+            ),
+            Option("--keep", "without --rank: keep this fraction of each module's parameters (default: 0.5)", float),
+            DENSE_HEAD_OPTION,
+        ),
+        from_options=_from_options,
+        needs_calibration=lambda cfg: cfg.whiten or cfg.weighted or cfg.dense_head > 0,
+        needs_sensitivity=lambda cfg: cfg.sensitive,
+        budget=BudgetRule(cost=_layer_cost, configure=_for_budget, loss_units=lambda cfg: cfg.sensitive),
+    )
+)

@@ -1,0 +1,170 @@
+"""The method registry: every compression method registers once, in its own file under
+converters/methods/, and the CLI's options, the plan's JSON, the checkpoint's module table and the
+budget read it. Nothing else names a method.
+
+A method is a config dataclass (frozen, a ClassVar `method` naming it), a `build` that turns one
+trained module into its compact form (or a Skip saying why it stays dense), the compact module
+classes a checkpoint may rebuild, its command-line options, and optionally a budget rule."""
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from compressor.budget import LayerCost
+from compressor.errors import CompressorError, PlanError
+from converters.calibration import Calibration
+
+__all__ = [
+    "BudgetRule",
+    "Context",
+    "Method",
+    "Option",
+    "Skip",
+    "register",
+    "methods",
+    "method_named",
+    "method_of",
+    "default_method",
+    "handler_for",
+    "compact_modules",
+    "given",
+]
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A module the method leaves dense, and why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a build sees besides the module and its config: the module's name and the calibration."""
+
+    name: str
+    calibration: Calibration | None
+
+    def require_calibration(self, what: str) -> Calibration:
+        if self.calibration is None:
+            raise PlanError(f"{self.name}: {what} needs calibration statistics; pass calibration text (--calib)")
+        return self.calibration
+
+
+@dataclass(frozen=True)
+class Option:
+    """A command-line option of a method. Methods that share a flag share one argparse option (its
+    type must agree); `help` says what it means for this method, with this method's default; with
+    `many`, `run` takes several values and makes one variant per value."""
+
+    flag: str
+    help: str
+    type: Callable = str
+    choices: tuple = ()
+    many: bool = False
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def given(options: dict[str, Any], key: str, default: Any) -> Any:
+    """An option's value, or `default` when it was not given (None)."""
+    value = options.get(key)
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class BudgetRule:
+    """How a budget chooses ranks for a method: `configure(module, cfg)` is the config one module
+    gets (its rank is then set by `dataclasses.replace(cfg, rank=…)`), and `cost(name, module, cfg,
+    calibration)` the module's parameters per rank and the singular values its truncation uses.
+    `loss_units(cfg)`: the spectra are loss estimates in common units (else errors are made relative)."""
+
+    cost: Callable[[str, nn.Module, Any, Calibration], LayerCost]
+    configure: Callable[[nn.Module, Any], Any]
+    loss_units: Callable[[Any], bool]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One compression method. `configs(values)` builds a config from the method's option values
+    (a dict from option dest to the value given, or None when not given)."""
+
+    config: type
+    accepts: tuple[type[nn.Module], ...]
+    build: Callable[[nn.Module, Any, Context], nn.Module | Skip]
+    compact: tuple[type[nn.Module], ...]
+    options: tuple[Option, ...] = ()
+    from_options: Callable[[dict[str, Any]], Any] | None = None
+    needs_calibration: Callable[[Any], bool] = lambda cfg: False
+    needs_sensitivity: Callable[[Any], bool] = lambda cfg: False
+    budget: BudgetRule | None = None
+    default: bool = False  # the method the command line uses when none is named
+
+    @property
+    def name(self) -> str:
+        return self.config.method
+
+
+_METHODS: dict[str, Method] = {}
+_builtins_loaded = False
+
+
+def register(method: Method) -> Method:
+    """Add `method` to the registry; a second method under the same name is refused."""
+    old = _METHODS.get(method.name)
+    if old is not None:
+        raise CompressorError(
+            f"the method {method.name!r} is registered twice (by {old.config.__module__}.{old.config.__name__} and "
+            f"{method.config.__module__}.{method.config.__name__}); give the new one another name"
+        )
+    _METHODS[method.name] = method
+    return method
+
+
+def methods() -> dict[str, Method]:
+    """Every registered method by name; the built-in ones (converters/methods/*) are imported first."""
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        importlib.import_module("converters.methods")
+    return dict(_METHODS)
+
+
+def method_named(name: str) -> Method:
+    known = methods()
+    if name not in known:
+        raise PlanError(f"unknown method {name!r}; known: {', '.join(known)}")
+    return known[name]
+
+
+def method_of(config: object) -> Method:
+    """The method whose config `config` is."""
+    for method in methods().values():
+        if type(config) is method.config:
+            return method
+    raise PlanError(f"no method is registered for {type(config).__name__}")
+
+
+def default_method() -> Method:
+    return next(m for m in methods().values() if m.default)
+
+
+def handler_for(name: str, module: nn.Module, config: object) -> Method:
+    """The method of `config`, checked to accept `module` (else an "unsupported module" PlanError)."""
+    method = method_of(config)
+    if not isinstance(module, method.accepts):
+        kinds = ", ".join(t.__name__ for t in method.accepts)
+        raise PlanError(
+            f"unsupported module: {method.name} applies to {kinds}, but {name!r} is a {type(module).__name__}"
+        )
+    return method
+
+
+def compact_modules() -> dict[str, type[nn.Module]]:
+    """Compact module classes a checkpoint may rebuild, by class name (the loading allowlist)."""
+    return {cls.__name__: cls for method in methods().values() for cls in method.compact}

@@ -1,0 +1,72 @@
+"""What eval knows of a model kind, recognised from an ONNX graph's inputs and outputs alone (eval
+does not import converters): the graph's contract, what quality compares, its metrics, and the
+default texts. The encoder is the only kind yet: (input_ids, attention_mask) → last_hidden_state,
+compared by mean-pooled sentence embeddings (cosine to the original, neighbour recall@10)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from compressor.errors import CompressorError
+from eval.corpus import passages
+from eval.graph import load_graph
+from eval.quality import cosine_mean, mean_pool, recall_at_k
+
+__all__ = ["GraphKind", "ENCODER", "GRAPH_KINDS", "graph_kind"]
+
+
+@dataclass(frozen=True)
+class GraphKind:
+    """A kind as eval sees it. `represent(session, batches)` gives what quality compares between a
+    variant and the original; `quality(reference, other)` the metrics; `min_passages` how many eval
+    passages the metrics need."""
+
+    name: str
+    inputs: tuple[str, ...]
+    output: str
+    min_passages: int
+
+    def recognises(self, inputs: list[str], outputs: list[str]) -> bool:
+        return sorted(inputs) == sorted(self.inputs) and self.output in outputs
+
+    def passages(self, path: str | Path | None, split: str, minimum: int = 1) -> tuple[list[str], str]:
+        """(passages, where from): a user's file, else this kind's default text split; at least
+        `minimum` of them, and for the eval split at least what the metrics need."""
+        return passages(path, split, max(minimum, self.min_passages if split == "eval" else 1))
+
+
+class EncoderGraphKind(GraphKind):
+    def represent(self, session, batches) -> np.ndarray:
+        """Mean of last_hidden_state over real tokens, L2-normalised: (N, H)."""
+        out = []
+        for feed in batches:
+            (hidden,) = session.run([self.output], feed)  # (B, T, H)
+            out.append(mean_pool(hidden, feed["attention_mask"]))
+        emb = np.concatenate(out)
+        return emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+
+    def quality(self, reference: np.ndarray, other: np.ndarray) -> dict[str, float]:
+        return {
+            "cosine_mean": round(cosine_mean(reference, other), 4),
+            "recall_at_10": round(recall_at_k(reference, other, 10), 4),
+        }
+
+
+ENCODER = EncoderGraphKind("encoder", ("input_ids", "attention_mask"), "last_hidden_state", min_passages=11)
+GRAPH_KINDS = (ENCODER,)
+
+
+def graph_kind(path: str | Path) -> GraphKind:
+    """The kind of the ONNX graph at `path`, from its inputs and outputs; one clear error if none fits."""
+    graph = load_graph(path, with_data=False).graph
+    inputs = [i.name for i in graph.input if i.name not in {t.name for t in graph.initializer}]
+    outputs = [o.name for o in graph.output]
+    for kind in GRAPH_KINDS:
+        if kind.recognises(inputs, outputs):
+            return kind
+    wanted = "; ".join(f"{k.name}: {list(k.inputs)} → {k.output}" for k in GRAPH_KINDS)
+    names = " or ".join(k.name for k in GRAPH_KINDS)
+    raise CompressorError(
+        f"{str(path)!r} is not an {names} graph: it maps {sorted(inputs)} to {outputs}; bench needs {wanted}"
+    )
