@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test test-fast bench lint clean
 
 install: $(STAMP)
 
@@ -22,6 +22,10 @@ demo: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# Everything but the tests marked slow (those that run the real default model): under a minute.
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: install
 	$(BIN)/python benchmarks/tt_lookup.py --runs 400 --json runs/bench/tt_lookup.json

@@ -9,12 +9,8 @@ from torch import Tensor, nn
 
 from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import ShapeError
-from compressor.lowrank_embedding import LowRankEmbedding
-from compressor.tt_embedding import TTEmbedding
 
-__all__ = ["HeadTailEmbedding", "HeadTailSpec", "TAIL_TYPES"]
-
-TAIL_TYPES: dict[str, type[nn.Module]] = {"LowRankEmbedding": LowRankEmbedding, "TTEmbedding": TTEmbedding}
+__all__ = ["HeadTailEmbedding", "HeadTailSpec"]
 
 
 @dataclass(frozen=True)
@@ -28,8 +24,9 @@ class HeadTailSpec:
     def __post_init__(self):
         if not 0 < self.head_size < self.num_embeddings:
             raise ShapeError(f"the dense head must hold 1 to {self.num_embeddings - 1} rows, got {self.head_size}")
-        if self.tail_type not in TAIL_TYPES:
-            raise ShapeError(f"unknown tail type {self.tail_type!r}; known: {', '.join(TAIL_TYPES)}")
+        tails = CompactEmbedding.types
+        if self.tail_type not in tails:
+            raise ShapeError(f"unknown tail type {self.tail_type!r}; known: {', '.join(tails)}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -44,7 +41,7 @@ class HeadTailEmbedding(CompactEmbedding):
     def __init__(self, spec: HeadTailSpec):
         super().__init__()
         self.spec = spec
-        tail_cls = TAIL_TYPES[spec.tail_type]
+        tail_cls = CompactEmbedding.types[spec.tail_type]
         self.tail = tail_cls(tail_cls.spec_type(**spec.tail_spec))
         self.head = nn.Parameter(torch.zeros(spec.head_size, spec.embedding_dim))
         self.register_buffer("permutation", torch.arange(spec.num_embeddings))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 
 from compressor.errors import CompressorError
 from eval.probe import session_options
@@ -26,8 +27,8 @@ def load_graph(path: str | Path, with_data: bool = True) -> onnx.ModelProto:
         raise CompressorError(f"ONNX file {str(path)!r} does not exist")
     try:
         return onnx.load(str(path), load_external_data=with_data)
-    except Exception as e:  # onnx raises DecodeError, ValueError, … on a file that is not ONNX
-        raise CompressorError(f"{str(path)!r} is not an ONNX model ({type(e).__name__})") from None
+    except (DecodeError, ValueError, OSError) as e:  # what onnx raises on a file that is not ONNX
+        raise CompressorError(f"{str(path)!r} is not an ONNX model ({type(e).__name__}: {e})") from None
 
 
 def file_bytes(path: str | Path) -> int:

