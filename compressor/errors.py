@@ -1,6 +1,6 @@
 """Typed errors: each message states the rule that was broken, then the value that broke it."""
 
-__all__ = ["CompressorError", "PlanError", "RankError", "ShapeError", "ExportParityError"]
+__all__ = ["CompressorError", "PlanError", "RankError", "ShapeError", "ExportParityError", "OutOfSpaceError"]
 
 
 class CompressorError(ValueError):
@@ -21,3 +21,9 @@ class ShapeError(CompressorError):
 
 class ExportParityError(CompressorError):
     """ONNX Runtime and PyTorch disagree by more than the tolerance on the same inputs."""
+
+
+class OutOfSpaceError(CompressorError):
+    """The disk has too little space for an output; not the input's fault, so the CLI exits 1."""
+
+    exit_code = 1

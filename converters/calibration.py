@@ -204,6 +204,9 @@ def cached_calibration(
         **{SENSITIVITY_PREFIX + k: v.contiguous() for k, v in calib.sensitivities.items()},
         "__counts__": calib.counts,
     }
-    with atomic_file(with_sens if sensitivity else plain) as tmp:
-        save_file(tensors, str(tmp), metadata={"special_ids": json.dumps(list(calib.special_ids))})
+    try:
+        with atomic_file(with_sens if sensitivity else plain) as tmp:
+            save_file(tensors, str(tmp), metadata={"special_ids": json.dumps(list(calib.special_ids))})
+    except (OSError, CompressorError) as e:  # a cache that cannot be written costs a recomputation, no more
+        print(f"compressor: warning: the calibration was not cached: {e}", file=sys.stderr)
     return calib

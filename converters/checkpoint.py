@@ -17,7 +17,7 @@ from converters.kinds import kind_for_config, kind_named, kind_of
 from converters.loading import TOKENIZER_FILES, resolve_model_dir
 from converters.plan import Plan
 from converters.registry import compact_modules
-from eval.atomic import atomic_dir
+from eval.atomic import atomic_dir, tensor_bytes
 
 __all__ = ["CHECKPOINT_META", "CHECKPOINT_VERSION", "save_compressed", "load_model", "is_compressed_dir", "read_meta"]
 
@@ -54,7 +54,7 @@ def save_compressed(
         "report": report.to_dict(),
         "finetune": finetune,
     }
-    with atomic_dir(Path(out_dir)) as tmp:
+    with atomic_dir(Path(out_dir), needed=tensor_bytes(model.state_dict().values())) as tmp:
         kind.save_config(model, tmp)
         for name in TOKENIZER_FILES:
             if (source / name).is_file():

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.kinds import kind_of
-from eval.atomic import atomic_file
+from eval.atomic import atomic_file, tensor_bytes
 
 __all__ = [
     "LookupGraph",
@@ -91,7 +91,7 @@ def _export_checked(
         raise CompressorError(f"opset must be ≥ 17, got {opset}")
     path = Path(path)
     names = list(names)
-    with atomic_file(path) as tmp:
+    with atomic_file(path, needed=tensor_bytes(graph.state_dict().values())) as tmp:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             torch.onnx.export(

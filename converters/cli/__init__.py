@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
         COMMANDS[args.command].run(args)
     except CompressorError as e:
         say(f"error: {e}")
-        return 2
+        return getattr(e, "exit_code", 2)  # 2: bad input; 1: the machine (a full disk)
     except KeyboardInterrupt:
         say("interrupted; outputs not yet complete were not written under their final names")
         return 130

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from converters.cli.options import bench_options
-from converters.cli.steps import check_runs, eval_texts, say
+from converters.cli.steps import check_outputs, check_runs, eval_texts, say
 from converters.loading import default_model_path
 from eval.benchmark import bench
 from eval.kinds import graph_kind
@@ -31,6 +31,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
     check_runs(args.runs)
+    check_outputs(args, report_file=args.json)
     texts, where = eval_texts(args, graph_kind(args.onnx[0]))
     tokenizer = args.tokenizer or default_model_path()
     names = ["original", *[p.stem for p in args.onnx[1:]]]

@@ -3,8 +3,9 @@
 from pathlib import Path
 
 from converters.checkpoint import load_model
-from converters.cli.steps import say
+from converters.cli.steps import check_outputs, say
 from converters.export import export_onnx
+from converters.loading import resolve_model_dir
 
 HELP = "export a model or compressed checkpoint to ONNX, parity-checked"
 
@@ -21,7 +22,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> None:
-    model, source = load_model(args.model)
+    source = resolve_model_dir(args.model)
     out = args.out or (source.parent / f"{source.name}.onnx" if args.model else Path("original.onnx"))
+    check_outputs(args, ONNX_file=out)
+    model, _ = load_model(source)
     result = export_onnx(model, out, opset=args.opset)
     say(f"wrote {result.path} (parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e})")

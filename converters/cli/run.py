@@ -6,6 +6,7 @@ from pathlib import Path
 from converters.checkpoint import save_compressed
 from converters.cli.options import MODEL_HELP, bench_options, finetune_options, method_options
 from converters.cli.steps import (
+    check_outputs,
     check_runs,
     compress_and_say,
     eval_texts,
@@ -35,6 +36,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
     check_runs(args.runs)
+    check_outputs(args, output_folder=args.out)
     kind = kind_for_config(resolve_model_dir(args.model))
     texts, where = eval_texts(args, kind.graph)
     fine_tune = args.ft_steps is not None or args.ft_time is not None
@@ -44,6 +46,17 @@ def run(args) -> None:
         if args.ft_steps == 0:
             say("--finetune-steps 0: the fine-tune is skipped")
             fine_tune = False
+    created = not args.out.exists()
+    try:
+        _run(args, texts, where, ft_texts if fine_tune else None)
+    except BaseException:
+        if created and args.out.is_dir() and not any(args.out.iterdir()):
+            args.out.rmdir()  # no empty folder left behind
+        raise
+
+
+def _run(args, texts: list[str], where: str, ft_texts) -> None:
+    """Compress, export and bench each variant; `ft_texts` None: no fine-tune."""
     original, source = load_original(args.model)
     out = args.out
     plans, calib = plans_and_calibration(args, original, source)
@@ -55,7 +68,7 @@ def run(args) -> None:
         save_compressed(model, plan, report, source, out / name)
         variants.append((name, export_onnx(model, out / f"{name}.onnx").path))
         details.append({"plan": plan.to_dict(), "compression": report.to_dict()})
-        if fine_tune:
+        if ft_texts is not None:
             result = finetune_and_say(model, original, source, args, ft_texts)
             save_compressed(model, plan, report, source, out / f"{name}-ft", finetune=result)
             variants.append((f"{name}-ft", export_onnx(model, out / f"{name}-ft.onnx").path))

@@ -19,10 +19,12 @@ from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds import ModelKind, kind_of
 from converters.plan import Plan, match_plan
 from converters.registry import compact_modules, handler_for, method_named, methods
+from eval.atomic import check_writable
 from eval.quality import load_tokenizer
 
 __all__ = [
     "say",
+    "check_outputs",
     "plans_from_args",
     "plans_and_calibration",
     "compress_and_say",
@@ -37,6 +39,17 @@ __all__ = [
 
 def say(message: str) -> None:
     print(f"compressor: {message}", file=sys.stderr)
+
+
+def check_outputs(args, **outputs: Path) -> None:
+    """Before any work: every output (what=path) and, unless --no-cache, the calibration cache can be written."""
+    for what, path in outputs.items():
+        check_writable(path, what.replace("_", " "))
+    if not getattr(args, "no_cache", True):
+        try:
+            check_writable(default_cache_dir(), "calibration cache folder")
+        except CompressorError as e:
+            raise CompressorError(f"{e}; pass --no-cache to calibrate without one") from None
 
 
 def _configs(args: argparse.Namespace) -> list:
