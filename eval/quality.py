@@ -47,10 +47,28 @@ def cosine_mean(reference: np.ndarray, other: np.ndarray) -> float:
     return float(np.mean(np.sum(reference * other, axis=1)))
 
 
-def _neighbours(emb: np.ndarray, k: int) -> np.ndarray:
-    sim = emb @ emb.T
-    np.fill_diagonal(sim, -np.inf)
-    return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+BLOCK_BYTES = 64 * 2**20  # similarities held at once: one block of rows against every passage
+
+
+def _neighbours(emb: np.ndarray, k: int, block: int | None = None) -> np.ndarray:
+    """Each row's k most similar other rows (similarity emb·embᵀ, descending; ties to the lower
+    index), found `block` rows at a time: memory O(block·N), not O(N²). Per block, every column at
+    or above the row's k-th largest similarity is a candidate, and candidates are ordered by
+    (−similarity, column)."""
+    n = len(emb)
+    block = block or max(1, BLOCK_BYTES // max(1, n * emb.itemsize))
+    out = np.empty((n, k), dtype=np.int64)
+    for start in range(0, n, block):
+        sim = emb[start : start + block] @ emb.T  # (b, N)
+        rows = np.arange(len(sim))
+        sim[rows, rows + start] = -np.inf  # not one's own neighbour
+        kth = -np.partition(-sim, k - 1, axis=1)[:, k - 1 : k]  # the k-th largest per row
+        r, c = np.nonzero(sim >= kth)  # candidates, ties at the k-th value included
+        order = np.lexsort((c, -sim[r, c], r))
+        r, c = r[order], c[order]
+        first = np.searchsorted(r, rows)  # where each row's candidates begin
+        out[start : start + len(sim)] = c[first[:, None] + np.arange(k)]
+    return out
 
 
 def recall_at_k(reference: np.ndarray, other: np.ndarray, k: int = 10) -> float:
