@@ -1,11 +1,14 @@
 """compressor export MODEL [--out FILE.onnx]: a model or checkpoint to ONNX, parity-checked."""
 
+import tempfile
 from pathlib import Path
 
 from converters.checkpoint import load_model
+from converters.cli.options import quantize_option
 from converters.cli.steps import check_outputs, say
 from converters.export import export_onnx
 from converters.loading import resolve_model_dir
+from converters.quantize import quantize_onnx
 
 HELP = "export a model or compressed checkpoint to ONNX, parity-checked"
 
@@ -19,12 +22,28 @@ def add_arguments(p) -> None:
         help="ONNX file to write (default: MODEL_DIR.onnx beside the directory; original.onnx for the default model)",
     )
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, ≥ 17 (default: 17)")
+    quantize_option(
+        p,
+        "write the graph quantized with this scheme (per-channel int8 weights, ONNX Runtime's "
+        "dynamic quantization), checked against its fp32 graph; -int8 is added to the default name",
+    )
 
 
 def run(args) -> None:
     source = resolve_model_dir(args.model)
-    out = args.out or (source.parent / f"{source.name}.onnx" if args.model else Path("original.onnx"))
+    stem = (source.parent / source.name) if args.model else Path("original")
+    suffix = f"-{args.quantize}" if args.quantize else ""
+    out = args.out or stem.with_name(f"{stem.name}{suffix}.onnx")
     check_outputs(args, ONNX_file=out)
     model, _ = load_model(source)
-    result = export_onnx(model, out, opset=args.opset)
-    say(f"wrote {result.path} (parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e})")
+    if not args.quantize:
+        result = export_onnx(model, out, opset=args.opset)
+        say(f"wrote {result.path} (parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e})")
+        return
+    with tempfile.TemporaryDirectory() as work:
+        fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=args.opset)
+        result = quantize_onnx(fp32.path, out, model.get_input_embeddings().num_embeddings, args.quantize)
+    say(
+        f"wrote {result.path} ({args.quantize}; against its fp32 graph, whose parity with PyTorch is "
+        f"{fp32.parity_max_abs:.2e}: relative error {result.parity_rel:.3f}, max |Δ| {result.parity_max_abs:.2e})"
+    )

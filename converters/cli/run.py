@@ -4,7 +4,7 @@ import copy
 from pathlib import Path
 
 from converters.checkpoint import save_compressed
-from converters.cli.options import MODEL_HELP, bench_options, finetune_options, method_options
+from converters.cli.options import MODEL_HELP, bench_options, finetune_options, method_options, quantize_option
 from converters.cli.steps import (
     check_outputs,
     check_runs,
@@ -20,6 +20,7 @@ from converters.cli.steps import (
 from converters.export import export_onnx
 from converters.kinds import kind_for_config
 from converters.loading import DEFAULT_MODEL_NAME, resolve_model_dir
+from converters.quantize import quantize_onnx
 from eval.benchmark import bench
 from eval.report import markdown_table, write_report
 
@@ -29,6 +30,11 @@ HELP = "compress, export and bench the original and each variant in one run"
 def add_arguments(p) -> None:
     p.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
     method_options(p, many=True)
+    quantize_option(
+        p,
+        "also measure every variant quantized with this scheme, as NAME-int8 (the original's int8 row, "
+        "original-int8, is always there)",
+    )
     p.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: runs/latest)")
     finetune_options(p, run=True)
     bench_options(p)
@@ -59,20 +65,32 @@ def _run(args, texts: list[str], where: str, ft_texts) -> None:
     """Compress, export and bench each variant; `ft_texts` None: no fine-tune."""
     original, source = load_original(args.model)
     out = args.out
+    vocab = original.get_input_embeddings().num_embeddings
     plans, calib = plans_and_calibration(args, original, source)
-    variants, details = [("original", export_onnx(original, out / "original.onnx").path)], [{}]
+    variants, details = [], []
+
+    def add(name: str, model, detail: dict, quantize: str | None) -> None:
+        """The variant's fp32 graph, and its quantized graph when asked."""
+        fp32 = export_onnx(model, out / f"{name}.onnx").path
+        variants.append((name, fp32))
+        details.append(detail)
+        if quantize:
+            result = quantize_onnx(fp32, out / f"{name}-{quantize}.onnx", vocab, quantize)
+            variants.append((f"{name}-{quantize}", result.path))
+            details.append({**detail, "quantization": {"scheme": quantize, "parity_rel_to_fp32": result.parity_rel}})
+
+    add("original", original, {}, "int8")  # the one-line alternative, in every report
     for plan in plans:
         name = plan.label()
         model = copy.deepcopy(original)
         report = compress_and_say(model, plan, calib)
         save_compressed(model, plan, report, source, out / name)
-        variants.append((name, export_onnx(model, out / f"{name}.onnx").path))
-        details.append({"plan": plan.to_dict(), "compression": report.to_dict()})
+        detail = {"plan": plan.to_dict(), "compression": report.to_dict()}
+        add(name, model, detail, args.quantize)
         if ft_texts is not None:
             result = finetune_and_say(model, original, source, args, ft_texts)
             save_compressed(model, plan, report, source, out / f"{name}-ft", finetune=result)
-            variants.append((f"{name}-ft", export_onnx(model, out / f"{name}-ft.onnx").path))
-            details.append({"plan": plan.to_dict(), "compression": report.to_dict(), "finetune": result})
+            add(f"{name}-ft", model, {**detail, "finetune": result}, args.quantize)
     model_name = DEFAULT_MODEL_NAME if args.model is None else str(source)
     report = bench(variants, source, texts, where, model=model_name, runs=args.runs)
     for row, extra in zip(report["variants"], details):

@@ -69,8 +69,11 @@ def test_run_writes_every_variant_side_by_side(tiny_bert_dir, eval_text_file, tm
     assert code == 0, err
     report = json.loads((out_dir / "report.json").read_text())
     names = [v["name"] for v in report["variants"]]
-    assert names == ["original", "tt-r2-none", "tt-r2-pca", "tt-r4-none", "tt-r4-pca"]
-    assert all(v["parity_max_abs"] <= 1e-4 for v in report["variants"])
+    assert names == ["original", "original-int8", "tt-r2-none", "tt-r2-pca", "tt-r4-none", "tt-r4-pca"]
+    assert all(v["parity_max_abs"] <= 1e-4 for v in report["variants"] if v["name"] != "original-int8")
+    int8 = report["variants"][1]
+    assert int8["quantization"]["parity_rel_to_fp32"] <= 0.35
+    assert int8["file_bytes"] < 0.75 * report["variants"][0]["file_bytes"]
     assert (out_dir / "report.md").is_file() and (out_dir / "tt-r4-pca" / "compressor.json").is_file()
     assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]  # no temporaries left
 
@@ -106,7 +109,13 @@ def test_lowrank_variants_and_budget_from_the_command_line(
     assert code == 0, err
     assert "calibration:" in err
     names = [v["name"] for v in json.loads((out_dir / "report.json").read_text())["variants"]]
-    assert names == ["original", "lowrank-keep0.5-fisher", "lowrank-keep0.5-aware", "lowrank-keep0.5-plain"]
+    assert names == [
+        "original",
+        "original-int8",
+        "lowrank-keep0.5-fisher",
+        "lowrank-keep0.5-aware",
+        "lowrank-keep0.5-plain",
+    ]
     ckpt = tmp_path / "budget"
     code, _, err = run_cli(
         capsys,
@@ -181,8 +190,8 @@ def test_finetune_command_and_run_with_finetune(tiny_bert_dir, eval_text_file, t
     )
     assert code == 0, err
     variants = json.loads((out_dir / "report.json").read_text())["variants"]
-    assert [v["name"] for v in variants] == ["original", "tt-r2-pca", "tt-r2-pca-ft"]
-    assert variants[2]["finetune"]["steps"] == 2
+    assert [v["name"] for v in variants] == ["original", "original-int8", "tt-r2-pca", "tt-r2-pca-ft"]
+    assert variants[3]["finetune"]["steps"] == 2
 
 
 def test_finetune_without_its_teacher_says_so(tiny_bert_dir, tmp_path, capsys):

@@ -14,9 +14,10 @@ def test_run_on_the_default_model(tmp_path, monkeypatch):
     out = tmp_path / "run"
     assert main(["run", "--rank", "16", "--eval-passages", "64", "--runs", "3", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
-    original, tt = report["variants"]
+    original, int8, tt = report["variants"]
     assert report["model"] == "all-MiniLM-L6-v2"
-    assert original["name"] == "original" and tt["name"] == "tt-r16-pca"
+    assert [v["name"] for v in report["variants"]] == ["original", "original-int8", "tt-r16-pca"]
+    assert int8["file_bytes"] <= 0.26 * original["file_bytes"]  # the one-liner: per-channel int8, table and all
     assert original["params"] > 22_000_000
     assert max(original["parity_max_abs"], tt["parity_max_abs"]) <= 1e-4
     assert tt["file_bytes"] <= 0.52 * original["file_bytes"]

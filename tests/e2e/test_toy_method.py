@@ -123,9 +123,9 @@ def test_the_command_line_runs_it(toy, tiny_bert_dir, eval_text_file, tmp_path, 
     code = main([str(a) for a in [*argv, "--eval-text", eval_text_file, "--runs", 2, "--out", out]])
     assert code == 0, capsys.readouterr().err
     variants = json.loads((out / "report.json").read_text())["variants"]
-    assert [v["name"] for v in variants] == ["original", "diaglr-r2", "diaglr-r8"]
-    assert variants[1]["params"] < variants[2]["params"] < variants[0]["params"]
-    assert all(v["parity_max_abs"] <= 1e-4 for v in variants)
+    assert [v["name"] for v in variants] == ["original", "original-int8", "diaglr-r2", "diaglr-r8"]
+    assert variants[2]["params"] < variants[3]["params"] < variants[0]["params"]
+    assert all(v["parity_max_abs"] <= 1e-4 for v in variants[2:])
 
 
 def test_an_option_of_another_method_is_refused(toy, tiny_bert_dir, tmp_path, capsys):
