@@ -260,3 +260,14 @@ def test_rank_too_large_is_clamped_and_said(tiny_bert_dir, tmp_path, capsys):
     code, _, err = run_cli(capsys, "compress", tiny_bert_dir, "--rank", 100000, "--out", tmp_path / "o")
     assert code == 0
     assert "warning" in err and "clamped" in err
+
+
+def test_export_quantized_and_an_unknown_scheme(tiny_bert_dir, tmp_path, capsys):
+    from converters.quantize import is_quantized
+
+    code, _, err = run_cli(capsys, "export", tiny_bert_dir, "--quantize", "int8", "--out", tmp_path / "q.onnx")
+    assert code == 0 and "relative error" in err, err
+    assert is_quantized(tmp_path / "q.onnx") and sorted(p.name for p in tmp_path.iterdir()) == ["q.onnx"]
+    with pytest.raises(SystemExit) as stop:
+        main(["export", str(tiny_bert_dir), "--quantize", "int3", "--out", str(tmp_path / "x.onnx")])
+    assert stop.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
