@@ -51,23 +51,23 @@ BLOCK_BYTES = 64 * 2**20  # similarities held at once: one block of rows against
 
 
 def _neighbours(emb: np.ndarray, k: int, block: int | None = None) -> np.ndarray:
-    """Each row's k most similar other rows (similarity emb·embᵀ, descending; ties to the lower
-    index), found `block` rows at a time: memory O(block·N), not O(N²). Per block, every column at
-    or above the row's k-th largest similarity is a candidate, and candidates are ordered by
-    (−similarity, column)."""
-    n = len(emb)
+    """(N, k): for each row i the columns j by emb_i·emb_j descending, ties to the lower j, j = i last (−inf);
+    `block` rows × N at a time (default ~64 MB): the k-th value as threshold, candidates lexsorted."""
+    n, k = len(emb), min(k, len(emb))
     block = block or max(1, BLOCK_BYTES // max(1, n * emb.itemsize))
-    out = np.empty((n, k), dtype=np.int64)
-    for start in range(0, n, block):
-        sim = emb[start : start + block] @ emb.T  # (b, N)
-        rows = np.arange(len(sim))
-        sim[rows, rows + start] = -np.inf  # not one's own neighbour
-        kth = -np.partition(-sim, k - 1, axis=1)[:, k - 1 : k]  # the k-th largest per row
-        r, c = np.nonzero(sim >= kth)  # candidates, ties at the k-th value included
-        order = np.lexsort((c, -sim[r, c], r))
+    parts = -(-n // block)
+    stops = [n * p // parts for p in range(parts + 1)]  # equal blocks: no 1-row tail, which BLAS sums another way
+    out = np.empty((n, k), dtype=np.intp)
+    for start, stop in zip(stops, stops[1:]):
+        neg = emb[start:stop] @ emb.T
+        np.negative(neg, out=neg)
+        rows = np.arange(stop - start)
+        neg[rows, start + rows] = np.inf
+        kth = np.partition(neg, k - 1, axis=1)[:, k - 1 : k]
+        r, c = np.nonzero(~(neg > kth))  # neg <= kth; NaN sorts last, as in argsort
+        order = np.lexsort((c, neg[r, c], r))
         r, c = r[order], c[order]
-        first = np.searchsorted(r, rows)  # where each row's candidates begin
-        out[start : start + len(sim)] = c[first[:, None] + np.arange(k)]
+        out[start:stop] = c[np.searchsorted(r, rows)[:, None] + np.arange(k)]
     return out
 
 
