@@ -83,14 +83,20 @@ def _out_of_space_said(final: Path, tmp: Path, needed: int | None) -> Iterator[N
         ) from None
 
 
-@contextlib.contextmanager
-def atomic_file(final: Path, needed: int | None = None) -> Iterator[Path]:
-    """Yield a temporary path beside `final`; rename it to `final` if the block succeeds. With
-    `needed` (bytes), the free space is checked first."""
+def _ready(final: Path, needed: int | None) -> Path:
+    """`final` as a Path, its folder made, after the free-space check when `needed` is known."""
     final = Path(final)
     if needed is not None:
         check_free(final, needed)
     final.parent.mkdir(parents=True, exist_ok=True)
+    return final
+
+
+@contextlib.contextmanager
+def atomic_file(final: Path, needed: int | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside `final`; rename it to `final` if the block succeeds. With
+    `needed` (bytes), the free space is checked first."""
+    final = _ready(final, needed)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     os.close(fd)
     tmp = Path(tmp)
@@ -107,10 +113,7 @@ def atomic_file(final: Path, needed: int | None = None) -> Iterator[Path]:
 def atomic_dir(final: Path, needed: int | None = None) -> Iterator[Path]:
     """Yield a temporary directory beside `final`; on success it replaces `final` whole. With
     `needed` (bytes), the free space is checked first."""
-    final = Path(final)
-    if needed is not None:
-        check_free(final, needed)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    final = _ready(final, needed)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     os.chmod(tmp, 0o777 & ~_umask())
     try:
