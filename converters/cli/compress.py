@@ -4,7 +4,14 @@ from pathlib import Path
 
 from converters.checkpoint import save_compressed
 from converters.cli.options import MODEL_HELP, method_options
-from converters.cli.steps import check_outputs, compress_and_say, load_original, plans_and_calibration, say
+from converters.cli.steps import (
+    check_method_options,
+    check_outputs,
+    compress_and_say,
+    load_original,
+    plans_and_calibration,
+    say,
+)
 
 HELP = "compress a model and save a compressed checkpoint"
 
@@ -17,6 +24,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
     check_outputs(args, output_folder=args.out)
+    check_method_options(args)
     model, source = load_original(args.model)
     plans, calib = plans_and_calibration(args, model, source)
     report = compress_and_say(model, plans[0], calib)

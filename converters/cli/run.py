@@ -6,6 +6,7 @@ from pathlib import Path
 from converters.checkpoint import save_compressed
 from converters.cli.options import MODEL_HELP, bench_options, finetune_options, method_options, quantize_option
 from converters.cli.steps import (
+    check_method_options,
     check_outputs,
     check_runs,
     compress_and_say,
@@ -43,6 +44,7 @@ def add_arguments(p) -> None:
 def run(args) -> None:
     check_runs(args.runs)
     check_outputs(args, output_folder=args.out)
+    check_method_options(args)
     kind = kind_for_config(resolve_model_dir(args.model))
     texts, where = eval_texts(args, kind.graph)
     fine_tune = args.ft_steps is not None or args.ft_time is not None

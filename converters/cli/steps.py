@@ -26,6 +26,7 @@ __all__ = [
     "say",
     "check_outputs",
     "plans_from_args",
+    "check_method_options",
     "plans_and_calibration",
     "compress_and_say",
     "load_original",
@@ -94,6 +95,13 @@ def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensit
         f"{len(linear)} linear layer(s), {time.perf_counter() - start:.1f} s ({cached})"
     )
     return calib
+
+
+def check_method_options(args: argparse.Namespace) -> None:
+    """The method options, the plan file and the budget, checked before any model is loaded."""
+    if args.budget is not None:
+        parse_budget(args.budget)
+    plans_from_args(args)
 
 
 def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Plan], Calibration | None]:
