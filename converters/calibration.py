@@ -207,6 +207,6 @@ def cached_calibration(
     try:
         with atomic_file(with_sens if sensitivity else plain) as tmp:
             save_file(tensors, str(tmp), metadata={"special_ids": json.dumps(list(calib.special_ids))})
-    except (OSError, CompressorError) as e:  # a cache that cannot be written costs a recomputation, no more
+    except (OSError, SafetensorError, CompressorError) as e:  # an unwritable cache costs a recomputation only
         print(f"compressor: warning: the calibration was not cached: {e}", file=sys.stderr)
     return calib

@@ -79,8 +79,12 @@ def quantize_onnx(src: Path, dst: Path, vocab: int, scheme: str = "int8") -> Qua
         proto = onnx.load(str(src))
         del proto.metadata_props[:]
         onnx.save_model(proto, str(plain))
-        logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))  # its pre-processing advice
-        quantize_dynamic(plain, tmp, per_channel=True, weight_type=QuantType.QInt8)
+        root, level = logging.getLogger(), logging.getLogger().level
+        root.setLevel(max(level, logging.ERROR))  # not its advice to pre-process
+        try:
+            quantize_dynamic(plain, tmp, per_channel=True, weight_type=QuantType.QInt8)
+        finally:
+            root.setLevel(level)
         worst, rel = _parity(src, tmp, vocab)
         if not rel <= INT8_REL_TOL:
             raise ExportParityError(

@@ -91,15 +91,15 @@ class BudgetRule:
 
 @dataclass(frozen=True)
 class Method:
-    """One compression method. `configs(values)` builds a config from the method's option values
-    (a dict from option dest to the value given, or None when not given)."""
+    """One compression method. `from_options(values)` builds a config from the method's option
+    values (a dict from option dest to the value given, or None when not given)."""
 
     config: type
     accepts: tuple[type[nn.Module], ...]
     build: Callable[[nn.Module, Any, Context], nn.Module | Skip]
     compact: tuple[type[nn.Module], ...]
+    from_options: Callable[[dict[str, Any]], Any]
     options: tuple[Option, ...] = ()
-    from_options: Callable[[dict[str, Any]], Any] | None = None
     needs_calibration: Callable[[Any], bool] = lambda cfg: False
     needs_sensitivity: Callable[[Any], bool] = lambda cfg: False
     budget: BudgetRule | None = None
@@ -151,7 +151,10 @@ def method_of(config: object) -> Method:
 
 
 def default_method() -> Method:
-    return next(m for m in methods().values() if m.default)
+    for method in methods().values():
+        if method.default:
+            return method
+    raise CompressorError("no registered method is marked default=True")
 
 
 def handler_for(name: str, module: nn.Module, config: object) -> Method:

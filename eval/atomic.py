@@ -35,6 +35,8 @@ def check_writable(path: Path, what: str) -> None:
     path = Path(path)
     if path.is_dir() and what.endswith("file"):
         raise CompressorError(f"cannot write the {what} {str(path)!r}: it is a folder")
+    if path.exists() and not path.is_dir() and what.endswith("folder"):
+        raise CompressorError(f"cannot write the {what} {str(path)!r}: a file of that name is there")
     base = path if path.is_dir() else _existing_ancestor(path.parent)
     if not base.is_dir():
         raise CompressorError(f"cannot write the {what} {str(path)!r}: {str(base)!r} is a file, not a folder")
@@ -68,13 +70,21 @@ def check_free(path: Path, needed: int) -> None:
         raise OutOfSpaceError(f"not enough space to write {str(path)!r}: it needs {needed:,} bytes, {free:,} are free")
 
 
+def _disk_full(e: Exception) -> bool:
+    """An OSError of a full disk or quota, or a writer's own error saying so (safetensors reports
+    "I/O error: … (os error 28)" in a SafetensorError)."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return any(f"(os error {n})" in str(e) for n in (errno.ENOSPC, errno.EDQUOT))
+
+
 @contextlib.contextmanager
 def _out_of_space_said(final: Path, tmp: Path, needed: int | None) -> Iterator[None]:
     """A full disk while writing `tmp` becomes one OutOfSpaceError naming `final`."""
     try:
         yield
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+    except Exception as e:
+        if not _disk_full(e):
             raise
         size = f"it needed about {needed:,} bytes, " if needed else ""
         raise OutOfSpaceError(

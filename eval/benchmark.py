@@ -1,4 +1,4 @@
-"""bench(...): measure ONNX encoders side by side in one run; the first is the reference."""
+"""bench(...): measure ONNX models side by side in one run; the first is the reference."""
 
 from pathlib import Path
 

@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> None:
-    source = resolve_model_dir(args.model)
+    source = resolve_model_dir(args.model).absolute()
     stem = (source.parent / source.name) if args.model else Path("original")
     suffix = f"-{args.quantize}" if args.quantize else ""
     out = args.out or stem.with_name(f"{stem.name}{suffix}.onnx")

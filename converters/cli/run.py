@@ -3,6 +3,7 @@
 import copy
 from pathlib import Path
 
+from compressor.errors import ExportParityError
 from converters.checkpoint import save_compressed
 from converters.cli.options import MODEL_HELP, bench_options, finetune_options, method_options, quantize_option
 from converters.cli.steps import (
@@ -77,7 +78,11 @@ def _run(args, texts: list[str], where: str, ft_texts) -> None:
         variants.append((name, fp32))
         details.append(detail)
         if quantize:
-            result = quantize_onnx(fp32, out / f"{name}-{quantize}.onnx", vocab, quantize)
+            try:
+                result = quantize_onnx(fp32, out / f"{name}-{quantize}.onnx", vocab, quantize)
+            except ExportParityError as e:  # the other rows still get measured
+                say(f"warning: no {name}-{quantize} row: {e}")
+                return
             variants.append((f"{name}-{quantize}", result.path))
             details.append({**detail, "quantization": {"scheme": quantize, "parity_rel_to_fp32": result.parity_rel}})
 

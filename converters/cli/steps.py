@@ -18,7 +18,7 @@ from converters.compress import CompressionReport, compress_
 from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds import ModelKind, kind_of
 from converters.plan import Plan, match_plan
-from converters.registry import compact_modules, handler_for, method_named, methods
+from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from eval.atomic import check_writable
 from eval.quality import load_tokenizer
 
@@ -43,14 +43,9 @@ def say(message: str) -> None:
 
 
 def check_outputs(args, **outputs: Path) -> None:
-    """Before any work: every output (what=path) and, unless --no-cache, the calibration cache can be written."""
+    """Before any work: every output (what=path) can be written."""
     for what, path in outputs.items():
         check_writable(path, what.replace("_", " "))
-    if not getattr(args, "no_cache", True):
-        try:
-            check_writable(default_cache_dir(), "calibration cache folder")
-        except CompressorError as e:
-            raise CompressorError(f"{e}; pass --no-cache to calibrate without one") from None
 
 
 def _configs(args: argparse.Namespace) -> list:
@@ -97,23 +92,38 @@ def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensit
     return calib
 
 
+def _check_budget(args: argparse.Namespace) -> None:
+    budgeted = [name for name, m in methods().items() if m.budget is not None]
+    if method_named(args.method).budget is None or args.plan is not None:
+        raise CompressorError(
+            f"--budget chooses ranks under one budget: use it with --method {' or '.join(budgeted)} and without --plan"
+        )
+    for flag in ("rank", "keep"):
+        if getattr(args, flag, None) is not None:
+            raise CompressorError(f"--budget chooses the ranks: leave out --{flag}")
+    parse_budget(args.budget)
+
+
 def check_method_options(args: argparse.Namespace) -> None:
-    """The method options, the plan file and the budget, checked before any model is loaded."""
+    """The method options, the plan file and the budget, checked before any model is loaded; and
+    when the plans will calibrate, the calibration cache folder (unless --no-cache)."""
     if args.budget is not None:
-        parse_budget(args.budget)
-    plans_from_args(args)
+        _check_budget(args)
+    plans = plans_from_args(args)
+    calibrates = args.budget is not None or any(
+        method_of(cfg).needs_calibration(cfg) for plan in plans for _, cfg in plan.entries
+    )
+    if calibrates and not args.no_cache:
+        try:
+            check_writable(default_cache_dir(), "calibration cache folder")
+        except CompressorError as e:
+            raise CompressorError(f"{e}; pass --no-cache to calibrate without one") from None
 
 
 def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Plan], Calibration | None]:
     """The plans to apply, and calibration statistics when any of them needs data."""
     if args.budget is not None:
-        budgeted = [name for name, m in methods().items() if m.budget is not None]
-        if method_named(args.method).budget is None or args.plan is not None:
-            raise CompressorError(
-                f"--budget chooses ranks under one budget: use it with --method {' or '.join(budgeted)} "
-                "and without --plan"
-            )
-        parse_budget(args.budget)  # a bad budget is refused before the calibration
+        _check_budget(args)
         configs = _configs(args)
         probes = [Plan(tuple((t, cfg) for t in args.targets)) for cfg in configs]
         sensitivity = any(method_named(args.method).needs_sensitivity(cfg) for cfg in configs)

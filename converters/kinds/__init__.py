@@ -2,7 +2,8 @@
 lives in one adapter per kind (DESIGN §1): the loader, the exported graph, the output the
 distillation and the calibration probes use, the distillation loss and the validation agreement,
 the plan's keywords for a model's linear layers, and (through eval.kinds) the quality metrics and
-default texts. Methods, plans, the budget, the fine-tune loop and export ask the adapter.
+default texts. The plan's keywords, loading, checkpoints, calibration, the fine-tune loop and
+export ask the adapter; methods and the budget never see the model's kind.
 
 An adapter is an instance of a ModelKind subclass added to KINDS; the first that recognises a
 model (or a model directory's config.json) is its kind."""

@@ -226,6 +226,7 @@ def test_finetune_without_its_teacher_says_so(tiny_bert_dir, tmp_path, capsys):
         (["run", "{tiny}", "--runs", "0", "--out", "{tmp}/o"], "--runs must be at least 1"),
         (["compress", "{tiny}", "--method", "lowrank", "--budget", "1.5", "--out", "{tmp}/o"], "in (0, 1)"),
         (["compress", "{tiny}", "--budget", "0.5", "--out", "{tmp}/o"], "use it with --method lowrank"),
+        (["compress", "{tiny}", "--method", "lowrank", "--budget", "0.5", "--rank", "4", "--out", "{tmp}/o"], "--rank"),
         (["compress", "{tiny}", "--method", "lowrank", "--calib", "{tmp}/empty.txt", "--out", "{tmp}/o"], "at least 1"),
         (["compress", "{tiny}", "--method", "lowrank", "--calib", "{tmp}/short.txt", "--out", "{tmp}/o"], "tokens"),
         (["compress", "{tiny}", "--method", "lowrank", "--keep", "2", "--out", "{tmp}/o"], "in (0, 1)"),

@@ -54,8 +54,11 @@ def test_an_unwritable_output_is_refused_before_the_work(argv, path, tiny_bert_d
 def test_an_unwritable_cache_is_refused_with_the_way_out(tiny_bert_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache-file"))
     (tmp_path / "cache-file").write_text("a file where the cache folder should be")
-    code, err = run_cli(capsys, "compress", tiny_bert_dir, "--out", tmp_path / "o")
+    argv = ("compress", tiny_bert_dir, "--method", "lowrank", "--targets", "ffn", "--out", tmp_path / "o")
+    code, err = run_cli(capsys, *argv)
     assert code == 2 and "--no-cache" in one_error(err) and not (tmp_path / "o").exists()
+    code, err = run_cli(capsys, "compress", tiny_bert_dir, "--rank", 2, "--out", tmp_path / "o")
+    assert code == 0, err  # TT-SVD needs no calibration, so no cache
 
 
 def fill_up(path, *args, **kwargs):
@@ -71,6 +74,25 @@ def test_a_disk_that_fills_up_during_a_checkpoint_leaves_nothing(tiny_bert_dir, 
     assert code == 1 and str(tmp_path / "ckpt") in line
     assert "it needed about" in line and "were written" in line and "free" in line
     assert list(tmp_path.iterdir()) == []  # no temporary, nothing under the final name
+
+
+def test_a_full_disk_said_by_safetensors_is_out_of_space(tiny_bert_dir, tmp_path, capsys, monkeypatch):
+    from safetensors import SafetensorError
+
+    def full(model, path):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_safetensors", full)
+    code, err = run_cli(capsys, "compress", tiny_bert_dir, "--rank", 2, "--out", tmp_path / "ckpt")
+    assert code == 1 and "the disk filled up" in one_error(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_where_the_output_folder_goes_is_refused(tiny_bert_dir, tmp_path, capsys):
+    (tmp_path / "taken").write_text("a file")
+    code, err = run_cli(capsys, "run", tiny_bert_dir, "--out", tmp_path / "taken")
+    assert code == 2 and "a file of that name is there" in one_error(err)
+    assert (tmp_path / "taken").read_text() == "a file"
 
 
 def test_a_disk_that_fills_up_during_run_leaves_no_folder(tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch):

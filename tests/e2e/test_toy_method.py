@@ -135,7 +135,7 @@ def test_an_option_of_another_method_is_refused(toy, tiny_bert_dir, tmp_path, ca
 
 
 def test_a_method_registered_twice_is_refused(toy):
-    twice = Method(config=TTConfig, accepts=(nn.Embedding,), build=_build, compact=())
+    twice = Method(config=TTConfig, accepts=(nn.Embedding,), build=_build, compact=(), from_options=TTConfig)
     with pytest.raises(CompressorError, match="'tt' is registered twice"):
         register(twice)
     with pytest.raises(CompressorError, match="'diaglr' is registered twice"):
