@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from compressor.errors import CompressorError, ExportParityError
 from converters.kinds import kind_of
 from eval.atomic import atomic_file, tensor_bytes
+from eval.benchmark import PARITY_KEY
 
 __all__ = [
     "LookupGraph",
@@ -21,6 +22,8 @@ __all__ = [
     "export_onnx",
     "export_embedding_onnx",
     "check_parity",
+    "sample_inputs",
+    "PARITY_SHAPES",
     "PARITY_ATOL",
     "TWO_GB",
 ]
@@ -47,7 +50,10 @@ class ExportResult:
     parity_max_abs: float
 
 
-def _sample_inputs(vocab: int, batch: int, seq: int, seed: int) -> tuple[Tensor, Tensor]:
+PARITY_SHAPES = ((3, 13, 1), (1, 5, 2))  # (batch, sequence, seed), unlike the traced (2, 7)
+
+
+def sample_inputs(vocab: int, batch: int, seq: int, seed: int) -> tuple[Tensor, Tensor]:
     """Random ids with the first and last real tokens present, and a padded row."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
@@ -64,8 +70,8 @@ def check_parity(graph: nn.Module, onnx_path: Path, vocab: int, output: str, ato
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     worst = 0.0
-    for batch, seq, seed in ((3, 13, 1), (1, 5, 2)):
-        inputs = _sample_inputs(vocab, batch, seq, seed)[: len(names)]
+    for batch, seq, seed in PARITY_SHAPES:
+        inputs = sample_inputs(vocab, batch, seq, seed)[: len(names)]
         with torch.no_grad():
             expected = graph(*inputs).numpy()
         (got,) = session.run([output], {n: x.numpy() for n, x in zip(names, inputs)})
@@ -96,7 +102,7 @@ def _export_checked(
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 graph,
-                _sample_inputs(vocab, 2, 7, seed=0)[: len(names)],
+                sample_inputs(vocab, 2, 7, seed=0)[: len(names)],
                 str(tmp),
                 dynamo=False,
                 opset_version=opset,
@@ -106,7 +112,7 @@ def _export_checked(
             )
         parity = check_parity(graph, tmp, vocab, output, atol)
         proto = onnx.load(str(tmp))
-        onnx.helper.set_model_props(proto, {"compressor.parity_max_abs": repr(parity)})
+        onnx.helper.set_model_props(proto, {PARITY_KEY: repr(parity)})
         onnx.save_model(
             proto,
             str(tmp),
