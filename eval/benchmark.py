@@ -28,6 +28,8 @@ def bench(
     eval_texts: list[str],
     eval_text: str,
     model: str,
+    second_texts: list[str] | None = None,
+    second_text: str | None = None,
     runs: int = 50,
     settings=None,
     rss_shape: tuple[int, int] = (8, 128),
@@ -35,9 +37,12 @@ def bench(
     progress: bool = True,
 ) -> dict:
     """The report dict (DESIGN §5): size, optimised initializer bytes, latency, peak RSS,
-    quality against variants[0] (the metrics of the graphs' kind), parity, for each (name, onnx
-    path). Peak RSS runs one batch of `rss_shape` (batch, sequence); latency uses `settings`
-    (default: latency.SETTINGS)."""
+    quality against variants[0] (the metrics of the graphs' kind) on `eval_texts` and, when
+    given, on `second_texts` (named `second_text`), parity, for each (name, onnx path). Peak RSS
+    runs one batch of `rss_shape` (batch, sequence); latency uses `settings` (default:
+    latency.SETTINGS)."""
+    if (second_texts is None) != (second_text is None):
+        raise CompressorError("bench takes the second text's passages and its name together, or neither")
     settings = SETTINGS if settings is None else settings
     kinds = [graph_kind(path) for _, path in variants]  # every file checked before any is measured
     kind = kinds[0]
@@ -45,14 +50,18 @@ def bench(
         if other is not kind:
             raise CompressorError(f"{str(path)!r} is an {other.name} graph but the original is an {kind.name} graph")
     tokenizer = load_tokenizer(tokenizer_dir)
-    batches = encode_passages(tokenizer, eval_texts)
+    texts = {"quality": eval_texts, **({} if second_texts is None else {"quality_second_text": second_texts})}
+    batches = {key: encode_passages(tokenizer, passages) for key, passages in texts.items()}
     vocab = tokenizer.vocab_size  # latency and RSS inputs draw ids from [0, vocab)
-    reference = None
+    references = {}  # quality key → what variants[0] gives on its text
     rows = []
     for name, path in tqdm(variants, desc="bench: size, memory, quality", disable=not progress):
         params, _ = initializer_stats(load_graph(path))
-        represented = kind.represent(make_session(path, threads=2), batches)
-        reference = represented if reference is None else reference
+        session = make_session(path, threads=2)
+        quality = {}
+        for key, encoded in batches.items():
+            represented = kind.represent(session, encoded)
+            quality[key] = kind.quality(references.setdefault(key, represented), represented)
         rows.append(
             {
                 "name": name,
@@ -61,11 +70,14 @@ def bench(
                 "file_bytes": file_bytes(path),
                 "optimized_initializer_bytes": optimized_initializer_bytes(path),
                 **peak_rss(path, vocab, *rss_shape, repeats=rss_repeats),
-                "quality": kind.quality(reference, represented),
+                **quality,
                 "parity_max_abs": parity_of(path),
             }
         )
     latencies = measure_latency([p for _, p in variants], vocab, settings, runs, progress=progress)
     for row, latency in zip(rows, latencies):
         row["latency_ms"] = latency
-    return {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages", "variants": rows}
+    report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages"}
+    if second_texts is not None:
+        report["second_text"] = f"{second_text}, {len(second_texts)} passages"
+    return {**report, "variants": rows}

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from compressor.errors import CompressorError
-from eval.corpus import passages
+from eval.corpus import HELD_OUT, passages
 from eval.graph import load_graph
 from eval.quality import cosine_mean, mean_pool, recall_at_k
 
@@ -32,8 +32,8 @@ class GraphKind:
 
     def passages(self, path: str | Path | None, split: str, minimum: int = 1) -> tuple[list[str], str]:
         """(passages, where from): a user's file, else this kind's default text split; at least
-        `minimum` of them, and for the eval split at least what the metrics need."""
-        return passages(path, split, max(minimum, self.min_passages if split == "eval" else 1))
+        `minimum` of them, and for a held-out text (eval, second) at least what the metrics need."""
+        return passages(path, split, max(minimum, self.min_passages if split in HELD_OUT else 1))
 
 
 class EncoderGraphKind(GraphKind):

@@ -19,9 +19,10 @@ def markdown_table(report: dict) -> str:
     variants = report["variants"]
     base = variants[0]
     keys = list(base.get("latency_ms", {}))
-    quality_keys = list(base.get("quality", {}))
+    quality = [("quality", q, q) for q in base.get("quality", {})]  # (row key, metric, column)
+    quality += [("quality_second_text", q, f"{q} (2nd)") for q in base.get("quality_second_text", {})]
     head = ["variant", "params", "file MB", "opt. init MB", "peak RSS MiB (Δ over baseline)"]
-    head += [f"{k} p50 ms" for k in keys] + quality_keys + ["parity max|Δ|"]
+    head += [f"{k} p50 ms" for k in keys] + [column for _, _, column in quality] + ["parity max|Δ|"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in variants:
         rss, opt = v.get("peak_rss_bytes"), v["optimized_initializer_bytes"]
@@ -41,11 +42,14 @@ def markdown_table(report: dict) -> str:
             cells.append(
                 "–" if lat is None else f"{lat['p50']:.2f} ({_ratio(lat['p50'], base['latency_ms'][k]['p50'])})"
             )
-        cells += [f"{v.get('quality', {}).get(q, float('nan')):.3f}" for q in quality_keys]
+        cells += [f"{v.get(field, {}).get(q, float('nan')):.3f}" for field, q, _ in quality]
         parity = v.get("parity_max_abs")
         cells.append("–" if parity is None else f"{parity:.1e}")
         rows.append("| " + " | ".join(cells) + " |")
-    title = f"# compressor report\n\nmodel: `{report['model']}`  \nquality measured on: {report['eval_text']}\n\n"
+    title = f"# compressor report\n\nmodel: `{report['model']}`  \nquality measured on: {report['eval_text']}"
+    if "second_text" in report:
+        title += f"  \nand (2nd) on: {report['second_text']}"
+    title += "\n\n"
     return title + "\n".join(rows) + "\n"
 
 

@@ -1,93 +1,21 @@
-"""Write a second held-out text, unlike pydoc's topics: the docstrings of standard-library
-modules and their public functions and classes, one paragraph per line.
+"""Write the whole second held-out text, the standard library's docstrings (eval.docstrings), one
+paragraph per line; bench and run measure on an evenly spaced part of it by default.
 
     .venv/bin/python examples/stdlib_docstrings.py runs/stdlib_docstrings.txt
 """
 
-import importlib
-import inspect
-import re
 import sys
 from pathlib import Path
 
-MODULES = (
-    "argparse",
-    "asyncio",
-    "base64",
-    "bisect",
-    "calendar",
-    "collections",
-    "contextlib",
-    "copy",
-    "csv",
-    "dataclasses",
-    "datetime",
-    "decimal",
-    "difflib",
-    "email",
-    "enum",
-    "fractions",
-    "functools",
-    "glob",
-    "gzip",
-    "hashlib",
-    "heapq",
-    "html",
-    "http.client",
-    "inspect",
-    "io",
-    "itertools",
-    "json",
-    "logging",
-    "math",
-    "mimetypes",
-    "operator",
-    "os",
-    "pathlib",
-    "pickle",
-    "pprint",
-    "queue",
-    "random",
-    "re",
-    "shutil",
-    "socket",
-    "sqlite3",
-    "statistics",
-    "string",
-    "subprocess",
-    "tarfile",
-    "tempfile",
-    "textwrap",
-    "threading",
-    "time",
-    "typing",
-    "unittest",
-    "urllib.parse",
-    "uuid",
-    "zipfile",
-)
-MIN_WORDS = 8
-
-
-def paragraphs(doc: str):
-    for block in re.split(r"\n\s*\n", inspect.cleandoc(doc)):
-        text = " ".join(block.split())
-        if len(text.split()) >= MIN_WORDS and not text.startswith(">>>"):
-            yield text
+from eval.atomic import atomic_file
+from eval.docstrings import all_docstring_paragraphs
 
 
 def main(out: Path) -> None:
-    seen: dict[str, None] = {}
-    for name in MODULES:
-        module = importlib.import_module(name)
-        objects = [module] + [obj for key, obj in sorted(vars(module).items()) if not key.startswith("_")]
-        for obj in objects:
-            doc = getattr(obj, "__doc__", None)
-            if (inspect.isfunction(obj) or inspect.isclass(obj) or obj is module) and isinstance(doc, str):
-                seen.update(dict.fromkeys(paragraphs(doc)))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(seen) + "\n")
-    print(f"wrote {len(seen)} passages to {out}")
+    passages = all_docstring_paragraphs()
+    with atomic_file(out) as tmp:
+        tmp.write_text("\n".join(passages) + "\n")
+    print(f"wrote {len(passages)} passages to {out}")
 
 
 if __name__ == "__main__":

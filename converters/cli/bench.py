@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from converters.cli.options import bench_options
-from converters.cli.steps import check_outputs, check_runs, eval_texts, say
+from converters.cli.steps import check_outputs, check_runs, eval_texts, say, second_texts
 from converters.loading import default_model_path
 from eval.benchmark import bench
 from eval.kinds import graph_kind
@@ -32,10 +32,21 @@ def add_arguments(p) -> None:
 def run(args) -> None:
     check_runs(args.runs)
     check_outputs(args, report_file=args.json)
-    texts, where = eval_texts(args, graph_kind(args.onnx[0]))
+    kind = graph_kind(args.onnx[0])
+    texts, where = eval_texts(args, kind)
+    second, second_where = second_texts(args, kind)
     tokenizer = args.tokenizer or default_model_path()
     names = ["original", *[p.stem for p in args.onnx[1:]]]
-    report = bench(list(zip(names, args.onnx)), tokenizer, texts, where, model=str(args.onnx[0]), runs=args.runs)
+    report = bench(
+        list(zip(names, args.onnx)),
+        tokenizer,
+        texts,
+        where,
+        model=str(args.onnx[0]),
+        second_texts=second,
+        second_text=second_where,
+        runs=args.runs,
+    )
     json_path, _ = write_report(report, args.json)
     print(markdown_table(report))
     say(f"wrote {json_path} and {json_path.with_suffix('.md')}")

@@ -9,6 +9,7 @@ from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantize import SCHEMES
 from converters.registry import Option, default_method, methods
+from eval.docstrings import DOCSTRING_PASSAGES
 
 __all__ = ["MODEL_HELP", "method_options", "finetune_options", "bench_options", "quantize_option"]
 
@@ -140,5 +141,17 @@ def bench_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="held-out text for quality, one passage per line (default: the eval split of pydoc_data.topics)",
     )
-    p.add_argument("--eval-passages", type=int, default=None, help="use only the first N passages (default: all)")
+    p.add_argument(
+        "--second-text",
+        default=None,
+        metavar="FILE",
+        help="a second held-out text for quality, unlike the first, one passage per line; none: skip it (default: "
+        f"{DOCSTRING_PASSAGES} paragraphs of the standard library's docstrings)",
+    )
+    p.add_argument(
+        "--eval-passages",
+        type=int,
+        default=None,
+        help="use only the first N passages of each held-out text (default: all)",
+    )
     p.add_argument("--runs", type=int, default=50, help="timed runs per latency setting (default: 50)")

@@ -20,6 +20,7 @@ from converters.kinds import ModelKind, kind_of
 from converters.plan import Plan, match_plan
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from eval.atomic import check_writable
+from eval.corpus import SECOND
 from eval.quality import load_tokenizer
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "compress_and_say",
     "load_original",
     "eval_texts",
+    "second_texts",
     "check_runs",
     "finetune_config",
     "finetune_texts",
@@ -159,9 +161,10 @@ def load_original(model_arg) -> tuple[nn.Module, Path]:
     return model, source
 
 
-def eval_texts(args, kind_graph) -> tuple[list[str], str]:
-    """The held-out passages of --eval-text (or the kind's default), cut to --eval-passages."""
-    texts, where = kind_graph.passages(args.eval_text, "eval")
+def _held_out(args, kind_graph, path, text: str) -> tuple[list[str], str]:
+    """The passages of the held-out `text` (eval, second): from `path`, else the kind's default;
+    cut to --eval-passages."""
+    texts, where = kind_graph.passages(path, text)
     if args.eval_passages is not None:
         if args.eval_passages < kind_graph.min_passages:
             raise CompressorError(
@@ -169,6 +172,19 @@ def eval_texts(args, kind_graph) -> tuple[list[str], str]:
             )
         texts = texts[: args.eval_passages]
     return texts, where
+
+
+def eval_texts(args, kind_graph) -> tuple[list[str], str]:
+    """The held-out passages of --eval-text (or the kind's default), cut to --eval-passages."""
+    return _held_out(args, kind_graph, args.eval_text, "eval")
+
+
+def second_texts(args, kind_graph) -> tuple[list[str] | None, str | None]:
+    """The second held-out text of --second-text (or the kind's default: the standard library's
+    docstrings), cut to --eval-passages; (None, None) with --second-text none."""
+    if args.second_text == "none":
+        return None, None
+    return _held_out(args, kind_graph, args.second_text, SECOND)
 
 
 def check_runs(runs: int) -> None:

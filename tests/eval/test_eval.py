@@ -2,12 +2,14 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx
 from eval.benchmark import bench, parity_of
-from eval.corpus import SPLITS, default_passages, read_passages
+from eval.corpus import SECOND, SPLITS, default_passages, passages, read_passages
+from eval.docstrings import DOCSTRING_PASSAGES, all_docstring_paragraphs, docstring_passages
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.latency import latency_key, measure_latency
 from eval.memory import peak_rss
@@ -89,20 +91,34 @@ def test_a_file_that_is_not_onnx_raises(tmp_path, content):
         make_session(path)
 
 
-def test_bench_report_follows_the_contract(tiny_onnx, tiny_bert_dir, eval_text_file, tmp_path):
+@pytest.fixture(scope="module")
+def other_onnx(tiny_bert_dir, tmp_path_factory):
+    """The tiny BERT with every weight perturbed by 30 %: it agrees with tiny_onnx only partly."""
+    model, _ = load_model(tiny_bert_dir)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for weight in model.parameters():
+            weight.mul_(1 + 0.3 * torch.randn_like(weight))
+    return export_onnx(model, tmp_path_factory.mktemp("onnx") / "other.onnx").path
+
+
+def test_bench_report_follows_the_contract(tiny_onnx, other_onnx, tiny_bert_dir, eval_text_file, tmp_path):
     texts = read_passages(eval_text_file)
+    second_texts, second_where = passages(None, SECOND)
     report = bench(
-        [("original", tiny_onnx), ("same", tiny_onnx)],
+        [("original", tiny_onnx), ("same", tiny_onnx), ("other", other_onnx)],
         tiny_bert_dir,
         texts,
         "test text",
         "tiny",
+        second_texts=second_texts[:40],
+        second_text=second_where,
         runs=2,
         settings=((1, 16, 1),),
         rss_shape=(2, 16),
         progress=False,
     )
-    first, second = report["variants"]
+    first, second, other = report["variants"]
     assert first["name"] == "original"
     for key in (
         "onnx_path",
@@ -116,7 +132,28 @@ def test_bench_report_follows_the_contract(tiny_onnx, tiny_bert_dir, eval_text_f
         "parity_max_abs",
     ):
         assert key in second
-    assert second["quality"] == {"cosine_mean": 1.0, "recall_at_10": 1.0}
+    assert second["quality"] == second["quality_second_text"] == {"cosine_mean": 1.0, "recall_at_10": 1.0}
+    assert report["second_text"] == f"{second_where}, 40 passages" and "standard library" in second_where
+    assert set(other["quality_second_text"]) == set(other["quality"])
+    assert other["quality_second_text"] != other["quality"]  # measured on the other text
     json_path, md_path = write_report(report, tmp_path / "report.json")
     assert json.loads(json_path.read_text()) == report
-    assert "| same |" in md_path.read_text()
+    table = md_path.read_text()
+    assert "| same |" in table
+    assert "| recall_at_10 | cosine_mean (2nd) | recall_at_10 (2nd) |" in table
+    assert f"(2nd) on: {report['second_text']}" in table
+
+
+def test_bench_takes_the_second_text_with_its_name(tiny_onnx, tiny_bert_dir):
+    with pytest.raises(CompressorError, match="together"):
+        bench([("original", tiny_onnx)], tiny_bert_dir, ["a b"], "t", "tiny", second_texts=["a b"])
+
+
+def test_the_second_text_is_unlike_the_pydoc_splits_and_spread_over_the_modules():
+    every = all_docstring_paragraphs()
+    second = docstring_passages()
+    assert len(second) == DOCSTRING_PASSAGES < len(every) and docstring_passages() == second
+    assert not set(every) & {p for split in SPLITS for p in default_passages(split)}
+    places = [every.index(p) for p in second]
+    assert places == sorted(set(places)) and places[0] == 0 and places[-1] > 0.99 * len(every)
+    assert docstring_passages(len(every) + 5) == every
