@@ -1,6 +1,8 @@
 """Quantization stacked on any exported graph (DESIGN §2.6) with ONNX Runtime's own tools: int8 is
 `quantize_dynamic` with per-channel int8 weights (MatMul weights, factor matrices, TT cores and
-tables behind a Gather alike), the one line every user knows. A quantized graph is checked against
+tables behind a Gather alike), the one line every user knows; int8-aware first smooths the graph's
+activation outliers into its weights from calibration batches (converters.smoothing, exact in
+fp32), then quantizes the same way. A quantized graph is checked against
 its own fp32 graph: the relative error ‖y_q − y‖ / ‖y‖ of the output on inputs the exporter never
 saw must stay under INT8_REL_TOL."""
 
@@ -14,13 +16,15 @@ import onnx
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
+from converters.smoothing import activation_absmax, smooth
 from eval.atomic import atomic_file
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
 
-__all__ = ["SCHEMES", "INT8_REL_TOL", "QuantizeResult", "quantize_onnx", "is_quantized"]
+__all__ = ["SCHEMES", "CALIBRATED", "INT8_REL_TOL", "QuantizeResult", "quantize_onnx", "is_quantized"]
 
-SCHEMES = ("int8",)
+SCHEMES = ("int8", "int8-aware")
+CALIBRATED = ("int8-aware",)  # the schemes that need calibration batches
 # Relative output error an int8 graph may have against its fp32 graph on random ids: measured 0.15
 # for all-MiniLM-L6-v2 and 0.20 for its fine-tuned TT rank-64 variant; a graph quantized wrongly is near 1.
 INT8_REL_TOL = 0.35
@@ -55,12 +59,17 @@ def _parity(fp32: Path, quantized: Path, vocab: int) -> tuple[float, float]:
     return worst, (diff2 / max(ref2, 1e-30)) ** 0.5
 
 
-def quantize_onnx(src: Path, dst: Path, vocab: int, scheme: str = "int8") -> QuantizeResult:
-    """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed)."""
+def quantize_onnx(
+    src: Path, dst: Path, vocab: int, scheme: str = "int8", calibration: list[dict] | None = None
+) -> QuantizeResult:
+    """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
+    `calibration`: the graph's input batches, for the schemes in CALIBRATED."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
+    if scheme in CALIBRATED and not calibration:
+        raise CompressorError(f"{scheme} needs calibration batches")
     src, dst = Path(src), Path(dst)
     if is_quantized(src):
         raise CompressorError(f"{str(src)!r} is already quantized; quantize its fp32 graph instead")
@@ -68,6 +77,8 @@ def quantize_onnx(src: Path, dst: Path, vocab: int, scheme: str = "int8") -> Qua
         plain = Path(work) / "plain.onnx"  # without the fp32 parity of the metadata
         proto = onnx.load(str(src))
         del proto.metadata_props[:]
+        if scheme in CALIBRATED:
+            proto = smooth(proto, activation_absmax(proto, calibration))
         onnx.save_model(proto, str(plain))
         root, level = logging.getLogger(), logging.getLogger().level
         root.setLevel(max(level, logging.ERROR))  # not its advice to pre-process

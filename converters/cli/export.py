@@ -4,9 +4,10 @@ import tempfile
 from pathlib import Path
 
 from converters.checkpoint import load_model
-from converters.cli.options import quantize_option
-from converters.cli.steps import check_outputs, say
+from converters.cli.options import calibration_options, quantize_option
+from converters.cli.steps import check_outputs, quantize_calibration, say
 from converters.export import export_onnx
+from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.quantize import quantize_onnx
 
@@ -24,9 +25,10 @@ def add_arguments(p) -> None:
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, ≥ 17 (default: 17)")
     quantize_option(
         p,
-        "write the graph quantized with this scheme (per-channel int8 weights, ONNX Runtime's "
-        "dynamic quantization), checked against its fp32 graph; -int8 is added to the default name",
+        "write the graph quantized with this scheme, checked against its fp32 graph; -SCHEME is added to the "
+        "default name",
     )
+    calibration_options(p)
 
 
 def run(args) -> None:
@@ -35,6 +37,8 @@ def run(args) -> None:
     suffix = f"-{args.quantize}" if args.quantize else ""
     out = args.out or stem.with_name(f"{stem.name}{suffix}.onnx")
     check_outputs(args, ONNX_file=out)
+    graph_kind = kind_for_config(source).graph
+    batches = quantize_calibration(args, [args.quantize] if args.quantize else [], graph_kind, source)
     model, _ = load_model(source)
     if not args.quantize:
         result = export_onnx(model, out, opset=args.opset)
@@ -42,7 +46,8 @@ def run(args) -> None:
         return
     with tempfile.TemporaryDirectory() as work:
         fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=args.opset)
-        result = quantize_onnx(fp32.path, out, model.get_input_embeddings().num_embeddings, args.quantize)
+        vocab = model.get_input_embeddings().num_embeddings
+        result = quantize_onnx(fp32.path, out, vocab, args.quantize, batches)
     say(
         f"wrote {result.path} ({args.quantize}; against its fp32 graph, whose parity with PyTorch is "
         f"{fp32.parity_max_abs:.2e}: relative error {result.parity_rel:.3f}, max |Δ| {result.parity_max_abs:.2e})"

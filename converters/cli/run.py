@@ -17,6 +17,7 @@ from converters.cli.steps import (
     finetune_texts,
     load_original,
     plans_and_calibration,
+    quantize_calibration,
     say,
 )
 from converters.export import export_onnx
@@ -34,8 +35,9 @@ def add_arguments(p) -> None:
     method_options(p, many=True)
     quantize_option(
         p,
-        "also measure every variant quantized with this scheme, as NAME-int8 (the original's int8 row, "
-        "original-int8, is always there)",
+        "also measure the original and every variant quantized with these schemes, as NAME-SCHEME (the "
+        "original's int8 row, original-int8, is always there)",
+        many=True,
     )
     p.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: runs/latest)")
     finetune_options(p, run=True)
@@ -46,8 +48,11 @@ def run(args) -> None:
     check_runs(args.runs)
     check_outputs(args, output_folder=args.out)
     check_method_options(args)
-    kind = kind_for_config(resolve_model_dir(args.model))
+    source = resolve_model_dir(args.model)
+    kind = kind_for_config(source)
     texts, where = eval_texts(args, kind.graph)
+    schemes = list(dict.fromkeys(args.quantize or []))
+    batches = quantize_calibration(args, schemes, kind.graph, source)
     fine_tune = args.ft_steps is not None or args.ft_time is not None
     if fine_tune:
         finetune_config(args)  # a bad budget or text fails now, not after the compression
@@ -57,47 +62,48 @@ def run(args) -> None:
             fine_tune = False
     created = not args.out.exists()
     try:
-        _run(args, texts, where, ft_texts if fine_tune else None)
+        _run(args, texts, where, ft_texts if fine_tune else None, schemes, batches)
     except BaseException:
         if created and args.out.is_dir() and not any(args.out.iterdir()):
             args.out.rmdir()  # no empty folder left behind
         raise
 
 
-def _run(args, texts: list[str], where: str, ft_texts) -> None:
-    """Compress, export and bench each variant; `ft_texts` None: no fine-tune."""
+def _run(args, texts: list[str], where: str, ft_texts, schemes: list[str], batches) -> None:
+    """Compress, export and bench each variant, and each quantized with `schemes` (calibration
+    `batches` for int8-aware); `ft_texts` None: no fine-tune."""
     original, source = load_original(args.model)
     out = args.out
     vocab = original.get_input_embeddings().num_embeddings
     plans, calib = plans_and_calibration(args, original, source)
     variants, details = [], []
 
-    def add(name: str, model, detail: dict, quantize: str | None) -> None:
-        """The variant's fp32 graph, and its quantized graph when asked."""
+    def add(name: str, model, detail: dict, quantize: list[str]) -> None:
+        """The variant's fp32 graph, and its graph quantized with each scheme of `quantize`."""
         fp32 = export_onnx(model, out / f"{name}.onnx").path
         variants.append((name, fp32))
         details.append(detail)
-        if quantize:
+        for scheme in quantize:
             try:
-                result = quantize_onnx(fp32, out / f"{name}-{quantize}.onnx", vocab, quantize)
+                result = quantize_onnx(fp32, out / f"{name}-{scheme}.onnx", vocab, scheme, batches)
             except ExportParityError as e:  # the other rows still get measured
-                say(f"warning: no {name}-{quantize} row: {e}")
-                return
-            variants.append((f"{name}-{quantize}", result.path))
-            details.append({**detail, "quantization": {"scheme": quantize, "parity_rel_to_fp32": result.parity_rel}})
+                say(f"warning: no {name}-{scheme} row: {e}")
+                continue
+            variants.append((f"{name}-{scheme}", result.path))
+            details.append({**detail, "quantization": {"scheme": scheme, "parity_rel_to_fp32": result.parity_rel}})
 
-    add("original", original, {}, "int8")  # the one-line alternative, in every report
+    add("original", original, {}, list(dict.fromkeys(["int8", *schemes])))  # the one-liner, in every report
     for plan in plans:
         name = plan.label()
         model = copy.deepcopy(original)
         report = compress_and_say(model, plan, calib)
         save_compressed(model, plan, report, source, out / name)
         detail = {"plan": plan.to_dict(), "compression": report.to_dict()}
-        add(name, model, detail, args.quantize)
+        add(name, model, detail, schemes)
         if ft_texts is not None:
             result = finetune_and_say(model, original, source, args, ft_texts)
             save_compressed(model, plan, report, source, out / f"{name}-ft", finetune=result)
-            add(f"{name}-ft", model, {**detail, "finetune": result}, args.quantize)
+            add(f"{name}-ft", model, {**detail, "finetune": result}, schemes)
     model_name = DEFAULT_MODEL_NAME if args.model is None else str(source)
     report = bench(variants, source, texts, where, model=model_name, runs=args.runs)
     for row, extra in zip(report["variants"], details):

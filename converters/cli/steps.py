@@ -18,10 +18,11 @@ from converters.compress import CompressionReport, compress_
 from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds import ModelKind, kind_of
 from converters.plan import Plan, match_plan
+from converters.quantize import CALIBRATED
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from eval.atomic import check_writable
 from eval.corpus import SECOND
-from eval.quality import load_tokenizer
+from eval.quality import encode_passages, load_tokenizer
 
 __all__ = [
     "say",
@@ -29,6 +30,8 @@ __all__ = [
     "plans_from_args",
     "check_method_options",
     "plans_and_calibration",
+    "calib_texts",
+    "quantize_calibration",
     "compress_and_say",
     "load_original",
     "eval_texts",
@@ -78,11 +81,25 @@ def _linear_names(model: nn.Module, plans: list[Plan]) -> list[str]:
     return sorted(names)
 
 
-def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensitivity: bool) -> Calibration:
+def calib_texts(args, kind_graph) -> tuple[list[str], str]:
+    """The passages of --calib (or the kind's default calib split), cut to --calib-passages."""
     if args.calib_passages < 1:
         raise CompressorError(f"--calib-passages must be at least 1, got {args.calib_passages}")
-    texts, where = kind_of(model).graph.passages(args.calib, "calib")
-    texts = texts[: args.calib_passages]
+    texts, where = kind_graph.passages(args.calib, "calib")
+    return texts[: args.calib_passages], where
+
+
+def quantize_calibration(args, schemes: list[str], kind_graph, source: Path) -> list[dict] | None:
+    """The graph's input batches of the calibration text, when a scheme in `schemes` needs them."""
+    if not set(schemes) & set(CALIBRATED):
+        return None
+    texts, where = calib_texts(args, kind_graph)
+    say(f"int8-aware: activation ranges from {len(texts)} passages of {where}")
+    return encode_passages(load_tokenizer(source), texts)
+
+
+def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensitivity: bool) -> Calibration:
+    texts, where = calib_texts(args, kind_of(model).graph)
     start = time.perf_counter()
     cache = None if args.no_cache else default_cache_dir()
     calib = cached_calibration(cache, model, load_tokenizer(source), texts, linear, sensitivity=sensitivity)

@@ -1,0 +1,96 @@
+"""SmoothQuant (Xiao et al., 2023) on an ONNX graph, the data-aware half of `int8-aware`.
+
+Dynamic int8 quantizes each MatMul's activation x with one scale per tensor, set at run time by
+its largest entry; in a BERT encoder a few channels of a few tokens ([CLS]) are 5–10× the rest,
+so most entries get a handful of levels. For each activation x that feeds MatMuls with constant
+weights W (K × N), channel j is divided by s_j and row j of every such W multiplied by s_j —
+x Wᵀ… unchanged in fp32 — with s_j = max|x_j|^α / max_n |W_jn|^(1−α), the maxima over the
+calibration tokens and over every W that x feeds; the division is one Mul node per activation.
+Per-channel weight scales then absorb the outliers the activation scale no longer has to."""
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from eval.graph import make_session
+
+__all__ = ["SMOOTH_ALPHA", "smoothable", "activation_absmax", "smooth"]
+
+# Measured on all-MiniLM-L6-v2 (pydoc calib split → eval split recall@10 after int8): α 0.5 0.872,
+# 0.65 0.936, 0.75 0.940, 0.8 0.943, 0.85 0.941, 0.9 0.940; plain dynamic int8 0.906.
+SMOOTH_ALPHA = 0.8
+SCALE_CLAMP = (1e-4, 1e4)
+
+
+def smoothable(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    """activation name → the indices of the MatMul nodes it feeds whose weight is a 2-D fp32
+    initializer used by that node alone."""
+    weights = {i.name: i for i in graph.initializer if len(i.dims) == 2 and i.data_type == TensorProto.FLOAT}
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    groups: dict[str, list[int]] = {}
+    for k, node in enumerate(graph.node):
+        activation, weight = (node.input[:2]) if node.op_type == "MatMul" else ("", "")
+        if weight in weights and uses[weight] == 1 and activation not in weights:
+            groups.setdefault(activation, []).append(k)
+    return groups
+
+
+def activation_absmax(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """max |x_j| per channel (last axis) of every smoothable activation over the batches `feeds`."""
+    outputs = {o.name for o in model.graph.output}
+    names = [n for n in smoothable(model.graph) if n not in outputs]
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / "probe.onnx"
+        onnx.save_model(probe, str(path))
+        session = make_session(path, threads=2)
+    absmax: dict[str, np.ndarray] = {}
+    for feed in feeds:
+        for name, x in zip(names, session.run(names, feed)):
+            peak = np.abs(x).reshape(-1, x.shape[-1]).max(axis=0)
+            absmax[name] = np.maximum(absmax[name], peak) if name in absmax else peak
+    return absmax
+
+
+def _scales(absmax: np.ndarray, weights: list[np.ndarray], alpha: float) -> np.ndarray:
+    """s_j = max|x_j|^α / max|W_j·|^(1−α); 1 where either side is zero."""
+    w = np.max([np.abs(m).max(axis=1) for m in weights], axis=0).astype(np.float64)
+    x = absmax.astype(np.float64)
+    s = np.where((x > 0) & (w > 0), x**alpha / np.maximum(w, 1e-30) ** (1 - alpha), 1.0)
+    return np.clip(s, *SCALE_CLAMP)
+
+
+def smooth(model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float = SMOOTH_ALPHA) -> onnx.ModelProto:
+    """A copy of `model` with every activation in `absmax` divided channel-wise by s (one Mul,
+    placed before its first consumer) and its MatMuls' weight rows multiplied by s."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inits = {i.name: i for i in graph.initializer}
+    before: dict[int, onnx.NodeProto] = {}  # node index → the Mul that goes before it
+    for k, (name, consumers) in enumerate(smoothable(graph).items()):
+        if name not in absmax:
+            continue
+        nodes = [graph.node[i] for i in consumers]
+        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
+        s = _scales(absmax[name], weights, alpha)
+        for node, w in zip(nodes, weights):
+            inits[node.input[1]].CopyFrom(numpy_helper.from_array((w * s[:, None]).astype(np.float32), node.input[1]))
+            node.input[0] = f"{name}/smoothed"
+        inverse = f"smooth_inverse_{k}"
+        graph.initializer.append(numpy_helper.from_array((1 / s).astype(np.float32), inverse))
+        before[min(consumers)] = helper.make_node("Mul", [name, inverse], [f"{name}/smoothed"], name=f"smooth_{k}")
+    nodes = []
+    for k, node in enumerate(graph.node):
+        nodes += [before[k], node] if k in before else [node]
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+    return out
