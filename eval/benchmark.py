@@ -9,6 +9,7 @@ from eval.graph import file_bytes, initializer_stats, load_graph, make_session, 
 from eval.kinds import graph_kind
 from eval.latency import SETTINGS, measure_latency
 from eval.memory import peak_rss
+from eval.pareto import mark_pareto_
 from eval.quality import encode_passages, load_tokenizer
 
 __all__ = ["bench", "parity_of"]
@@ -38,9 +39,9 @@ def bench(
 ) -> dict:
     """The report dict (DESIGN §5): size, optimised initializer bytes, latency, peak RSS,
     quality against variants[0] (the metrics of the graphs' kind) on `eval_texts` and, when
-    given, on `second_texts` (named `second_text`), parity, for each (name, onnx path). Peak RSS
-    runs one batch of `rss_shape` (batch, sequence); latency uses `settings` (default:
-    latency.SETTINGS)."""
+    given, on `second_texts` (named `second_text`), parity, the Pareto fronts it is on
+    (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch,
+    sequence); latency uses `settings` (default: latency.SETTINGS)."""
     if (second_texts is None) != (second_text is None):
         raise CompressorError("bench takes the second text's passages and its name together, or neither")
     settings = SETTINGS if settings is None else settings
@@ -80,4 +81,6 @@ def bench(
     report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages"}
     if second_texts is not None:
         report["second_text"] = f"{second_text}, {len(second_texts)} passages"
-    return {**report, "variants": rows}
+    report = {**report, "variants": rows}
+    mark_pareto_(report)
+    return report

@@ -4,10 +4,13 @@ import json
 from pathlib import Path
 
 from eval.atomic import atomic_file
+from eval.pareto import LATENCY, QUALITY, pareto_flags
 
 __all__ = ["write_report", "markdown_table"]
 
 MIB = 2**20
+# each Pareto front (eval.pareto.COSTS): (its name in the front column, what its cost is)
+FRONTS = {"file_bytes": ("size", "file size"), "latency": ("p50", f"p50 latency at {LATENCY}")}
 
 
 def _ratio(value, base) -> str:
@@ -15,19 +18,21 @@ def _ratio(value, base) -> str:
 
 
 def markdown_table(report: dict) -> str:
-    """One row per variant; each figure next to its ratio to the original of the same run."""
+    """One row per variant; each figure next to its ratio to the original of the same run, and
+    the Pareto fronts (recall@10 against file size, against p50 latency) the variant is on."""
     variants = report["variants"]
     base = variants[0]
     keys = list(base.get("latency_ms", {}))
     quality = [("quality", q, q) for q in base.get("quality", {})]  # (row key, metric, column)
     quality += [("quality_second_text", q, f"{q} (2nd)") for q in base.get("quality_second_text", {})]
-    head = ["variant", "params", "file MB", "opt. init MB", "peak RSS MiB (Δ over baseline)"]
+    head = ["variant", "front", "params", "file MB", "opt. init MB", "peak RSS MiB (Δ over baseline)"]
     head += [f"{k} p50 ms" for k in keys] + [column for _, _, column in quality] + ["parity max|Δ|"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for v in variants:
+    for v, fronts in zip(variants, pareto_flags(report)):
         rss, opt = v.get("peak_rss_bytes"), v["optimized_initializer_bytes"]
         cells = [
             v["name"],
+            "+".join(FRONTS[cost][0] for cost, on in fronts.items() if on) or "–",
             f"{v['params']:,} ({_ratio(v['params'], base['params'])})",
             f"{v['file_bytes'] / 1e6:.2f} ({_ratio(v['file_bytes'], base['file_bytes'])})",
             f"{opt / 1e6:.2f} ({opt / v['file_bytes']:.3f}× file)",
@@ -49,7 +54,8 @@ def markdown_table(report: dict) -> str:
     title = f"# compressor report\n\nmodel: `{report['model']}`  \nquality measured on: {report['eval_text']}"
     if "second_text" in report:
         title += f"  \nand (2nd) on: {report['second_text']}"
-    title += "\n\n"
+    fronts = " or ".join(f"{what} ({label})" for label, what in FRONTS.values())
+    title += f"  \nfront: no other variant is as good in {QUALITY} and in {fronts}, and better in one\n\n"
     return title + "\n".join(rows) + "\n"
 
 

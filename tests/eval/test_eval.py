@@ -136,6 +136,7 @@ def test_bench_report_follows_the_contract(tiny_onnx, other_onnx, tiny_bert_dir,
     assert report["second_text"] == f"{second_where}, 40 passages" and "standard library" in second_where
     assert set(other["quality_second_text"]) == set(other["quality"])
     assert other["quality_second_text"] != other["quality"]  # measured on the other text
+    assert first["pareto"] == second["pareto"] == {"file_bytes": True, "latency": False}  # a tie; (8, 128) not timed
     json_path, md_path = write_report(report, tmp_path / "report.json")
     assert json.loads(json_path.read_text()) == report
     table = md_path.read_text()

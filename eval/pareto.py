@@ -1,0 +1,65 @@
+"""Pareto fronts of a report: the variants no other variant beats on both quality and a cost.
+A point (c, q) is dominated when some other (c', q') has c' ≤ c and q' ≥ q, one of them strictly;
+the front is every point not dominated (equal points are on it together)."""
+
+import math
+
+from compressor.errors import CompressorError
+from eval.latency import latency_key
+
+__all__ = ["COSTS", "QUALITY", "LATENCY", "pareto_front", "cost_of", "measured_points", "pareto_flags", "mark_pareto_"]
+
+QUALITY = "recall_at_10"  # the quality key the fronts maximise
+LATENCY = latency_key(8, 128, 2)
+COSTS = {  # the front's name in a row's "pareto" → where its cost is in a row (keys, outermost first)
+    "file_bytes": ("file_bytes",),
+    "latency": ("latency_ms", LATENCY, "p50"),
+}
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[bool]:
+    """For each (cost, quality): True when no other point has cost' ≤ cost and quality' ≥ quality,
+    one strictly (cost minimised, quality maximised). O(n²): a report has tens of rows."""
+    return [not any(c2 <= c and q2 >= q and (c2 < c or q2 > q) for c2, q2 in points) for c, q in points]
+
+
+def _measured(value) -> bool:
+    return isinstance(value, int | float) and not math.isnan(value)
+
+
+def cost_of(row: dict, cost: str) -> float | None:
+    """The row's `cost` (a key of COSTS), or None when the row has no such measure."""
+    if cost not in COSTS:
+        raise CompressorError(f"a Pareto cost is one of {', '.join(COSTS)}, got {cost!r}")
+    value = row
+    for key in COSTS[cost]:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value if _measured(value) else None
+
+
+def measured_points(report: dict, cost: str, quality: str = QUALITY) -> list[tuple[int, float, float]]:
+    """(row index, cost, quality) of each variant that has both measures (not missing, not NaN)."""
+    points = [(i, cost_of(row, cost), row.get("quality", {}).get(quality)) for i, row in enumerate(report["variants"])]
+    return [(i, c, q) for i, c, q in points if c is not None and _measured(q)]
+
+
+def pareto_flags(report: dict, quality: str = QUALITY) -> list[dict[str, bool]]:
+    """Per variant, {cost: on the front of (cost, quality[`quality`])} for each cost of COSTS; a
+    row without the cost or the quality is on no front and leaves the others be."""
+    flags = [dict.fromkeys(COSTS, False) for _ in report["variants"]]
+    for cost in COSTS:
+        points = measured_points(report, cost, quality)
+        for (i, _, _), on in zip(points, pareto_front([(c, q) for _, c, q in points])):
+            flags[i][cost] = on
+    return flags
+
+
+def mark_pareto_(report: dict, quality: str = QUALITY) -> None:
+    """In place: each row gets "pareto" ({cost: bool}, pareto_flags), and the report
+    "pareto_axes", saying where each front's cost and quality come from."""
+    for row, flags in zip(report["variants"], pareto_flags(report, quality)):
+        row["pareto"] = flags
+    report["pareto_axes"] = {
+        "quality": f"quality.{quality} (maximised)",
+        **{cost: ".".join(keys) + " (minimised)" for cost, keys in COSTS.items()},
+    }

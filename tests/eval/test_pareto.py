@@ -1,0 +1,117 @@
+"""Pareto fronts of a report, the front column of report.md, and the PNG plot of a front."""
+
+import math
+
+import numpy as np
+import pytest
+
+from compressor.errors import CompressorError
+from eval.pareto import mark_pareto_, pareto_flags, pareto_front
+from eval.plot import plot_front
+from eval.report import markdown_table
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "points, front",
+    [
+        ([(1.0, 0.5)], [True]),  # a single point
+        ([], []),
+        ([(1, 0.9), (2, 0.8)], [True, False]),  # dearer and worse
+        ([(1, 0.8), (2, 0.9)], [True, True]),  # a trade-off
+        ([(1, 0.9), (1, 0.8)], [True, False]),  # same cost, worse quality
+        ([(1, 0.9), (2, 0.9)], [True, False]),  # same quality, dearer
+        ([(1, 0.9), (1, 0.9), (3, 0.7)], [True, True, False]),  # equal points share the front
+        ([(3, 1.0), (1, 0.2), (2, 0.6), (2.5, 0.5), (4, 0.99)], [True, True, True, False, False]),
+    ],
+)
+def test_pareto_front(points, front):
+    assert pareto_front(points) == front
+
+
+def row(name, size, p50, recall):
+    return {
+        "name": name,
+        "params": size // 4,
+        "file_bytes": size,
+        "optimized_initializer_bytes": size,
+        "latency_ms": {"b8_s128_t2": {"p50": p50, "p90": p50 * 1.1}},
+        "quality": {"cosine_mean": 0.9, "recall_at_10": recall},
+    }
+
+
+@pytest.fixture
+def report():
+    return {
+        "model": "hand-made",
+        "eval_text": "none",
+        "variants": [
+            row("original", 90_000_000, 68.0, 1.0),
+            row("original-int8", 23_000_000, 35.0, 0.9),
+            row("tt-r64", 50_000_000, 75.0, 0.95),  # smaller than the original, slower
+            row("fast", 95_000_000, 30.0, 0.92),  # larger than the original, fastest
+            row("tt-r16", 46_000_000, 70.0, 0.6),  # beaten by int8 on both
+            row("lowrank", 20_000_000, 34.0, 0.5),  # smallest
+            row("nan", 10_000_000, 10.0, math.nan),  # quality not measured: on no front
+        ],
+    }
+
+
+def test_report_rows_are_marked_on_each_front(report):
+    mark_pareto_(report)
+    marks = {r["name"]: (r["pareto"]["file_bytes"], r["pareto"]["latency"]) for r in report["variants"]}
+    assert marks == {
+        "original": (True, True),
+        "original-int8": (True, False),
+        "tt-r64": (True, False),
+        "fast": (False, True),
+        "tt-r16": (False, False),
+        "lowrank": (True, False),
+        "nan": (False, False),
+    }
+    assert "b8_s128_t2" in report["pareto_axes"]["latency"]
+
+
+def test_a_row_without_a_measure_is_on_no_front_of_it_and_dominates_nothing(report):
+    del report["variants"][3]["latency_ms"]  # fast: no latency
+    flags = pareto_flags(report)
+    assert flags[3] == {"file_bytes": False, "latency": False}
+    assert flags[1] == {"file_bytes": True, "latency": True}  # int8, no longer beaten by fast
+
+
+def test_the_table_names_the_fronts_of_each_row(report):
+    table = markdown_table(report)
+    head, *rows = [line.strip("| ").split(" | ") for line in table.splitlines() if line.startswith("| ")]
+    assert head[:2] == ["variant", "front"]
+    cells = {name: front for name, front, *_ in rows}
+    assert cells == {
+        "original": "size+p50",
+        "original-int8": "size",
+        "tt-r64": "size",
+        "fast": "p50",
+        "tt-r16": "–",
+        "lowrank": "size",
+        "nan": "–",
+    }
+
+
+@pytest.mark.parametrize("x", ["file_bytes", "latency"])
+def test_the_plot_is_a_png(report, tmp_path, x):
+    import matplotlib.image
+
+    path = plot_front(report, tmp_path / "plots" / f"{x}.png", x=x)
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    image = matplotlib.image.imread(path)
+    assert image.shape[0] > 300 and image.shape[1] > 500
+    assert np.unique(image.reshape(-1, image.shape[-1]), axis=0).shape[0] > 10  # drawn on, not blank
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_a_plot_of_an_unknown_cost_or_of_nothing_measured_is_refused(report, tmp_path):
+    with pytest.raises(CompressorError, match="x axis is one of file_bytes, latency"):
+        plot_front(report, tmp_path / "p.png", x="params")
+    report["variants"] = [row("original", 1, 1.0, math.nan)]
+    with pytest.raises(CompressorError, match="no variant"):
+        plot_front(report, tmp_path / "p.png")
+    assert not (tmp_path / "p.png").exists()
