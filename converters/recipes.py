@@ -1,0 +1,227 @@
+"""Sweep recipes: a JSON file of variants, each a method with its options, an optional fine-tune
+and the quantization schemes to measure it in, parsed and checked here and run elsewhere.
+
+    {"variants": [{"name": "tt-64", "method": "tt", "rank": 64, "kind": "fisher",
+                   "finetune_time": 300, "quantize": ["fp32", "int8"]}, ...]}
+
+A recipe's option keys are the options of `compressor run` that make one variant, spelled as
+their flags (--rank: rank, --dense-head: dense_head, --finetune-steps: finetune_steps), each value
+what one would type after the flag; the texts, the cache and the bench are the sweep's own
+options. Every error is one sentence, raised before anything runs."""
+
+import argparse
+import copy
+import difflib
+import functools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compressor.errors import CompressorError
+from converters.quantize import SCHEMES
+from converters.registry import methods
+
+# converters.cli is imported inside the functions below, so that a command may import this module.
+
+__all__ = ["DEFAULT_RECIPES", "QUANTIZE_CHOICES", "Recipe", "parse_recipes", "load_recipes"]
+
+QUANTIZE_CHOICES = ("fp32", *SCHEMES)  # fp32: the graph as exported
+SWEEP_WIDE = ("calib", "calib_passages", "no_cache", "data")  # options of the sweep, not of a variant
+# The built-in grid: what `compressor sweep` runs without --recipes (a placeholder until the sweep has run).
+DEFAULT_RECIPES = {
+    "variants": [
+        {"method": "tt", "rank": 64, "kind": "fisher", "quantize": ["fp32", "int8"]},
+        {"method": "lowrank", "budget": "0.5", "kind": "fisher", "quantize": ["fp32", "int8"]},
+    ]
+}
+
+
+class _Recorder:
+    """Stands in for a parser: keeps each action an option group adds."""
+
+    def __init__(self) -> None:
+        self.parser = argparse.ArgumentParser(add_help=False)
+        self.actions: list[argparse.Action] = []
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = self.parser.add_argument(*args, **kwargs)
+        self.actions.append(action)
+        return action
+
+
+def _key(action: argparse.Action) -> str:
+    flag = next(f for f in action.option_strings if f.startswith("--"))
+    return flag[2:].replace("-", "_")
+
+
+@functools.cache
+def _variant_options() -> dict[str, argparse.Action]:
+    """Recipe key → the action of `compressor run` it sets: the method and fine-tune options, one
+    value each (--targets: a list), less --method, --plan (a recipe is the plan) and the options of
+    the whole sweep."""
+    from converters.cli.options import finetune_options, method_options
+
+    recorder = _Recorder()
+    method_options(recorder, many=False)
+    finetune_options(recorder, run=True)
+    return {_key(a): a for a in recorder.actions if _key(a) not in ("method", "plan", *SWEEP_WIDE)}
+
+
+@functools.cache
+def _run_defaults() -> tuple[tuple[str, Any], ...]:
+    from converters.cli import run
+
+    parser = argparse.ArgumentParser()
+    run.add_arguments(parser)
+    return tuple(vars(parser.parse_args([])).items())
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One variant of a sweep. `options`: argparse dest → value, as `compressor run` would parse
+    them; `quantize`: the schemes to measure it in (QUANTIZE_CHOICES)."""
+
+    method: str
+    options: dict[str, Any] = field(default_factory=dict)
+    quantize: tuple[str, ...] = ("fp32",)
+    name: str | None = None
+
+    def namespace(self, base_args: argparse.Namespace | None = None) -> argparse.Namespace:
+        """`compressor run`'s arguments for this variant: run's defaults, then `base_args` (the
+        sweep's own options), then this recipe. A variant option the recipe leaves out keeps run's
+        default, never base_args' value; --quantize gets the recipe's schemes other than fp32."""
+        values = copy.deepcopy(dict(_run_defaults()))  # a namespace shares no list with run or the recipe
+        own = {"method", "quantize", "plan", *(a.dest for a in _variant_options().values())}
+        if base_args is not None:
+            values.update({k: v for k, v in vars(base_args).items() if k not in own})
+        values.update(copy.deepcopy(self.options), method=self.method)
+        values["quantize"] = [s for s in self.quantize if s != "fp32"] or None
+        return argparse.Namespace(**values)
+
+    def to_dict(self) -> dict:
+        """The recipe as a variant of a recipe file."""
+        keys = {a.dest: key for key, a in _variant_options().items()}
+        named = {} if self.name is None else {"name": self.name}
+        return {
+            **named,
+            "method": self.method,
+            **{keys[d]: v for d, v in self.options.items()},
+            "quantize": [*self.quantize],
+        }
+
+
+def _closest(word: object, choices) -> str:
+    close = difflib.get_close_matches(str(word), list(choices), n=1)
+    return f"the closest is {close[0]!r}" if close else f"valid: {', '.join(choices)}"
+
+
+def _value(action: argparse.Action, key: str, value: object, where: str):
+    """`value` as argparse parses it after the flag; a list for an option that takes several."""
+    several = action.nargs == "+"
+    what = {int: "an integer", float: "a number"}.get(action.type, "text")
+    items = value if several and isinstance(value, list) and value else [value]
+    parsed = []
+    for item in items:
+        try:
+            if isinstance(item, bool) or not isinstance(item, str | int | float):
+                raise TypeError
+            one = (action.type or str)(str(item))
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            raise CompressorError(
+                f"{where}: {key!r} takes {'a list of ' if several else ''}{what}, got {json.dumps(value)}"
+            ) from None
+        if action.choices is not None and one not in action.choices:
+            raise CompressorError(f"{where}: {key!r} is one of {', '.join(action.choices)}, got {item!r}")
+        parsed.append(one)
+    return parsed if several else parsed[0]
+
+
+def _quantize(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise CompressorError(f"{where}: 'quantize' is a list of schemes from {', '.join(QUANTIZE_CHOICES)}")
+    for scheme in value:
+        if scheme not in QUANTIZE_CHOICES:
+            raise CompressorError(
+                f"{where}: unknown quantization scheme {scheme!r}; {_closest(scheme, QUANTIZE_CHOICES)}"
+            )
+    return tuple(dict.fromkeys(value))
+
+
+def _recipe(entry: object, where: str) -> Recipe:
+    """One variant of a recipe file, checked against the method registry and run's options."""
+    if not isinstance(entry, dict):
+        raise CompressorError(f"{where} is not an object of a method and its options")
+    name = entry.get("name")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise CompressorError(f"{where}: a variant's name is non-empty text, got {json.dumps(name)}")
+    where += f" ({name!r})" if name else ""
+    known = methods()
+    method = entry.get("method")
+    if method is None:
+        raise CompressorError(f'{where} names no method; give "method": one of {", ".join(known)}')
+    if method not in known:
+        raise CompressorError(f"{where}: unknown method {method!r}; {_closest(method, known)}")
+    own = {o.dest for o in known[method].options}
+    owners = {o.dest: n for n, m in known.items() for o in m.options if o.dest not in own}
+    actions = {k: a for k, a in _variant_options().items() if k not in owners}
+    options = {}
+    for key, value in entry.items():
+        if key in ("name", "method", "quantize"):
+            continue
+        if key in owners:
+            raise CompressorError(f"{where}: {key!r} is an option of method {owners[key]}, not of {method}")
+        if key in SWEEP_WIDE:
+            raise CompressorError(
+                f"{where}: {key!r} is for the whole sweep, not one variant; give it on the command line"
+            )
+        if key not in actions:
+            raise CompressorError(f"{where}: unknown option {key!r}; {_closest(key, [*actions, 'name', 'quantize'])}")
+        options[actions[key].dest] = _value(actions[key], key, value, where)
+    return Recipe(method, options, _quantize(entry.get("quantize", ["fp32"]), where), name)
+
+
+def _check(recipe: Recipe, where: str) -> None:
+    """The options make a plan (or a budget) as `compressor run` would, without touching the disk."""
+    from converters.cli.steps import check_method_options
+
+    args = recipe.namespace()
+    args.no_cache = True  # the cache folder is the sweep's to check
+    try:
+        check_method_options(args)
+    except CompressorError as e:
+        raise type(e)(f"{where}: {e}") from None
+
+
+def parse_recipes(data: object, source: str) -> list[Recipe]:
+    """The recipes of a recipe file's content; `source` names it in errors."""
+    if not isinstance(data, dict) or not isinstance(data.get("variants"), list):
+        raise CompressorError(f'{source} is not a recipe file: a JSON object with a "variants" list')
+    if not data["variants"]:
+        raise CompressorError(f"{source} has no variants")
+    recipes = []
+    for i, entry in enumerate(data["variants"]):
+        where = f"{source}, variants[{i}]"
+        recipes.append(_recipe(entry, where))
+        _check(recipes[-1], where)
+    names = [r.name for r in recipes if r.name is not None]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise CompressorError(f"{source} names two variants {twice[0]!r}; give each its own name")
+    return recipes
+
+
+def load_recipes(path: str | Path | None = None) -> list[Recipe]:
+    """The recipes of the JSON file at `path`; DEFAULT_RECIPES without one."""
+    if path is None:
+        return parse_recipes(DEFAULT_RECIPES, "the built-in recipes")
+    path = Path(path)
+    if not path.is_file():
+        raise CompressorError(f"recipe file {str(path)!r} does not exist")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CompressorError(
+            f'{str(path)!r} is not JSON ({e}); a recipe file is an object with a "variants" list'
+        ) from None
+    return parse_recipes(data, repr(str(path)))

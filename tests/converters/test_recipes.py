@@ -1,0 +1,118 @@
+"""Sweep recipe files: every bad file is one sentence before anything runs; a good one becomes
+the Namespace `compressor run` would have parsed for each variant."""
+
+import argparse
+import json
+
+import pytest
+
+from compressor.errors import CompressorError
+from converters.cli.steps import plans_from_args
+from converters.quantize import SCHEMES
+from converters.recipes import DEFAULT_RECIPES, QUANTIZE_CHOICES, Recipe, load_recipes, parse_recipes
+
+VALID = {
+    "variants": [
+        {
+            "name": "tt-64",
+            "method": "tt",
+            "rank": 64,
+            "kind": "fisher",
+            "dense_head": 1024,
+            "quantize": ["fp32", "int8"],
+        },
+        {"method": "lowrank", "budget": 0.5, "targets": ["ffn"], "finetune_time": 300, "lr": "1e-3"},
+        {"name": "lr-keep", "method": "lowrank", "keep": 0.25, "kind": "plain", "quantize": ["int8-aware"]},
+    ]
+}
+
+
+def write(tmp_path, data) -> str:
+    path = tmp_path / "recipes.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def one(variant: dict) -> dict:
+    return {"variants": [{"name": "v", **variant}]}
+
+
+def test_a_valid_file_round_trips(tmp_path):
+    recipes = load_recipes(write(tmp_path, VALID))
+    tt, budget, keep = recipes
+    assert tt == Recipe("tt", {"rank": 64, "kind": "fisher", "dense_head": 1024}, ("fp32", "int8"), "tt-64")
+    assert budget.options == {"budget": "0.5", "targets": ["ffn"], "ft_time": 300.0, "lr": 1e-3}
+    assert budget.quantize == ("fp32",) and budget.name is None
+    assert load_recipes(write(tmp_path, {"variants": [r.to_dict() for r in recipes]})) == recipes
+    assert [p.label() for p in plans_from_args(tt.namespace())] == ["tt-head1024-r64-pca-fisher"]
+    assert plans_from_args(keep.namespace())[0].entries[0][1].keep == 0.25
+
+
+def test_the_namespace_takes_the_sweeps_options_but_not_its_variant_options(tmp_path):
+    tt = load_recipes(write(tmp_path, VALID))[0]
+    base = argparse.Namespace(runs=3, calib=tmp_path / "c.txt", rank=[8], kind="plain", keep=0.9, targets=["all"])
+    args = tt.namespace(base)
+    assert (args.runs, args.calib) == (3, tmp_path / "c.txt")  # the sweep's
+    assert (args.method, args.rank, args.kind, args.keep, args.targets) == ("tt", 64, "fisher", None, ["embeddings"])
+    assert args.quantize == ["int8"] and args.plan is None and args.ft_time is None  # run's defaults otherwise
+    args.targets.append("ffn")
+    assert tt.namespace().targets == ["embeddings"]  # no namespace shares run's default list
+    budget = load_recipes(write(tmp_path, VALID))[1]
+    budget.namespace().targets.append("attention")
+    assert budget.options["targets"] == ["ffn"]  # nor the recipe's
+
+
+def test_the_default_recipes_are_valid():
+    recipes = load_recipes()
+    assert len(recipes) == len(DEFAULT_RECIPES["variants"]) >= 2
+    assert set(QUANTIZE_CHOICES) == {"fp32", *SCHEMES}
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "is not JSON"),
+        (b"\xff\xfe{}", "is not JSON"),
+        ([1, 2], 'object with a "variants" list'),
+        ({"variant": []}, 'object with a "variants" list'),
+        ({"variants": []}, "has no variants"),
+        ({"variants": ["tt"]}, r"variants\[0\] is not an object"),
+        (one({"rank": 4}), r"variants\[0\] \('v'\) names no method"),
+        (one({"method": "ttt"}), r"unknown method 'ttt'; the closest is 'tt'"),
+        (one({"method": "tt", "rnak": 4}), r"variants\[0\] \('v'\): unknown option 'rnak'; the closest is 'rank'"),
+        (one({"method": "tt", "keep": 0.5}), "'keep' is an option of method lowrank, not of tt"),
+        (one({"method": "tt", "calib": "c.txt"}), "'calib' is for the whole sweep, not one variant"),
+        (one({"method": "tt", "plan": "p.json"}), "unknown option 'plan'"),
+        (one({"method": "tt", "rank": 6.5}), "'rank' takes an integer, got 6.5"),
+        (one({"method": "tt", "rank": True}), "'rank' takes an integer, got true"),
+        (one({"method": "tt", "rank": [4, 8]}), r"'rank' takes an integer, got \[4, 8\]"),
+        (one({"method": "tt", "kind": "fishr"}), "'kind' is one of .*got 'fishr'"),
+        (one({"method": "tt", "targets": []}), "'targets' takes a list of text"),
+        (one({"method": "tt", "rank": 0}), "rank must be an integer ≥ 1, got 0"),  # the method's own check
+        (one({"method": "lowrank", "budget": "0.5", "rank": 4}), "--budget chooses the ranks"),
+        (one({"method": "tt", "quantize": ["int4"]}), "unknown quantization scheme 'int4'; the closest is 'int8'"),
+        (one({"method": "tt", "quantize": "int8"}), "'quantize' is a list of schemes"),
+        (one({"method": "tt", "name": ""}), "a variant's name is non-empty text"),
+        ({"variants": [{"name": "a", "method": "tt"}, {"name": "a", "method": "lowrank"}]}, "two variants 'a'"),
+    ],
+)
+def test_a_bad_recipe_file_is_one_sentence(tmp_path, content, message):
+    path = tmp_path / "recipes.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        write(tmp_path, content)
+    with pytest.raises(CompressorError, match=message) as raised:
+        load_recipes(path)
+    assert "\n" not in str(raised.value) and str(path) in str(raised.value)
+
+
+def test_a_missing_recipe_file_is_named(tmp_path):
+    with pytest.raises(CompressorError, match="recipe file .*nope.json' does not exist"):
+        load_recipes(tmp_path / "nope.json")
+
+
+def test_errors_name_the_variant_by_index_and_name():
+    data = {"variants": [{"method": "tt"}, {"name": "second", "method": "lowrank", "cores": 3}]}
+    with pytest.raises(CompressorError, match=r"^test, variants\[1\] \('second'\): 'cores' is an option of method tt"):
+        parse_recipes(data, "test")
