@@ -24,15 +24,62 @@ from converters.registry import methods
 
 # converters.cli is imported inside the functions below, so that a command may import this module.
 
-__all__ = ["DEFAULT_RECIPES", "QUANTIZE_CHOICES", "Recipe", "parse_recipes", "load_recipes"]
+__all__ = [
+    "DEFAULT_RECIPE",
+    "DEFAULT_RECIPES",
+    "QUANTIZE_CHOICES",
+    "Recipe",
+    "parse_recipes",
+    "load_recipes",
+    "with_default_recipe",
+]
 
 QUANTIZE_CHOICES = ("fp32", *SCHEMES)  # fp32: the graph as exported
 SWEEP_WIDE = ("calib", "calib_passages", "no_cache", "data")  # options of the sweep, not of a variant
-# The built-in grid: what `compressor sweep` runs without --recipes (a placeholder until the sweep has run).
+# What `compressor run` does without method options (and so `make demo`): the recipe of the
+# built-in grid that beat original-int8 on its front within the demo's time (BENCHMARKS.md, sweep).
+DEFAULT_RECIPE = {
+    "name": "emb8-ft",
+    "method": "tt",
+    "dense_head": 1024,
+    "rank": 150,
+    "kind": "aware",
+    "finetune_time": 150,
+    "quantize": ["fp32", "int8-aware"],
+}
+# The built-in grid: what `compressor sweep` runs without --recipes (≤ 45 minutes on 2 cores).
 DEFAULT_RECIPES = {
     "variants": [
-        {"method": "tt", "rank": 64, "kind": "fisher", "quantize": ["fp32", "int8"]},
-        {"method": "lowrank", "budget": "0.5", "kind": "fisher", "quantize": ["fp32", "int8"]},
+        DEFAULT_RECIPE,
+        {
+            "name": "emb4",
+            "method": "lowrank",
+            "targets": ["embeddings"],
+            "keep": 0.25,
+            "dense_head": 2048,
+            "kind": "aware",
+            "quantize": ["fp32", "int8", "int8-aware"],
+        },
+        {"name": "tt-r64", "method": "tt", "rank": 64, "kind": "aware", "quantize": ["fp32", "int8-aware"]},
+        {
+            "name": "linear-half",
+            "method": "lowrank",
+            "targets": ["linear"],
+            "budget": "0.5",
+            "kind": "fisher",
+            "quantize": ["fp32", "int8-aware"],
+        },
+        {
+            "name": "all-half-ft",
+            "method": "lowrank",
+            "targets": ["all"],
+            "budget": "0.5",
+            "dense_head": 2048,
+            "kind": "fisher",
+            "finetune_time": 240,
+            "lr": 2e-4,
+            "quantize": ["fp32", "int8-aware"],
+        },
     ]
 }
 
@@ -225,3 +272,25 @@ def load_recipes(path: str | Path | None = None) -> list[Recipe]:
             f'{str(path)!r} is not JSON ({e}); a recipe file is an object with a "variants" list'
         ) from None
     return parse_recipes(data, repr(str(path)))
+
+
+@functools.cache
+def _method_dests() -> frozenset[str]:
+    """The dests of `compressor run`'s method options (--method, its options, --targets, --budget, --plan)."""
+    from converters.cli.options import method_options
+
+    recorder = _Recorder()
+    method_options(recorder, many=False)
+    return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE}
+
+
+def with_default_recipe(args: argparse.Namespace) -> argparse.Namespace | None:
+    """`compressor run`'s `args` with DEFAULT_RECIPE's method and options when they give no method
+    option (its fine-tune and quantization too, unless given); None when they give one."""
+    defaults = dict(_run_defaults())
+    if any(getattr(args, d) != defaults[d] for d in _method_dests()):
+        return None
+    recipe = parse_recipes({"variants": [DEFAULT_RECIPE]}, "the default recipe")[0]
+    values = vars(recipe.namespace(args))
+    values.update({k: v for k, v in vars(args).items() if k in defaults and v != defaults[k]})
+    return argparse.Namespace(**values)

@@ -1,4 +1,4 @@
-"""The command line, one module per command: compress, finetune, export, bench, run. The only
+"""The command line, one module per command: compress, finetune, export, bench, run, sweep. The only
 place that wires compressor, converters and eval together; it names no method and no model kind
 (it reads the method registry and the kind adapters)."""
 
@@ -6,12 +6,19 @@ import argparse
 import os
 
 from compressor.errors import CompressorError
-from converters.cli import bench, compress, export, finetune, run
+from converters.cli import bench, compress, export, finetune, run, sweep
 from converters.cli.steps import say
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
-COMMANDS = {"compress": compress, "finetune": finetune, "export": export, "bench": bench, "run": run}
+COMMANDS = {
+    "compress": compress,
+    "finetune": finetune,
+    "export": export,
+    "bench": bench,
+    "run": run,
+    "sweep": sweep,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ from pathlib import Path
 from compressor.errors import CompressorError
 from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
-from converters.quantize import SCHEMES
+from converters.quantize import INT8_AWARE_PASSAGES, SCHEMES
 from converters.registry import Option, default_method, methods
 from eval.docstrings import DOCSTRING_PASSAGES
 
@@ -41,7 +41,8 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
     each = ", one variant per value" if many else ""
     known = methods()
     default = default_method().name
-    p.add_argument("--method", choices=sorted(known), default=default, help=f"compression method (default: {default})")
+    fallback = f"{default}; with no method option at all, the default recipe" if many else default
+    p.add_argument("--method", choices=sorted(known), default=default, help=f"compression method (default: {fallback})")
     for flag, uses in _merged().items():
         helps = [o.help for _, o in uses]
         shared = len(uses) > 1 and len(set(helps)) == 1  # one meaning for every method that has it
@@ -88,7 +89,13 @@ def calibration_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="calibration text, one passage per line (default: the calib split of pydoc_data.topics)",
     )
-    p.add_argument("--calib-passages", type=int, default=256, help="use at most N calibration passages (default: 256)")
+    p.add_argument(
+        "--calib-passages",
+        type=int,
+        default=256,
+        help=f"the data-aware methods use at most N calibration passages (default: 256); int8-aware reads up to "
+        f"{INT8_AWARE_PASSAGES}: activation maxima want every token there is",
+    )
 
 
 def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:

@@ -18,7 +18,7 @@ from converters.compress import CompressionReport, compress_
 from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds import ModelKind, kind_of
 from converters.plan import Plan, match_plan
-from converters.quantize import CALIBRATED
+from converters.quantize import CALIBRATED, INT8_AWARE_PASSAGES
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from eval.atomic import check_writable
 from eval.corpus import SECOND
@@ -81,19 +81,19 @@ def _linear_names(model: nn.Module, plans: list[Plan]) -> list[str]:
     return sorted(names)
 
 
-def calib_texts(args, kind_graph) -> tuple[list[str], str]:
-    """The passages of --calib (or the kind's default calib split), cut to --calib-passages."""
+def calib_texts(args, kind_graph, most: int | None = None) -> tuple[list[str], str]:
+    """The passages of --calib (or the kind's default calib split), cut to `most` (default: --calib-passages)."""
     if args.calib_passages < 1:
         raise CompressorError(f"--calib-passages must be at least 1, got {args.calib_passages}")
     texts, where = kind_graph.passages(args.calib, "calib")
-    return texts[: args.calib_passages], where
+    return texts[: most or args.calib_passages], where
 
 
 def quantize_calibration(args, schemes: list[str], kind_graph, source: Path) -> list[dict] | None:
     """The graph's input batches of the calibration text, when a scheme in `schemes` needs them."""
     if not set(schemes) & set(CALIBRATED):
         return None
-    texts, where = calib_texts(args, kind_graph)
+    texts, where = calib_texts(args, kind_graph, INT8_AWARE_PASSAGES)
     say(f"int8-aware: activation ranges from {len(texts)} passages of {where}")
     return encode_passages(load_tokenizer(source), texts)
 

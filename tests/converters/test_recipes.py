@@ -116,3 +116,21 @@ def test_errors_name_the_variant_by_index_and_name():
     data = {"variants": [{"method": "tt"}, {"name": "second", "method": "lowrank", "cores": 3}]}
     with pytest.raises(CompressorError, match=r"^test, variants\[1\] \('second'\): 'cores' is an option of method tt"):
         parse_recipes(data, "test")
+
+
+def _run_args(*argv: str) -> argparse.Namespace:
+    from converters.cli import build_parser
+
+    return build_parser().parse_args(["run", *argv])
+
+
+def test_run_without_method_options_takes_the_default_recipe():
+    from converters.recipes import DEFAULT_RECIPE, with_default_recipe
+
+    args = with_default_recipe(_run_args("--out", "x"))
+    assert (args.method, args.rank, args.dense_head, args.kind) == ("tt", 150, 1024, "aware")
+    assert args.ft_time == DEFAULT_RECIPE["finetune_time"] and args.quantize == ["int8-aware"]
+    mine = with_default_recipe(_run_args("--finetune-time", "7", "--quantize", "int8", "--runs", "3"))
+    assert (mine.rank, mine.ft_time, mine.quantize, mine.runs) == (150, 7.0, ["int8"], 3)  # what is given stays
+    for given in (["--rank", "64"], ["--method", "tt"], ["--targets", "ffn"], ["--budget", "0.5"]):
+        assert with_default_recipe(_run_args(*given)) is None  # a method option given: no recipe

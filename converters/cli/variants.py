@@ -1,0 +1,115 @@
+"""What `run` and `sweep` share: the graphs of one side-by-side measurement (the original and its
+quantized rows first, then each compressed variant, fine-tuned and quantized as asked), and the
+bench and report over them."""
+
+import copy
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from torch import nn
+
+from compressor.errors import CompressorError, ExportParityError
+from converters.checkpoint import save_compressed
+from converters.cli.steps import compress_and_say, finetune_and_say, plans_and_calibration, say
+from converters.export import export_onnx
+from converters.loading import DEFAULT_MODEL_NAME
+from converters.quantize import quantize_onnx
+from eval.benchmark import bench
+from eval.report import markdown_table, write_report
+
+__all__ = ["Variants", "ORIGINAL_SCHEMES", "output_folder"]
+
+ORIGINAL_SCHEMES = ("int8",)  # the one-line alternative, in every report
+
+
+@contextmanager
+def output_folder(out: Path) -> Iterator[Path]:
+    """`out`, removed again when the work inside fails before anything was written in it."""
+    created = not out.exists()
+    try:
+        yield out
+    except BaseException:
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # no empty folder left behind
+        raise
+
+
+class Variants:
+    """(name, ONNX path) of each graph to measure, and what made it, in order."""
+
+    def __init__(self, out: Path, vocab: int, batches: list[dict] | None):
+        self.out, self.vocab, self.batches = Path(out), vocab, batches
+        self.graphs: list[tuple[str, Path]] = []
+        self.details: list[dict] = []
+        self.names: set[str] = set()
+
+    def add(self, name: str, model: nn.Module, detail: dict, schemes: list[str], fp32: bool = True) -> None:
+        """The model's fp32 graph (measured unless `fp32` is False), and its graph quantized with
+        each of `schemes` as NAME-SCHEME."""
+        if name in self.names:
+            raise CompressorError(f"two variants are named {name!r}; give them different names")
+        self.names.add(name)
+        self.names.update(f"{name}-{scheme}" for scheme in schemes)
+        path = export_onnx(model, self.out / f"{name}.onnx").path
+        if fp32:
+            self.graphs.append((name, path))
+            self.details.append(detail)
+        for scheme in schemes:
+            try:
+                result = quantize_onnx(path, self.out / f"{name}-{scheme}.onnx", self.vocab, scheme, self.batches)
+            except ExportParityError as e:  # the other rows still get measured
+                say(f"warning: no {name}-{scheme} row: {e}")
+                continue
+            self.graphs.append((f"{name}-{scheme}", result.path))
+            quantization = {"scheme": scheme, "parity_rel_to_fp32": result.parity_rel}
+            self.details.append({**detail, "quantization": quantization})
+
+    def _free(self, name: str) -> str:
+        """`name`, or NAME-2, NAME-3, … when a variant (or its -ft) already has it."""
+        candidates = itertools.chain([name], (f"{name}-{i}" for i in itertools.count(2)))
+        return next(n for n in candidates if n not in self.names and f"{n}-ft" not in self.names)
+
+    def add_original(self, model: nn.Module, schemes: list[str]) -> None:
+        self.add("original", model, {}, list(dict.fromkeys([*ORIGINAL_SCHEMES, *schemes])))
+
+    def add_compressed(
+        self, args, original: nn.Module, source: Path, ft_texts, schemes: list[str], prefix=None, fp32: bool = True
+    ) -> None:
+        """Each plan of `args` applied to a copy of `original`, saved and added (named `prefix`, or
+        the plan's label, with the label after the prefix when there are several plans); then
+        fine-tuned on `ft_texts` and added again as NAME-ft, unless `ft_texts` is None."""
+        plans, calib = plans_and_calibration(args, original, source)
+        for plan in plans:
+            label = plan.label() if prefix is None else prefix if len(plans) == 1 else f"{prefix}-{plan.label()}"
+            name = self._free(label)
+            model = copy.deepcopy(original)
+            report = compress_and_say(model, plan, calib)
+            save_compressed(model, plan, report, source, self.out / name)
+            detail = {"plan": plan.to_dict(), "compression": report.to_dict()}
+            self.add(name, model, detail, schemes, fp32)
+            if ft_texts is not None:
+                result = finetune_and_say(model, original, source, args, ft_texts)
+                save_compressed(model, plan, report, source, self.out / f"{name}-ft", finetune=result)
+                self.add(f"{name}-ft", model, {**detail, "finetune": result}, schemes, fp32)
+
+    def bench_and_report(self, args, source: Path, texts, second) -> dict:
+        """One bench of every graph side by side; report.json and report.md in the output folder,
+        the table printed. `texts`, `second`: (passages, where) of the eval and second texts."""
+        model_name = DEFAULT_MODEL_NAME if args.model is None else str(source)
+        report = bench(
+            self.graphs,
+            source,
+            *texts,
+            model=model_name,
+            second_texts=second[0],
+            second_text=second[1],
+            runs=args.runs,
+        )
+        for row, extra in zip(report["variants"], self.details):
+            row.update(extra)
+        json_path, md_path = write_report(report, self.out / "report.json")
+        print(markdown_table(report))
+        say(f"wrote {json_path} and {md_path}")
+        return report
