@@ -5,7 +5,6 @@ marked, and the fronts drawn (recall@10 against file size and against p50 latenc
 import time
 from pathlib import Path
 
-from compressor.errors import CompressorError
 from converters.cli.options import MODEL_HELP, bench_options, calibration_options
 from converters.cli.steps import (
     check_method_options,
@@ -23,10 +22,8 @@ from converters.cli.variants import Variants, output_folder
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.recipes import load_recipes
-from eval.plot import plot_front
 
 HELP = "run a grid of recipes and measure them side by side; Pareto table and plots"
-PLOTS = {"file_bytes": "front-size.png", "latency": "front-latency.png"}
 
 
 def add_arguments(p) -> None:
@@ -61,6 +58,7 @@ def _fine_tunes(args) -> bool:
 
 
 def run(args) -> None:
+    start = time.perf_counter()
     check_runs(args.runs)
     check_outputs(args, output_folder=args.out)
     recipes = load_recipes(args.recipes)
@@ -75,7 +73,6 @@ def run(args) -> None:
     schemes = list(dict.fromkeys(s for space in spaces for s in space.quantize or []))
     batches = quantize_calibration(args, schemes, kind.graph, source)
     ft_texts = finetune_texts(args, kind) if any(_fine_tunes(s) for s in spaces) else None
-    start = time.perf_counter()
     with output_folder(args.out):
         original, source = load_original(args.model)
         variants = Variants(args.out, original.get_input_embeddings().num_embeddings, batches)
@@ -85,10 +82,5 @@ def run(args) -> None:
             fp32 = "fp32" in recipe.quantize
             tuned = ft_texts if _fine_tunes(space) else None
             variants.add_compressed(space, original, source, tuned, space.quantize or [], recipe.name, fp32=fp32)
-        report = variants.bench_and_report(args, source, texts, second)
-    for axis, name in PLOTS.items():
-        try:
-            say(f"wrote {plot_front(report, args.out / name, x=axis)}")
-        except CompressorError as e:  # a report without latency (or quality) still stands
-            say(f"warning: no {name}: {e}")
+        variants.bench_and_report(args, source, texts, second)
     say(f"sweep of {len(recipes)} recipe(s) in {(time.perf_counter() - start) / 60:.1f} min")

@@ -1,6 +1,6 @@
 """What `run` and `sweep` share: the graphs of one side-by-side measurement (the original and its
 quantized rows first, then each compressed variant, fine-tuned and quantized as asked), and the
-bench and report over them."""
+bench, the report and the plots of its Pareto fronts over them."""
 
 import copy
 import itertools
@@ -17,11 +17,13 @@ from converters.export import export_onnx
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantize import quantize_onnx
 from eval.benchmark import bench
+from eval.plot import plot_front
 from eval.report import markdown_table, write_report
 
 __all__ = ["Variants", "ORIGINAL_SCHEMES", "output_folder"]
 
 ORIGINAL_SCHEMES = ("int8",)  # the one-line alternative, in every report
+PLOTS = {"file_bytes": "front-size.png", "latency": "front-latency.png"}  # Pareto front → its plot
 
 
 @contextmanager
@@ -112,4 +114,9 @@ class Variants:
         json_path, md_path = write_report(report, self.out / "report.json")
         print(markdown_table(report))
         say(f"wrote {json_path} and {md_path}")
+        for axis, name in PLOTS.items():
+            try:
+                say(f"wrote {plot_front(report, self.out / name, x=axis)} (recall@10 against {axis})")
+            except CompressorError as e:  # a report without latency (or quality) still stands
+                say(f"warning: no {name}: {e}")
         return report

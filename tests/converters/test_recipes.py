@@ -128,9 +128,10 @@ def test_run_without_method_options_takes_the_default_recipe():
     from converters.recipes import DEFAULT_RECIPE, with_default_recipe
 
     args = with_default_recipe(_run_args("--out", "x"))
-    assert (args.method, args.rank, args.dense_head, args.kind) == ("tt", 150, 1024, "aware")
-    assert args.ft_time == DEFAULT_RECIPE["finetune_time"] and args.quantize == ["int8-aware"]
+    recipe = {k: v for k, v in DEFAULT_RECIPE.items() if k not in ("name", "finetune_time", "quantize")}
+    assert {k: getattr(args, k) for k in recipe} == recipe and args.out.name == "x"
+    assert args.ft_time == DEFAULT_RECIPE.get("finetune_time") and args.quantize == ["int8-aware"]
     mine = with_default_recipe(_run_args("--finetune-time", "7", "--quantize", "int8", "--runs", "3"))
-    assert (mine.rank, mine.ft_time, mine.quantize, mine.runs) == (150, 7.0, ["int8"], 3)  # what is given stays
+    assert (mine.method, mine.ft_time, mine.quantize, mine.runs) == (args.method, 7.0, ["int8"], 3)  # given: kept
     for given in (["--rank", "64"], ["--method", "tt"], ["--targets", "ffn"], ["--budget", "0.5"]):
         assert with_default_recipe(_run_args(*given)) is None  # a method option given: no recipe

@@ -75,6 +75,8 @@ def test_run_writes_every_variant_side_by_side(tiny_bert_dir, eval_text_file, tm
     assert int8["quantization"]["parity_rel_to_fp32"] <= 0.35
     assert int8["file_bytes"] < 0.75 * report["variants"][0]["file_bytes"]
     assert (out_dir / "report.md").is_file() and (out_dir / "tt-r4-pca" / "compressor.json").is_file()
+    assert (out_dir / "front-size.png").read_bytes()[:4] == b"\x89PNG" and str(out_dir / "front-size.png") in err
+    assert "no front-latency.png" in err  # the (8, 128) setting of its front was not timed
     assert not [p for p in out_dir.iterdir() if p.name.startswith(".")]  # no temporaries left
 
 
