@@ -30,6 +30,8 @@ __all__ = [
 
 PARITY_ATOL = 1e-4
 TWO_GB = 2**31
+
+
 class LookupGraph(nn.Module):
     """An embedding alone: input_ids → (B, T, D) (named last_hidden_state), for measuring a lookup."""
 

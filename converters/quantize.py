@@ -2,11 +2,11 @@
 `quantize_dynamic` with per-channel int8 weights (MatMul weights, factor matrices, TT cores and
 tables behind a Gather alike), the one line every user knows; int8-aware first smooths the graph's
 activation outliers into its weights from calibration batches (converters.smoothing, exact in
-fp32), then quantizes the same way. A quantized graph is checked against
-its own fp32 graph: the relative error ‖y_q − y‖ / ‖y‖ of the output on inputs the exporter never
-saw must stay under INT8_REL_TOL."""
+fp32), then quantizes the same way. int4 and int4-aware are 4-bit weights (converters.int4):
+block-wise MatMulNBits and GatherBlockQuantized, int4-aware after smoothing at its own α. A
+quantized graph is checked against its own fp32 graph: the relative error ‖y_q − y‖ / ‖y‖ of the
+output on inputs the exporter never saw must stay under REL_TOL of its width."""
 
-import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,30 +16,51 @@ import onnx
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
-from converters.smoothing import activation_absmax, smooth
+from converters.int4 import (
+    INT4_ACCURACY,
+    INT4_AWARE_ALPHA,
+    INT4_BLOCK,
+    SENSITIVITY_BATCHES,
+    check_int4_options,
+    eight_bit_layers,
+    layer_losses,
+    quantize_4bit,
+    quiet_quantizer,
+)
+from converters.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
 from eval.atomic import atomic_file
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
+from eval.kinds import graph_kind
 
 __all__ = [
     "SCHEMES",
     "CALIBRATED",
-    "INT8_AWARE_PASSAGES",
-    "INT8_REL_TOL",
+    "CALIBRATION_PASSAGES",
+    "REL_TOL",
     "QuantizeResult",
     "quantize_onnx",
     "is_quantized",
 ]
 
-SCHEMES = ("int8", "int8-aware")
-CALIBRATED = ("int8-aware",)  # the schemes that need calibration batches
-# Passages of the calibration text int8-aware reads: the maxima it takes grow with the text (on
+SCHEMES = ("int8", "int8-aware", "int4", "int4-aware")
+CALIBRATED = ("int8-aware", "int4-aware")  # the schemes that need calibration batches
+SMOOTHING = {"int8-aware": SMOOTH_ALPHA, "int4-aware": INT4_AWARE_ALPHA}  # scheme → SmoothQuant's α
+# Passages of the calibration text the aware schemes read: the maxima it takes grow with the text (on
 # all-MiniLM-L6-v2, 256 pydoc passages: recall@10 0.936; all 292: 0.943).
-INT8_AWARE_PASSAGES = 1024
-# Relative output error an int8 graph may have against its fp32 graph on random ids: measured 0.15
-# for all-MiniLM-L6-v2 and 0.20 for its fine-tuned TT rank-64 variant; a graph quantized wrongly is near 1.
-INT8_REL_TOL = 0.35
-QUANTIZED_OPS = {"DynamicQuantizeLinear", "MatMulInteger", "QuantizeLinear", "DequantizeLinear", "MatMulNBits"}
+CALIBRATION_PASSAGES = 1024
+# Relative output error a quantized graph may have against its fp32 graph on random ids, by width.
+# int8: measured 0.15 for all-MiniLM-L6-v2 and 0.20 for its fine-tuned TT rank-64 variant; int4:
+# INT4_MEASURED; a graph quantized wrongly is near 1.
+REL_TOL = {"int8": 0.35, "int4": 0.5}
+QUANTIZED_OPS = {
+    "DynamicQuantizeLinear",
+    "MatMulInteger",
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "MatMulNBits",
+    "GatherBlockQuantized",
+}
 
 
 @dataclass(frozen=True)
@@ -47,6 +68,7 @@ class QuantizeResult:
     path: Path
     parity_max_abs: float  # against the fp32 graph
     parity_rel: float  # ‖y_q − y‖ / ‖y‖ against the fp32 graph
+    eight_bit: tuple[str, ...] = ()  # int4-aware: the MatMul nodes kept in 8 bits
 
 
 def is_quantized(path: Path) -> bool:
@@ -70,15 +92,29 @@ def _parity(fp32: Path, quantized: Path, vocab: int) -> tuple[float, float]:
     return worst, (diff2 / max(ref2, 1e-30)) ** 0.5
 
 
-def quantize_onnx(
-    src: Path, dst: Path, vocab: int, scheme: str = "int8", calibration: list[dict] | None = None
-) -> QuantizeResult:
-    """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
-    `calibration`: the graph's input batches, for the schemes in CALIBRATED."""
+def _int8(plain: Path, out: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    with quiet_quantizer():
+        quantize_dynamic(plain, out, per_channel=True, weight_type=QuantType.QInt8)
+
+
+def quantize_onnx(
+    src: Path,
+    dst: Path,
+    vocab: int,
+    scheme: str = "int8",
+    calibration: list[dict] | None = None,
+    block: int = INT4_BLOCK,
+    accuracy_level: int = INT4_ACCURACY,
+) -> QuantizeResult:
+    """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
+    `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
+    `accuracy_level`: of the 4-bit schemes (converters.int4)."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
+    if scheme.startswith("int4"):
+        check_int4_options(block, accuracy_level)
     if scheme in CALIBRATED and not calibration:
         raise CompressorError(f"{scheme} needs calibration batches")
     src, dst = Path(src), Path(dst)
@@ -88,21 +124,24 @@ def quantize_onnx(
         plain = Path(work) / "plain.onnx"  # without the fp32 parity of the metadata
         proto = onnx.load(str(src))
         del proto.metadata_props[:]
-        if scheme in CALIBRATED:
-            proto = smooth(proto, activation_absmax(proto, calibration))
-        onnx.save_model(proto, str(plain))
-        root, level = logging.getLogger(), logging.getLogger().level
-        root.setLevel(max(level, logging.ERROR))  # not its advice to pre-process
-        try:
-            quantize_dynamic(plain, tmp, per_channel=True, weight_type=QuantType.QInt8)
-        finally:
-            root.setLevel(level)
+        if scheme in SMOOTHING:
+            proto = smooth(proto, activation_absmax(proto, calibration), SMOOTHING[scheme])
+        width, eight_bit = scheme.split("-")[0], ()
+        if scheme == "int4-aware":
+            losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], graph_kind(src), block, accuracy_level)
+            eight_bit = tuple(eight_bit_layers(proto, losses))
+        if width == "int4":
+            onnx.save_model(quantize_4bit(proto, block, accuracy_level, scheme in CALIBRATED, eight_bit), str(tmp))
+        else:
+            onnx.save_model(proto, str(plain))
+            _int8(plain, tmp)
         worst, rel = _parity(src, tmp, vocab)
-        if not rel <= INT8_REL_TOL:
+        if not rel <= REL_TOL[width]:
             raise ExportParityError(
-                f"the int8 graph of {str(src)!r} is off its fp32 graph by {rel:.3g} (relative), above {INT8_REL_TOL}"
+                f"the {scheme} graph of {str(src)!r} is off its fp32 graph by {rel:.3g} (relative), above "
+                f"{REL_TOL[width]}"
             )
         proto = onnx.load(str(tmp))
         onnx.helper.set_model_props(proto, {PARITY_KEY: repr(worst), "compressor.parity_rel": repr(rel)})
         onnx.save_model(proto, str(tmp))
-    return QuantizeResult(dst, worst, rel)
+    return QuantizeResult(dst, worst, rel, eight_bit)

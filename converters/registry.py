@@ -100,6 +100,7 @@ class Method:
     compact: tuple[type[nn.Module], ...]
     from_options: Callable[[dict[str, Any]], Any]
     options: tuple[Option, ...] = ()
+    check: Callable[[str, nn.Module, Any], None] = lambda name, module, cfg: None  # raises on a module cfg cannot fit
     needs_calibration: Callable[[Any], bool] = lambda cfg: False
     needs_sensitivity: Callable[[Any], bool] = lambda cfg: False
     budget: BudgetRule | None = None
@@ -158,13 +159,15 @@ def default_method() -> Method:
 
 
 def handler_for(name: str, module: nn.Module, config: object) -> Method:
-    """The method of `config`, checked to accept `module` (else an "unsupported module" PlanError)."""
+    """The method of `config`, checked to accept `module` (else an "unsupported module" PlanError) and
+    by the method's own `check` (shapes the config needs), before anything is calibrated or built."""
     method = method_of(config)
     if not isinstance(module, method.accepts):
         kinds = ", ".join(t.__name__ for t in method.accepts)
         raise PlanError(
             f"unsupported module: {method.name} applies to {kinds}, but {name!r} is a {type(module).__name__}"
         )
+    method.check(name, module, config)
     return method
 
 

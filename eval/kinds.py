@@ -19,8 +19,8 @@ __all__ = ["GraphKind", "ENCODER", "GRAPH_KINDS", "graph_kind"]
 @dataclass(frozen=True)
 class GraphKind:
     """A kind as eval sees it. `represent(session, batches)` gives what quality compares between a
-    variant and the original; `quality(reference, other)` the metrics; `min_passages` how many eval
-    passages the metrics need."""
+    variant and the original; `quality(reference, other)` the metrics; `loss(reference, other)` one
+    number to minimise (how far the other is); `min_passages` how many eval passages the metrics need."""
 
     name: str
     inputs: tuple[str, ...]
@@ -45,6 +45,10 @@ class EncoderGraphKind(GraphKind):
             out.append(mean_pool(hidden, feed["attention_mask"]))
         emb = np.concatenate(out)
         return emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+
+    def loss(self, reference: np.ndarray, other: np.ndarray) -> float:
+        """1 − the mean cosine of the sentence embeddings (unit rows), as ½‖a − b‖² without cancellation."""
+        return float(0.5 * np.mean(np.sum((reference.astype(np.float64) - other) ** 2, axis=1)))
 
     def quality(self, reference: np.ndarray, other: np.ndarray) -> dict[str, float]:
         return {

@@ -7,6 +7,7 @@ from converters.checkpoint import load_model
 from converters.cli.options import calibration_options, quantize_option
 from converters.cli.steps import check_outputs, quantize_calibration, say
 from converters.export import export_onnx
+from converters.int4 import check_int4_options
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.quantize import quantize_onnx
@@ -36,6 +37,7 @@ def run(args) -> None:
     stem = (source.parent / source.name) if args.model else Path("original")
     suffix = f"-{args.quantize}" if args.quantize else ""
     out = args.out or stem.with_name(f"{stem.name}{suffix}.onnx")
+    check_int4_options(args.block_size, args.accuracy_level)
     check_outputs(args, ONNX_file=out)
     graph_kind = kind_for_config(source).graph
     batches = quantize_calibration(args, [args.quantize] if args.quantize else [], graph_kind, source)
@@ -47,7 +49,7 @@ def run(args) -> None:
     with tempfile.TemporaryDirectory() as work:
         fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=args.opset)
         vocab = model.get_input_embeddings().num_embeddings
-        result = quantize_onnx(fp32.path, out, vocab, args.quantize, batches)
+        result = quantize_onnx(fp32.path, out, vocab, args.quantize, batches, args.block_size, args.accuracy_level)
     say(
         f"wrote {result.path} ({args.quantize}; against its fp32 graph, whose parity with PyTorch is "
         f"{fp32.parity_max_abs:.2e}: relative error {result.parity_rel:.3f}, max |Δ| {result.parity_max_abs:.2e})"

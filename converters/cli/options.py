@@ -6,8 +6,9 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
+from converters.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.loading import DEFAULT_MODEL_NAME
-from converters.quantize import INT8_AWARE_PASSAGES, SCHEMES
+from converters.quantize import CALIBRATION_PASSAGES, SCHEMES
 from converters.registry import Option, default_method, methods
 from eval.docstrings import DOCSTRING_PASSAGES
 
@@ -82,7 +83,7 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
 
 
 def calibration_options(p: argparse.ArgumentParser) -> None:
-    """The calibration text: of the data-aware methods and of int8-aware."""
+    """The calibration text: of the data-aware methods and of the aware quantization schemes."""
     p.add_argument(
         "--calib",
         type=Path,
@@ -93,8 +94,8 @@ def calibration_options(p: argparse.ArgumentParser) -> None:
         "--calib-passages",
         type=int,
         default=256,
-        help=f"the data-aware methods use at most N calibration passages (default: 256); int8-aware reads up to "
-        f"{INT8_AWARE_PASSAGES}: activation maxima want every token there is",
+        help=f"the data-aware methods use at most N calibration passages (default: 256); int8-aware and int4-aware "
+        f"read up to {CALIBRATION_PASSAGES}: activation maxima want every token there is",
     )
 
 
@@ -151,14 +152,31 @@ def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
 
 def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -> None:
     """--quantize: int8 is ONNX Runtime's dynamic quantization with per-channel weights; int8-aware
-    smooths activation outliers into the weights from the calibration text first."""
+    smooths activation outliers into the weights from the calibration text first; int4 and
+    int4-aware are ONNX Runtime's block-wise 4-bit weights (--block-size, --accuracy-level)."""
     p.add_argument(
         "--quantize",
         choices=SCHEMES,
         nargs="+" if many else None,
         default=None,
         help=f"{help}; int8: ONNX Runtime's dynamic quantization, per-channel int8 weights; int8-aware: the same "
-        "after moving activation outliers into the weights (SmoothQuant, from the calibration text) (default: off)",
+        "after moving activation outliers into the weights (SmoothQuant, from the calibration text); int4: 4-bit "
+        "weights in blocks (MatMulNBits, GatherBlockQuantized), round to nearest; int4-aware: the same after "
+        "SmoothQuant, k-quant for the linear layers and asymmetric blocks for the tables (default: off)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=INT4_BLOCK,
+        help=f"int4 schemes: weights per block sharing one scale, a power of two ≥ 16 (default: {INT4_BLOCK})",
+    )
+    p.add_argument(
+        "--accuracy-level",
+        type=int,
+        choices=ACCURACY_LEVELS,
+        default=INT4_ACCURACY,
+        help="int4 schemes: MatMulNBits' compute, 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations "
+        f"(default: {INT4_ACCURACY}, the fastest here)",
     )
 
 

@@ -16,6 +16,7 @@ from converters.cli.steps import (
     second_texts,
 )
 from converters.cli.variants import Variants, output_folder
+from converters.int4 import check_int4_options
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.recipes import DEFAULT_RECIPE, with_default_recipe
@@ -47,6 +48,7 @@ def run(args) -> None:
         args = recipe
     args.method = args.method or default_method().name
     check_runs(args.runs)
+    check_int4_options(args.block_size, args.accuracy_level)
     check_outputs(args, output_folder=args.out)
     check_method_options(args)
     source = resolve_model_dir(args.model)
@@ -69,7 +71,8 @@ def _run(args, texts, second, ft_texts, schemes: list[str], batches) -> None:
     """Compress, export and bench each variant, and each quantized with `schemes` (calibration
     `batches` for int8-aware); `ft_texts` None: no fine-tune."""
     original, source = load_original(args.model)
-    variants = Variants(args.out, original.get_input_embeddings().num_embeddings, batches)
+    vocab = original.get_input_embeddings().num_embeddings
+    variants = Variants(args.out, vocab, batches, args.block_size, args.accuracy_level)
     variants.add_original(original, schemes)
     variants.add_compressed(args, original, source, ft_texts, schemes)
     variants.bench_and_report(args, source, texts, second)

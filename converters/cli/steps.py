@@ -18,7 +18,7 @@ from converters.compress import CompressionReport, compress_
 from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds import ModelKind, kind_of
 from converters.plan import Plan, match_plan
-from converters.quantize import CALIBRATED, INT8_AWARE_PASSAGES
+from converters.quantize import CALIBRATED, CALIBRATION_PASSAGES
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from eval.atomic import check_writable
 from eval.corpus import SECOND
@@ -93,8 +93,9 @@ def quantize_calibration(args, schemes: list[str], kind_graph, source: Path) -> 
     """The graph's input batches of the calibration text, when a scheme in `schemes` needs them."""
     if not set(schemes) & set(CALIBRATED):
         return None
-    texts, where = calib_texts(args, kind_graph, INT8_AWARE_PASSAGES)
-    say(f"int8-aware: activation ranges from {len(texts)} passages of {where}")
+    texts, where = calib_texts(args, kind_graph, CALIBRATION_PASSAGES)
+    aware = ", ".join(s for s in schemes if s in CALIBRATED)
+    say(f"{aware}: activation ranges from {len(texts)} passages of {where}")
     return encode_passages(load_tokenizer(source), texts)
 
 

@@ -14,6 +14,7 @@ from compressor.errors import CompressorError, ExportParityError
 from converters.checkpoint import save_compressed
 from converters.cli.steps import compress_and_say, finetune_and_say, plans_and_calibration, say
 from converters.export import export_onnx
+from converters.int4 import INT4_ACCURACY, INT4_BLOCK
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantize import quantize_onnx
 from eval.benchmark import bench
@@ -41,8 +42,12 @@ def output_folder(out: Path) -> Iterator[Path]:
 class Variants:
     """(name, ONNX path) of each graph to measure, and what made it, in order."""
 
-    def __init__(self, out: Path, vocab: int, batches: list[dict] | None):
+    def __init__(
+        self, out: Path, vocab: int, batches: list[dict] | None, block: int = INT4_BLOCK, accuracy: int = INT4_ACCURACY
+    ):
+        """`batches`: calibration inputs of the aware schemes; `block`, `accuracy`: of the int4 ones."""
         self.out, self.vocab, self.batches = Path(out), vocab, batches
+        self.int4 = {"block": block, "accuracy_level": accuracy}
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
@@ -60,12 +65,16 @@ class Variants:
             self.details.append(detail)
         for scheme in schemes:
             try:
-                result = quantize_onnx(path, self.out / f"{name}-{scheme}.onnx", self.vocab, scheme, self.batches)
+                result = quantize_onnx(
+                    path, self.out / f"{name}-{scheme}.onnx", self.vocab, scheme, self.batches, **self.int4
+                )
             except ExportParityError as e:  # the other rows still get measured
                 say(f"warning: no {name}-{scheme} row: {e}")
                 continue
             self.graphs.append((f"{name}-{scheme}", result.path))
             quantization = {"scheme": scheme, "parity_rel_to_fp32": result.parity_rel}
+            if scheme.startswith("int4"):
+                quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
             self.details.append({**detail, "quantization": quantization})
 
     def _free(self, name: str) -> str:

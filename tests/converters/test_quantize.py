@@ -12,7 +12,7 @@ from converters.compress import compress_
 from converters.export import export_onnx
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
-from converters.quantize import INT8_REL_TOL, is_quantized, quantize_onnx
+from converters.quantize import REL_TOL, is_quantized, quantize_onnx
 
 
 @pytest.mark.parametrize("plan", [None, Plan((("embeddings", TTConfig(rank=4)),))])
@@ -23,7 +23,7 @@ def test_int8_weights_and_output_within_tolerance(tiny_bert_dir, tmp_path, plan)
     fp32 = export_onnx(model, tmp_path / "m.onnx").path
     vocab = model.get_input_embeddings().num_embeddings
     result = quantize_onnx(fp32, tmp_path / "m-int8.onnx", vocab)
-    assert 0 < result.parity_rel <= INT8_REL_TOL and is_quantized(result.path) and not is_quantized(fp32)
+    assert 0 < result.parity_rel <= REL_TOL["int8"] and is_quantized(result.path) and not is_quantized(fp32)
     big = [i for i in onnx.load(str(result.path)).graph.initializer if np.prod(i.dims) >= 48 * 48]
     eight_bit = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)  # tables behind a Gather come out uint8
     assert big and all(i.data_type in eight_bit for i in big)  # every large weight, cores too

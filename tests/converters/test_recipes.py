@@ -90,7 +90,7 @@ def test_the_default_recipes_are_valid():
         (one({"method": "tt", "targets": []}), "'targets' takes a list of text"),
         (one({"method": "tt", "rank": 0}), "rank must be an integer ≥ 1, got 0"),  # the method's own check
         (one({"method": "lowrank", "budget": "0.5", "rank": 4}), "--budget chooses the ranks"),
-        (one({"method": "tt", "quantize": ["int4"]}), "unknown quantization scheme 'int4'; the closest is 'int8'"),
+        (one({"method": "tt", "quantize": ["int2"]}), "unknown quantization scheme 'int2'; the closest is 'int8'"),
         (one({"method": "tt", "quantize": "int8"}), "'quantize' is a list of schemes"),
         (one({"method": "tt", "name": ""}), "a variant's name is non-empty text"),
         ({"variants": [{"name": "a", "method": "tt"}, {"name": "a", "method": "lowrank"}]}, "two variants 'a'"),

@@ -8,7 +8,7 @@ import pytest
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantize import INT8_REL_TOL, is_quantized, quantize_onnx
+from converters.quantize import REL_TOL, is_quantized, quantize_onnx
 from converters.smoothing import activation_absmax, smooth, smoothable
 from eval.graph import make_session
 
@@ -60,7 +60,7 @@ def test_smoothing_is_exact_in_fp32_and_evens_out_the_ranges(graph, tmp_path):
 def test_int8_aware_quantizes_every_weight_within_tolerance(graph, tmp_path):
     path, vocab, batches = graph
     result = quantize_onnx(path, tmp_path / "aware.onnx", vocab, "int8-aware", batches)
-    assert 0 < result.parity_rel <= INT8_REL_TOL and is_quantized(result.path)
+    assert 0 < result.parity_rel <= REL_TOL["int8"] and is_quantized(result.path)
     proto = onnx.load(str(result.path))
     big = [i for i in proto.graph.initializer if np.prod(i.dims) >= 48 * 48]
     assert big and all(i.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8) for i in big)

@@ -71,7 +71,7 @@ def test_sweep_measures_every_recipe_and_draws_the_fronts(tiny_bert_dir, eval_te
         ("[1, 2", "is not JSON"),
         ('{"variants": [{"method": "lowrnk", "rank": 4}]}', "closest is 'lowrank'"),
         ('{"variants": [{"method": "tt", "rnak": 4}]}', "unknown option 'rnak'; the closest is 'rank'"),
-        ('{"variants": [{"method": "tt", "rank": 4, "quantize": ["int4"]}]}', "unknown quantization scheme"),
+        ('{"variants": [{"method": "tt", "rank": 4, "quantize": ["int2"]}]}', "unknown quantization scheme"),
     ],
 )
 def test_a_bad_recipe_file_is_refused_before_anything_runs(content, message, tiny_bert_dir, tmp_path, capsys):

@@ -1,0 +1,215 @@
+"""4-bit weights through ONNX Runtime's weight-only quantizer (`MatMulNBitsQuantizer`), the half of
+the int4 schemes that rounds. A MatMul's constant weight W (K × N) becomes `MatMulNBits`: each
+column cut into blocks of `block` rows along K, each block 4-bit codes q with one fp32 scale
+(and, asymmetric, a 4-bit zero point z), W ≈ scale · (q − z). A table behind an axis-0 Gather
+(V × D: word, position and type embeddings, head/tail and low-rank tables) becomes
+`GatherBlockQuantized`, its rows cut into blocks of `block` columns the same way. Anything else
+(TT cores, whose Gathers pick slices of 4-D tensors; weights fed by activations) stays fp32.
+
+- `int4` (plain): round to nearest, symmetric, for both: the one line a user would write.
+- `int4-aware`: the MatMul weights by k-quant (llama.cpp's asymmetric scale-and-minimum search
+  per block, which weighs each entry by |w| + rms of its block), the tables by asymmetric RTN; the
+  caller first moves activation outliers into the weights (SmoothQuant at INT4_AWARE_ALPHA, exact in
+  fp32), so that the rounding spends its levels where the activations are large (AWQ's idea). Then
+  the layers whose 4 bits cost the output most per byte get 8 (`eight_bit_layers`): each MatMul's
+  loss is measured with it alone in 4 bits on calibration batches (the graph kind's distance to
+  the fp32 output), and the greedy takes the largest loss per added byte while the 8-bit layers add
+  at most EIGHT_BIT_SHARE to the 4-bit codes.
+
+`accuracy_level` is MatMulNBits' compute type: 0 unset (fp32), 1 fp32, 2 fp16, 3 bf16, 4 int8
+activations (blocks of the input quantized on the fly, integer dot products)."""
+
+import contextlib
+import copy
+import io
+import logging
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import onnx
+from tqdm.auto import tqdm
+
+from compressor.errors import CompressorError
+from eval.graph import make_session
+
+__all__ = [
+    "INT4_BLOCK",
+    "INT4_ACCURACY",
+    "INT4_AWARE_ALPHA",
+    "ACCURACY_LEVELS",
+    "check_int4_options",
+    "quantize_4bit",
+    "quiet_quantizer",
+]
+
+INT4_BLOCK = 32  # block 128 on all-MiniLM-L6-v2: 0.135× the file but recall@10 0.790 (32: 0.837)
+# MatMulNBits' compute: measured on all-MiniLM-L6-v2, the same recall@10 at 0 and 4 (0.848, linear
+# layers only); 4 is the fastest on this CPU (BENCHMARKS.md).
+INT4_ACCURACY = 4
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+# SmoothQuant's α before k-quant, measured with the tables in int4 too (pydoc eval split, recall@10;
+# BENCHMARKS.md): 0.3 …, 0.5 0.881, 0.7 …; without smoothing 0.872 (linear layers only).
+INT4_AWARE_ALPHA = 0.5
+# The bytes 8-bit layers may add in int4-aware, a share of the 4-bit codes (V·D/2 + K·N/2 …): on
+# all-MiniLM-L6-v2, 0.05 buys the six attention output projections, 0.163× → 0.168× the file,
+# recall@10 0.880 → 0.890 (BENCHMARKS.md).
+EIGHT_BIT_SHARE = 0.05
+SENSITIVITY_BATCHES = 2  # calibration batches each layer's 4-bit loss is measured on
+
+
+def check_int4_options(block: int, accuracy_level: int = INT4_ACCURACY) -> None:
+    """ONNX Runtime's 4-bit kernels take a block of a power of two, at least 16, and its accuracy levels."""
+    if block < 16 or block & (block - 1):
+        raise CompressorError(
+            f"a 4-bit block size is a power of two, at least 16 (ONNX Runtime's kernels); got {block}"
+        )
+    if accuracy_level not in ACCURACY_LEVELS:
+        raise CompressorError(f"a MatMulNBits accuracy level is one of {ACCURACY_LEVELS}, got {accuracy_level}")
+
+
+def _tables(graph: onnx.GraphProto) -> set[str]:
+    """Names of the Gather nodes whose data is a 2-D float initializer gathered along axis 0."""
+    tables = {i.name for i in graph.initializer if len(i.dims) == 2 and i.data_type == onnx.TensorProto.FLOAT}
+    found = set()
+    for node in graph.node:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if node.op_type == "Gather" and node.input[0] in tables and axis == 0:
+            found.add(node.name)
+    return found
+
+
+@contextmanager
+def quiet_quantizer():
+    """ONNX Runtime's quantizers log through the root logger: every node skipped, advice to pre-process."""
+    root, level = logging.getLogger(), logging.getLogger().level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
+def _named(graph: onnx.GraphProto) -> None:
+    """Give every node a name: the quantizer selects and excludes nodes by name."""
+    for k, node in enumerate(graph.node):
+        node.name = node.name or f"node_{k}_{node.op_type}"
+
+
+def _weights(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
+    """MatMul node name → (K, N) of its constant 2-D weight, for the MatMuls the quantizer takes."""
+    shapes = {i.name: tuple(i.dims) for i in graph.initializer if len(i.dims) == 2}
+    return {n.name: shapes[n.input[1]] for n in graph.node if n.op_type == "MatMul" and n.input[1] in shapes}
+
+
+def _matmuls(
+    model: onnx.ModelProto, block: int, accuracy_level: int, aware: bool, only=None, eight_bit=()
+) -> onnx.ModelProto:
+    """`model` (named nodes, changed in place) with its MatMul weights in MatMulNBits: all of them,
+    or `only` those; `eight_bit` of them (aware only) in 8 bits. ONNX Runtime 1.32's k-quant packs
+    the 4-bit zero points of a weight with an odd number of blocks along K wrongly (it fails), so
+    those take asymmetric round-to-nearest instead."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        KQuantWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    shapes = _weights(model.graph)
+    names = set(shapes) if only is None else set(only)
+
+    def rtn(bits: int) -> DefaultWeightOnlyQuantConfig:
+        return DefaultWeightOnlyQuantConfig(
+            block_size=block, is_symmetric=not aware, accuracy_level=accuracy_level, bits=bits
+        )
+
+    if aware:
+        odd = {n for n in names if -(-shapes[n][0] // block) % 2}
+        eight = set(eight_bit)
+        kquant = KQuantWeightOnlyQuantConfig(customized_weight_config={n: {"bits": 8} for n in eight_bit})
+        passes = [(kquant, names - odd), (rtn(4), odd - eight), (rtn(8), odd & eight)]
+    else:
+        passes = [(rtn(4), names)]
+    for config, chosen in passes:
+        if not chosen:
+            continue
+        quantizer = MatMulNBitsQuantizer(
+            model,
+            block_size=block,
+            is_symmetric=not aware,
+            accuracy_level=accuracy_level,
+            nodes_to_exclude=sorted(set(shapes) - chosen),
+            algo_config=config,
+        )
+        with quiet_quantizer(), contextlib.redirect_stdout(io.StringIO()):  # k-quant prints a progress bar
+            quantizer.process()
+        model = quantizer.model.model
+    return model
+
+
+def _gathers(model: onnx.ModelProto, block: int, aware: bool) -> onnx.ModelProto:
+    """`model` with its tables (axis-0 Gathers of 2-D initializers) in GatherBlockQuantized."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    tables = _tables(model.graph)
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=block, is_symmetric=not aware, op_types_to_quantize=("Gather",), quant_axes=(("Gather", 1),)
+    )
+    others = [n.name for n in model.graph.node if n.op_type == "Gather" and n.name not in tables]
+    quantizer = MatMulNBitsQuantizer(model, block_size=block, nodes_to_exclude=others, algo_config=config)
+    with quiet_quantizer(), np.errstate(divide="ignore", invalid="ignore"):  # its all-zero blocks: scale 0, codes 0
+        quantizer.process()
+    return quantizer.model.model
+
+
+def quantize_4bit(
+    model: onnx.ModelProto,
+    block: int = INT4_BLOCK,
+    accuracy_level: int = INT4_ACCURACY,
+    aware: bool = False,
+    eight_bit: tuple[str, ...] = (),
+) -> onnx.ModelProto:
+    """A copy of `model` with 4-bit MatMul weights and tables (module docstring); `aware` picks the
+    int4-aware rounding (k-quant and asymmetric tables) over symmetric round-to-nearest, and with
+    it the MatMul nodes named in `eight_bit` get 8 bits."""
+    check_int4_options(block, accuracy_level)
+    if eight_bit and not aware:
+        raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")
+    model = copy.deepcopy(model)
+    _named(model.graph)
+    model = _matmuls(model, block, accuracy_level, aware, eight_bit=eight_bit)
+    return _gathers(model, block, aware)
+
+
+def layer_losses(
+    model: onnx.ModelProto, feeds: list[dict], kind, block: int = INT4_BLOCK, accuracy_level: int = INT4_ACCURACY
+) -> dict[str, float]:
+    """MatMul node name → the graph kind's loss (`kind.loss`) of the output when that layer alone
+    is in 4 bits (k-quant), against `model`'s own output on `feeds`."""
+    check_int4_options(block, accuracy_level)
+    model = copy.deepcopy(model)
+    _named(model.graph)
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / "layer.onnx"
+        onnx.save_model(model, str(path))
+        reference = kind.represent(make_session(path, threads=2), feeds)
+        losses = {}
+        for name in tqdm(_weights(model.graph), desc="int4-aware: each layer's 4-bit loss", leave=False):
+            onnx.save_model(_matmuls(copy.deepcopy(model), block, accuracy_level, True, only={name}), str(path))
+            losses[name] = kind.loss(reference, kind.represent(make_session(path, threads=2), feeds))
+    return losses
+
+
+def eight_bit_layers(model: onnx.ModelProto, losses: dict[str, float], share: float = EIGHT_BIT_SHARE) -> list[str]:
+    """The MatMuls to keep in 8 bits: by loss per added byte (K·N/2 each), largest first, while the
+    added bytes stay within `share` of the graph's 4-bit codes (its MatMul weights and tables)."""
+    sizes = {name: k * n for name, (k, n) in _weights(model.graph).items()}
+    tables = {n.input[0] for n in model.graph.node if n.name in _tables(model.graph)}
+    codes = (sum(sizes.values()) + sum(int(np.prod(i.dims)) for i in model.graph.initializer if i.name in tables)) / 2
+    chosen, spent = [], 0.0
+    for name in sorted(losses, key=lambda n: losses[n] / sizes[n], reverse=True):
+        if spent + sizes[name] / 2 <= share * codes:
+            chosen.append(name)
+            spent += sizes[name] / 2
+    return chosen

@@ -1,0 +1,95 @@
+"""PHM / Kronecker sums (DESIGN §2.3, R2D2): the config, the build of linear layers (nn.Linear and
+Hugging Face's Conv1D), and the registration. Kinds: plain (the nearest Kronecker sum, Van
+Loan–Pitsianis); aware (refitted to the layer's output error on calibration inputs); fisher (aware,
+each layer's output weighted by its sensitivity, as the low-rank fisher kind)."""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from compressor.errors import PlanError, ShapeError
+from compressor.phm import check_block_count, check_block_size, check_terms
+from compressor.phm_linear import PHMLinear, dense_weight
+from converters.registry import Context, Method, Option, Skip, given, register
+
+__all__ = ["PHMConfig", "PHM_KINDS"]
+
+PHM_KINDS = ("plain", "aware", "fisher")
+
+
+@dataclass(frozen=True)
+class PHMConfig:
+    """Each linear layer W (K×D) as Σ_{i=1}^{terms} A_i ⊗ S_i, A_i n×n and S_i (K/n)×(D/n): n must
+    divide K and D; `terms` from 1 to n² (default n, R2D2's choice; n² is exact). `kind`: plain, aware
+    or fisher (the last two need calibration)."""
+
+    method: ClassVar[str] = "phm"
+    n: int = 4
+    terms: int | None = None  # None: n
+    kind: str = "fisher"
+
+    def __post_init__(self):
+        check_block_count(self.n)
+        if self.terms is None:
+            object.__setattr__(self, "terms", self.n)
+        check_terms(self.terms, self.n)
+        if self.kind not in PHM_KINDS:
+            raise PlanError(f"a PHM kind is one of {', '.join(PHM_KINDS)}, got {self.kind!r}")
+
+    def label(self) -> str:
+        return f"phm-n{self.n}-t{self.terms}-{self.kind}"
+
+
+def _check(name: str, module: nn.Module, cfg: PHMConfig) -> None:
+    rows, cols = dense_weight(module).shape
+    try:
+        check_block_size(rows, cols, cfg.n)
+    except ShapeError as e:
+        raise ShapeError(f"{name}: {e}") from None
+
+
+def _build(module: nn.Module, cfg: PHMConfig, ctx: Context) -> nn.Module | Skip:
+    rows, cols = dense_weight(module).shape
+    n, terms = cfg.n, cfg.terms
+    if terms * (n * n + rows * cols // (n * n)) >= rows * cols:
+        return Skip(
+            f"{terms} Kronecker terms at n = {n} would not save parameters: "
+            f"{terms}·({n}² + {rows}·{cols}/{n}²) ≥ {rows}·{cols}"
+        )
+    if cfg.kind == "plain":
+        return PHMLinear.from_linear(module, n, terms)
+    calib = ctx.require_calibration(f"the {cfg.kind} PHM fit")
+    sensitivity = calib.sensitivity(ctx.name) if cfg.kind == "fisher" else None
+    return PHMLinear.from_linear(module, n, terms, calib.gram(ctx.name), sensitivity)
+
+
+def _from_options(o: dict) -> PHMConfig:
+    return PHMConfig(n=given(o, "n", 4), terms=o.get("terms"), kind=given(o, "kind", "fisher"))
+
+
+register(
+    Method(
+        config=PHMConfig,
+        accepts=(nn.Linear, Conv1D),
+        build=_build,
+        compact=(PHMLinear,),
+        options=(
+            Option("--n", "the block size n, dividing both dimensions of every layer (default: 4)", int, many=True),
+            Option("--terms", "Kronecker terms, 1 to n² (default: n; n² is exact)", int, many=True),
+            Option(
+                "--kind",
+                "fisher (aware, and each layer's output weighted by how much the model's output feels it), aware "
+                "(refitted to each layer's output error on calibration inputs) — both need calibration — or plain "
+                "(the nearest Kronecker sum of the weight) (default: fisher)",
+                choices=PHM_KINDS,
+                many=True,
+            ),
+        ),
+        from_options=_from_options,
+        check=_check,
+        needs_calibration=lambda cfg: cfg.kind != "plain",
+        needs_sensitivity=lambda cfg: cfg.kind == "fisher",
+    )
+)

@@ -1,0 +1,99 @@
+"""4-bit weights on an exported graph: MatMulNBits and GatherBlockQuantized where the fp32 weights
+were, within the stated tolerance of the fp32 graph; int4-aware's smoothing exact before rounding,
+its 8-bit layers within their share; and the refusals."""
+
+import numpy as np
+import onnx
+import pytest
+
+from compressor.errors import CompressorError
+from converters.checkpoint import load_model
+from converters.compress import compress_
+from converters.export import export_onnx, sample_inputs
+from converters.int4 import EIGHT_BIT_SHARE, eight_bit_layers, layer_losses, quantize_4bit
+from converters.methods.lowrank import LowRankConfig
+from converters.plan import Plan
+from converters.quantize import REL_TOL, is_quantized, quantize_onnx
+from converters.smoothing import activation_absmax, smooth
+from eval.graph import make_session
+from eval.kinds import ENCODER
+
+
+def _graph(tiny_bert_dir, tmp_path, plan=None):
+    model, _ = load_model(tiny_bert_dir)
+    if plan is not None:
+        compress_(model, plan, progress=False)
+    return export_onnx(model, tmp_path / "m.onnx").path, model.get_input_embeddings().num_embeddings
+
+
+def _feeds(vocab, n=3):
+    names = ("input_ids", "attention_mask")
+    return [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 4, 9, seed)))) for seed in range(n)]
+
+
+@pytest.mark.parametrize(
+    "plan", [None, Plan((("embeddings", LowRankConfig(rank=8, keep=None, whiten=False, weighted=False)),))]
+)
+@pytest.mark.parametrize("scheme", ["int4", "int4-aware"])
+def test_weights_are_four_bit_and_output_within_tolerance(tiny_bert_dir, tmp_path, plan, scheme):
+    fp32, vocab = _graph(tiny_bert_dir, tmp_path, plan)
+    result = quantize_onnx(fp32, tmp_path / "q.onnx", vocab, scheme, _feeds(vocab), block=16)
+    assert 0 < result.parity_rel <= REL_TOL["int4"] and is_quantized(result.path)
+    graph = onnx.load(str(result.path)).graph
+    inits = {i.name: i for i in graph.initializer}
+    assert not [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in inits]  # no fp32 weight left
+    before = onnx.load(str(fp32)).graph
+    weights = {i.name for i in before.initializer}
+    matmuls = [n for n in before.node if n.op_type == "MatMul" and n.input[1] in weights]
+    assert [n.op_type for n in graph.node].count("MatMulNBits") == len(matmuls)
+    gathers = [n for n in graph.node if n.op_type == "GatherBlockQuantized"]
+    assert len(gathers) == 3  # the word table (or its low-rank codes), positions, types
+    four_bit = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+    assert all(inits[g.input[0]].data_type in four_bit for g in gathers)
+    floats = [i for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and not i.name.endswith("_scales")]
+    large = [i.name for i in floats if np.prod(i.dims) >= 8 * 48]
+    assert not large  # every weight went to 4 bits; what stays fp32 is scales, biases and norms
+
+
+def test_int4_aware_smoothing_is_exact_in_fp32(tiny_bert_dir, tmp_path):
+    fp32, vocab = _graph(tiny_bert_dir, tmp_path)
+    model = onnx.load(str(fp32))
+    smoothed = tmp_path / "s.onnx"
+    onnx.save_model(smooth(model, activation_absmax(model, _feeds(vocab)), 0.5), str(smoothed))
+    feed = _feeds(vocab, 1)[0]
+    (y,) = make_session(fp32).run(["last_hidden_state"], feed)
+    (y_s,) = make_session(smoothed).run(["last_hidden_state"], feed)
+    np.testing.assert_allclose(y_s, y, atol=1e-4)
+
+
+def test_eight_bit_layers_stay_within_their_share_and_are_eight_bit(tiny_bert_dir, tmp_path):
+    fp32, vocab = _graph(tiny_bert_dir, tmp_path)
+    model = onnx.load(str(fp32))
+    losses = layer_losses(model, _feeds(vocab), ENCODER, block=16)
+    assert len(losses) == 12 and all(v > 0 for v in losses.values())  # 2 blocks × 6 linear layers
+    inits = {i.name: int(np.prod(i.dims)) for i in model.graph.initializer}
+    sizes = {n.name: inits[n.input[1]] for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in inits}
+    tables = {n.input[0] for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits}
+    codes = (sum(sizes.values()) + sum(inits[t] for t in tables)) / 2
+    for share in (0.0, 0.02, EIGHT_BIT_SHARE, 0.5):
+        chosen = eight_bit_layers(model, losses, share)
+        assert sum(sizes[n] for n in chosen) / 2 <= share * codes
+    wide = eight_bit_layers(model, losses, 0.5)
+    assert wide and set(eight_bit_layers(model, losses, 0.02)) <= set(wide)
+    quantized = quantize_4bit(model, 16, aware=True, eight_bit=tuple(wide))
+    nbits = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
+    bits = {n.name: next(a.i for a in n.attribute if a.name == "bits") for n in nbits}
+    assert sorted(b for name, b in bits.items() if name.removesuffix("_Q8") in wide) == [8] * len(wide)
+    assert set(bits.values()) == {4, 8}
+
+
+def test_bad_block_sizes_and_levels_are_refused(tiny_bert_dir, tmp_path):
+    fp32, vocab = _graph(tiny_bert_dir, tmp_path)
+    for block in (8, 48):
+        with pytest.raises(CompressorError, match="power of two, at least 16"):
+            quantize_onnx(fp32, tmp_path / "q.onnx", vocab, "int4", block=block)
+    with pytest.raises(CompressorError, match="accuracy level"):
+        quantize_onnx(fp32, tmp_path / "q.onnx", vocab, "int4", accuracy_level=7)
+    with pytest.raises(CompressorError, match="int4-aware needs calibration"):
+        quantize_onnx(fp32, tmp_path / "q.onnx", vocab, "int4-aware")
+    assert not (tmp_path / "q.onnx").exists()
