@@ -1,36 +1,48 @@
-"""Rank allocation under a parameter budget: greedy on the drop in error per parameter.
+"""Sizes under a parameter budget: greedy on the drop in estimated loss per parameter.
 
-A layer at rank r has error e(r) = Σ_{j>r} σ_j² (σ from the SVD that its truncation uses), divided
-by Σ_j σ_j² when the layers' spectra are not in common units (relative), and costs fixed +
-r·per_rank parameters; past break-even (cost ≥ dense) it stays dense at error 0. The greedy order
-does not depend on the budget, so more budget never gives more total error."""
+A layer can be held in several ways (Point: a size such as a rank or a number of Kronecker terms,
+its parameters and its estimated loss; the dense layer is the point of loss 0). Every layer starts
+at its first point and the greedy repeatedly moves the layer whose next point lowers the loss most
+per added parameter, until the best move no longer fits. Its moves do not depend on the budget, so
+a larger budget never gives a larger summed loss. Two ways to order a layer's points:
+- allocate_ranks walks one method's sizes in order (LayerCost: rank `step`, 2·`step`, … up to
+  break-even, then dense; its error e(r) = Σ_{j>r} σ_j², σ from the SVD its truncation uses);
+- allocate takes several methods' points together and walks their lower convex hull of
+  (parameters, loss): the points no mix of the others beats, in falling loss drop per parameter,
+  the greedy that suits a multiple-choice knapsack.
+Losses are made relative to the layer's energy (the loss of nothing kept) unless they are in units
+common to every layer (`relative=False`: summed loss estimates)."""
 
 import heapq
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from compressor.errors import RankError
 
-__all__ = ["LayerCost", "Allocation", "allocate_ranks", "tail_error"]
+__all__ = [
+    "Point",
+    "LayerCost",
+    "MeasuredCost",
+    "Allocation",
+    "allocate_ranks",
+    "allocate",
+    "lower_hull",
+    "tail_error",
+]
 
 
 @dataclass(frozen=True)
-class LayerCost:
-    name: str
-    spectrum: Tensor  # singular values, descending
-    per_rank: int  # parameters one more rank costs: K + D
-    dense: int  # parameters of the layer left dense
-    fixed: int = 0  # parameters paid at any rank (a dense head, …)
+class Point:
+    """One way to hold a layer: `size` (a rank, a number of terms; None: the dense layer), its
+    parameters and its estimated loss; `tag` names the family of sizes (a method) among several."""
 
-    def cost(self, rank: int | None) -> int:
-        """Parameters at `rank`; None means dense."""
-        return self.dense if rank is None else self.fixed + rank * self.per_rank
-
-    def break_even(self) -> int:
-        """Largest rank that still saves parameters (0 if none does)."""
-        return max(0, min(len(self.spectrum), (self.dense - self.fixed - 1) // self.per_rank))
+    size: int | None
+    params: int
+    loss: float
+    tag: str = ""
 
 
 def tail_error(spectrum: Tensor, rank: int | None, relative: bool = True) -> float:
@@ -42,49 +54,118 @@ def tail_error(spectrum: Tensor, rank: int | None, relative: bool = True) -> flo
 
 
 @dataclass(frozen=True)
+class LayerCost:
+    """A layer whose loss at rank r is the tail Σ_{j>r} σ_j² of a spectrum."""
+
+    name: str
+    spectrum: Tensor  # singular values, descending
+    per_rank: int  # parameters one more rank costs: K + D
+    dense: int  # parameters of the layer left dense
+    fixed: int = 0  # parameters paid at any rank (a dense head, …)
+    step: int = 8  # the greedy adds rank in steps of this
+
+    def cost(self, rank: int | None) -> int:
+        """Parameters at `rank`; None means dense."""
+        return self.dense if rank is None else self.fixed + rank * self.per_rank
+
+    def break_even(self) -> int:
+        """Largest rank that still saves parameters (0 if none does)."""
+        return max(0, min(len(self.spectrum), (self.dense - self.fixed - 1) // self.per_rank))
+
+    def points(self, relative: bool = True) -> list[Point]:
+        """Rank `step` (or break-even, when smaller), then `step` more each time while it saves
+        parameters, then the dense layer."""
+        top = self.break_even()
+        ranks = list(range(min(self.step, top), top + 1, self.step)) if top >= 1 else []
+        return [Point(r, self.cost(r), tail_error(self.spectrum, r, relative)) for r in [*ranks, None]]
+
+
+@dataclass(frozen=True)
+class MeasuredCost:
+    """A layer whose loss was measured at each size (no spectrum gives it): `sizes` ascending with
+    their `params` and `losses`; `energy` is the loss with nothing kept (relative losses divide by it)."""
+
+    name: str
+    sizes: tuple[int, ...]
+    params: tuple[int, ...]
+    losses: tuple[float, ...]
+    energy: float
+    dense: int
+
+    def points(self, relative: bool = True) -> list[Point]:
+        """The sizes that save parameters and lower the loss below every smaller size's, then the dense layer."""
+        scale = max(self.energy, 1e-300) if relative else 1.0
+        kept: list[Point] = []
+        for size, params, loss in zip(self.sizes, self.params, self.losses):
+            if params < self.dense and (not kept or loss / scale < kept[-1].loss):
+                kept.append(Point(size, params, loss / scale))
+        return [*kept, Point(None, self.dense, 0.0)]
+
+
+@dataclass(frozen=True)
 class Allocation:
-    ranks: dict[str, int | None]  # None: left dense (past break-even)
+    ranks: dict[str, int | None]  # the chosen size; None: left dense
     params: int
     predicted_error: dict[str, float]
+    points: dict[str, Point] = field(default_factory=dict)  # the chosen point (its tag: which method)
 
 
-def allocate_ranks(layers: list[LayerCost], budget: int, step: int = 8, relative: bool = True) -> Allocation:
-    """Start every layer at rank `step`; repeatedly give `step` more rank (or, at break-even,
-    the dense layer) to the layer whose error drops most per added parameter, while it fits.
-    Errors are relative unless the spectra share units (`relative=False`: summed loss estimates)."""
-
-    def error(layer: LayerCost, rank: int | None) -> float:
-        return tail_error(layer.spectrum, rank, relative)
-
-    ranks: dict[str, int | None] = {}
-    for layer in layers:
-        if layer.break_even() < 1:
-            ranks[layer.name] = None
-        else:
-            ranks[layer.name] = min(step, layer.break_even())
-    spent = sum(layer.cost(ranks[layer.name]) for layer in layers)
+def _greedy(chains: dict[str, Sequence[Point]], budget: int) -> Allocation:
+    """Every layer at the first point of its chain; then repeatedly the move to a layer's next point
+    that lowers the loss most per added parameter, while it fits."""
+    at = dict.fromkeys(chains, 0)
+    spent = sum(chain[0].params for chain in chains.values())
     if spent > budget:
         raise RankError(f"a budget of {budget:,} parameters is below the smallest allocation ({spent:,})")
 
-    def proposal(layer: LayerCost):
-        r = ranks[layer.name]
-        if r is None:
+    def proposal(name: str):
+        chain, i = chains[name], at[name]
+        if i + 1 == len(chain):
             return None
-        nxt = r + step if r + step <= layer.break_even() else None  # None: go dense
-        gain = error(layer, r) - error(layer, nxt)
-        extra = layer.cost(nxt) - layer.cost(r)
-        return (-gain / max(extra, 1), layer.name, nxt, extra)
+        here, there = chain[i], chain[i + 1]
+        extra = there.params - here.params
+        return (-(here.loss - there.loss) / max(extra, 1), name, extra)
 
-    heap = [p for p in map(proposal, layers) if p is not None]
+    heap = [p for p in map(proposal, chains) if p is not None]
     heapq.heapify(heap)
-    by_name = {layer.name: layer for layer in layers}
     while heap:
-        _, name, nxt, extra = heapq.heappop(heap)
+        _, name, extra = heapq.heappop(heap)
         if spent + extra > budget:
             break
-        ranks[name], spent = nxt, spent + extra
-        p = proposal(by_name[name])
+        at[name], spent = at[name] + 1, spent + extra
+        p = proposal(name)
         if p is not None:
             heapq.heappush(heap, p)
-    errors = {layer.name: error(layer, ranks[layer.name]) for layer in layers}
-    return Allocation(ranks, spent, errors)
+    chosen = {name: chain[at[name]] for name, chain in chains.items()}
+    return Allocation({n: p.size for n, p in chosen.items()}, spent, {n: p.loss for n, p in chosen.items()}, chosen)
+
+
+def allocate_ranks(layers: Sequence[LayerCost | MeasuredCost], budget: int, relative: bool = True) -> Allocation:
+    """One method: each layer walks its own sizes in order (LayerCost: rank `step`, then `step`
+    more, or at break-even the dense layer), the move with the largest drop in error per added
+    parameter first, while it fits. Errors are relative unless the spectra share units
+    (`relative=False`: summed loss estimates)."""
+    return _greedy({layer.name: layer.points(relative) for layer in layers}, budget)
+
+
+def lower_hull(points: Sequence[Point]) -> list[Point]:
+    """From the cheapest point (the lowest loss among equally cheap ones), the points of the lower
+    convex hull of (parameters, loss) in order: each next one the steepest drop in loss per added
+    parameter (the nearer one on a tie), so the drops per parameter never grow along it."""
+    if not points:
+        raise RankError("a layer needs at least one way to hold it")
+    here = min(points, key=lambda p: (p.params, p.loss))
+    hull = [here]
+    while True:
+        better = [p for p in points if p.params > here.params and p.loss < here.loss]
+        if not better:
+            return hull
+        here = max(better, key=lambda p: ((here.loss - p.loss) / (p.params - here.params), -p.params))
+        hull.append(here)
+
+
+def allocate(layers: dict[str, Sequence[Point]], budget: int) -> Allocation:
+    """Several ways per layer (say the ranks of one method, the term counts of another and the dense
+    layer, losses in one unit): each layer walks the lower convex hull of its points, the move with
+    the largest drop in loss per added parameter first, while it fits."""
+    return _greedy({name: lower_hull(points) for name, points in layers.items()}, budget)

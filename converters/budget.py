@@ -1,21 +1,29 @@
-"""A parameter budget over the targeted modules, turned into a concrete plan: each module's rank
-is chosen by compressor.budget.allocate_ranks from the singular values its truncation uses (the
-method's BudgetRule says which) so that the summed error is smallest. When the method's spectra
-are loss estimates in common units (the fisher kind) they are summed as they are; otherwise each
-layer's error is taken relative to its energy."""
+"""A parameter budget over the targeted modules, turned into a concrete plan: each module's size
+(a rank, a number of Kronecker terms) is chosen by compressor.budget from the loss its method's
+BudgetRule estimates at each size, so that the summed loss is smallest. When the losses are
+estimates in common units (the fisher kind) they are summed as they are; otherwise each layer's
+error is taken relative to its energy.
+
+With one method each layer walks that method's sizes in order (allocate_ranks). With several
+(`--method lowrank phm`), each layer is offered every size of every method that accepts it, and
+the greedy walks the lower convex hull of those (parameters, loss) points (allocate): layer by
+layer, the method and size with the best loss per parameter, under one budget. The methods must
+estimate the same thing (the same kind: both rules then measure the same error of the same layer,
+‖Lᵀ (W − W') S‖² for fisher, ‖(W − W') S‖² for aware, ‖W − W'‖² for plain, and relative errors
+share the layer's energy as denominator); else the budget is refused."""
 
 import re
-from dataclasses import replace
+from collections.abc import Sequence
 
 from torch import nn
 
-from compressor.budget import allocate_ranks
+from compressor.budget import Point, allocate, allocate_ranks
 from compressor.errors import PlanError
 from converters.calibration import Calibration
 from converters.plan import Plan, match_plan
-from converters.registry import method_of
+from converters.registry import Method, method_of
 
-__all__ = ["parse_budget", "plan_for_budget"]
+__all__ = ["parse_budget", "budget_layers", "plan_for_budget"]
 
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -35,38 +43,97 @@ def parse_budget(text: str) -> tuple[str, float]:
     return "bytes", value * UNITS[unit]
 
 
-def plan_for_budget(model: nn.Module, targets: list[str], budget: str, calibration: Calibration, config) -> Plan:
-    """A plan with one exact-name config per targeted module, derived from `config` by its method's
-    budget rule, ranks chosen so that the targeted modules fit the budget."""
+def _listed(words: Sequence[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def _methods(configs: Sequence) -> list[tuple[Method, object]]:
+    """(method, config) of each config, checked: one config per method, each method with a budget
+    rule, and all estimating the same thing."""
+    pairs = [(method_of(cfg), cfg) for cfg in configs]
+    if not pairs:
+        raise PlanError("a budget needs at least one method config")
+    names = [m.name for m, _ in pairs]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise PlanError(f"a budget takes one config per method; {twice[0]} is given {names.count(twice[0])}")
+    for method, _ in pairs:
+        if method.budget is None:
+            raise PlanError(f"the method {method.name} has no budget rule; name its ranks instead")
+    metrics = {m.name: m.budget.metric(cfg) for m, cfg in pairs}
+    if len(set(metrics.values())) > 1:
+        said = ", ".join(f"{name} the {what} error" for name, what in metrics.items())
+        raise PlanError(
+            f"a budget over several methods compares their errors in one metric, but they estimate {said}; "
+            "give them the same --kind"
+        )
+    return pairs
+
+
+def budget_layers(model: nn.Module, targets: list[str], configs: Sequence) -> dict[str, list[tuple[Method, object]]]:
+    """Module name → the (method, config) pairs of `configs` that can hold it, for every module the
+    targets match; checked (the configs, every module held by some method, each method's own shape
+    check) before anything is calibrated."""
+    pairs = _methods(configs)
+    names = list(match_plan(Plan(tuple((t, pairs[0][1]) for t in targets)), model))
+    layers = {}
+    for name in names:
+        module = model.get_submodule(name)
+        layers[name] = [(m, cfg) for m, cfg in pairs if isinstance(module, m.accepts)]
+        if not layers[name]:
+            kinds = list(dict.fromkeys(t.__name__ for m, _ in pairs for t in m.accepts))
+            neither = "neither" if len(kinds) == 2 else "none of them"
+            what = _listed([m.name for m, _ in pairs])
+            raise PlanError(f"a {what} budget applies to {_listed(kinds)} layers; {name!r} is {neither}")
+        for method, cfg in layers[name]:
+            method.check(name, module, cfg)
+    return layers
+
+
+def plan_for_budget(model: nn.Module, targets: list[str], budget: str, calibration: Calibration, configs) -> Plan:
+    """A plan with one exact-name config per targeted module, derived from `configs` (one config, or
+    one per method the budget may choose among) by their methods' budget rules, sizes (and methods)
+    chosen so that the targeted modules fit the budget."""
+    configs = list(configs) if isinstance(configs, list | tuple) else [configs]
     unit, value = parse_budget(budget)
-    method = method_of(config)
-    rule = method.budget
-    if rule is None:
-        raise PlanError(f"the method {method.name} has no budget rule; name its ranks instead")
-    names = list(match_plan(Plan(tuple((t, config) for t in targets)), model))
-    modules = {n: model.get_submodule(n) for n in names}
-    unsupported = [n for n, m in modules.items() if not isinstance(m, method.accepts)]
-    if unsupported:
-        kinds = " and ".join(t.__name__ for t in method.accepts)
-        raise PlanError(f"a {method.name} budget applies to {kinds} layers; {unsupported[0]!r} is neither")
-    configs = {n: rule.configure(m, config) for n, m in modules.items()}
-    layers = [rule.cost(n, m, configs[n], calibration) for n, m in modules.items()]
-    total = sum(layer.dense for layer in layers)
+    layers = budget_layers(model, targets, configs)
+    (first, first_cfg), *_ = pairs = _methods(configs)
+    methods = {m.name: m for m, _ in pairs}
+    mixed = len(methods) > 1
+    relative = first.budget.metric(first_cfg) != "loss"  # _methods checked that every method agrees
+    made = {}  # (module name, method name) → the module's config under that method
+    costs, points = [], {}
+    for name, held in layers.items():
+        module = model.get_submodule(name)
+        points[name] = []
+        for method, cfg in held:
+            made[name, method.name] = method.budget.configure(module, cfg)
+            costs.append(method.budget.cost(name, module, made[name, method.name], calibration))
+            sized = [p for p in costs[-1].points(relative) if p.size is not None]
+            points[name] += [Point(p.size, p.params, p.loss, method.name) for p in sized]
+        points[name].append(Point(None, costs[-1].dense, 0.0))
+    total = sum(p[-1].params for p in points.values())
     params = int(value * total) if unit == "fraction" else int(value // 4)  # float32 weights
-    relative = not rule.loss_units(config)
-    alloc = allocate_ranks(layers, params, relative=relative)
-    entries = []
+    alloc = allocate(points, params) if mixed else allocate_ranks(costs, params, relative=relative)
     notes = [f"budget {budget}: {alloc.params:,} of {total:,} targeted weights ({alloc.params / total:.3f})"]
-    for layer in layers:
-        rank, err = alloc.ranks[layer.name], alloc.predicted_error[layer.name]
-        if rank is None:
-            notes.append(f"{layer.name}: kept dense (the greedy gave it every rank up to break-even)")
+    what = "relative error" if relative else "loss increase"
+    entries, taken = [], []
+    for name in layers:
+        point, err = alloc.points[name], alloc.predicted_error[name]
+        method = methods.get(point.tag) or next(iter(methods.values()))  # a dense point has no tag
+        if point.size is None:
+            why = "the dense layer as its best move" if mixed else f"every {method.budget.size} up to break-even"
+            notes.append(f"{name}: kept dense (the greedy gave it {why})")
             continue
-        entries.append((layer.name, replace(configs[layer.name], rank=rank)))
-        what = "relative error" if relative else "loss increase"
-        notes.append(f"{layer.name}: rank {rank}, predicted {what} {err:.4g}")
+        taken.append(method.name)
+        entries.append((name, method.budget.resize(made[name, method.name], point.size)))
+        which = f"{method.name}, " if mixed else ""
+        notes.append(f"{name}: {which}{method.budget.size} {point.size}, predicted {what} {err:.4g}")
     if not entries:
         raise PlanError(f"the budget {budget} leaves every targeted module dense; nothing to compress")
-    kind = getattr(config, "kind", None)
-    name = "-".join(filter(None, [method.name, f"budget{budget}", kind]))
-    return Plan(tuple(entries), name=name, notes=tuple(notes))
+    if mixed:
+        counts = ", ".join(f"{name} {taken.count(name)}" for name in methods)
+        notes.insert(1, f"layers by method: {counts}, dense {len(layers) - len(taken)}")
+    kind = getattr(configs[0], "kind", None)
+    label = "-".join(filter(None, ["+".join(methods), f"budget{budget}", kind]))
+    return Plan(tuple(entries), name=label, notes=tuple(notes))

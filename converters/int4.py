@@ -50,11 +50,11 @@ INT4_BLOCK = 32  # block 128 on all-MiniLM-L6-v2: 0.135× the file but recall@10
 INT4_ACCURACY = 4
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 # SmoothQuant's α before k-quant, measured with the tables in int4 too (pydoc eval split, recall@10;
-# BENCHMARKS.md): 0.3 …, 0.5 0.881, 0.7 …; without smoothing 0.872 (linear layers only).
+# BENCHMARKS.md): 0.3 0.869, 0.4 0.873, 0.5 0.881, 0.6 0.874, 0.7 0.873.
 INT4_AWARE_ALPHA = 0.5
 # The bytes 8-bit layers may add in int4-aware, a share of the 4-bit codes (V·D/2 + K·N/2 …): on
-# all-MiniLM-L6-v2, 0.05 buys the six attention output projections, 0.163× → 0.168× the file,
-# recall@10 0.880 → 0.890 (BENCHMARKS.md).
+# all-MiniLM-L6-v2, 0.05 buys four layers (value and output projections of the last blocks, the
+# last FFN output): 0.163× → 0.169× the file, recall@10 0.880 → 0.889 (BENCHMARKS.md).
 EIGHT_BIT_SHARE = 0.05
 SENSITIVITY_BATCHES = 2  # calibration batches each layer's 4-bit loss is measured on
 

@@ -8,17 +8,18 @@ classes a checkpoint may rebuild, its command-line options, and optionally a bud
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
 
-from compressor.budget import LayerCost
+from compressor.budget import LayerCost, MeasuredCost
 from compressor.errors import CompressorError, PlanError
 from converters.calibration import Calibration
 
 __all__ = [
     "BudgetRule",
+    "KIND_METRICS",
     "Context",
     "Method",
     "Option",
@@ -77,16 +78,27 @@ def given(options: dict[str, Any], key: str, default: Any) -> Any:
     return default if value is None else value
 
 
+KIND_METRICS = {"plain": "weight", "aware": "output", "fisher": "loss"}  # what a budget's losses measure, by kind
+
+
 @dataclass(frozen=True)
 class BudgetRule:
-    """How a budget chooses ranks for a method: `configure(module, cfg)` is the config one module
-    gets (its rank is then set by `dataclasses.replace(cfg, rank=…)`), and `cost(name, module, cfg,
-    calibration)` the module's parameters per rank and the singular values its truncation uses.
-    `loss_units(cfg)`: the spectra are loss estimates in common units (else errors are made relative)."""
+    """How a budget sizes a method's layers: `configure(module, cfg)` is the config one module gets,
+    `resize(cfg, size)` that config at a size (default: its rank), and `cost(name, module, cfg,
+    calibration)` the module's parameters and estimated loss at each size (a LayerCost from a
+    spectrum, or a MeasuredCost). `metric(cfg)` names what the losses measure (default: by the
+    config's kind, KIND_METRICS): "weight" (the weight's error), "output" (the output error on the
+    calibration inputs; frequency-weighted rows for a table) or "loss" (the K-FAC loss estimate, the
+    one unit common to every layer; the others are made relative per layer). Methods share a budget
+    only when their losses measure the same thing. `size` names the size in notes; `sets`: the
+    method's options the budget chooses (refused beside --budget)."""
 
-    cost: Callable[[str, nn.Module, Any, Calibration], LayerCost]
+    cost: Callable[[str, nn.Module, Any, Calibration], LayerCost | MeasuredCost]
     configure: Callable[[nn.Module, Any], Any]
-    loss_units: Callable[[Any], bool]
+    metric: Callable[[Any], str] = lambda cfg: KIND_METRICS[cfg.kind]
+    resize: Callable[[Any, int], Any] = lambda cfg, size: replace(cfg, rank=size)
+    size: str = "rank"
+    sets: tuple[str, ...] = ("rank",)
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,15 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
     known = methods()
     default = default_method().name
     fallback = f"{default}; with no method option at all, the default recipe" if many else default
-    p.add_argument("--method", choices=sorted(known), default=default, help=f"compression method (default: {fallback})")
+    budgeted = [name for name, m in known.items() if m.budget is not None]
+    p.add_argument(
+        "--method",
+        choices=sorted(known),
+        nargs="+",
+        default=default,
+        help=f"compression method (default: {fallback}); several ({' '.join(budgeted)}) only with --budget, which "
+        "then chooses among them layer by layer",
+    )
     for flag, uses in _merged().items():
         helps = [o.help for _, o in uses]
         shared = len(uses) > 1 and len(set(helps)) == 1  # one meaning for every method that has it
@@ -65,12 +73,12 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
         help="modules to compress: embeddings, attention, ffn, linear, all, exact or suffix module names, or "
         '"re:REGEX" (default: embeddings)',
     )
-    budgeted = [name for name, m in known.items() if m.budget is not None]
     p.add_argument(
         "--budget",
         default=None,
         help=f"{', '.join(budgeted)}: one budget over all targets, a fraction of their parameters (0.5) or a size "
-        "(12MB); each module's rank is chosen to keep the summed error smallest (default: off)",
+        "(12MB); each module's size (rank, terms) — and with several methods its method — is chosen to keep the "
+        "summed error smallest (default: off)",
     )
     p.add_argument("--plan", type=Path, default=None, help="a plan.json instead of the options above")
     calibration_options(p)

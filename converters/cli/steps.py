@@ -11,7 +11,7 @@ from pathlib import Path
 from torch import nn
 
 from compressor.errors import CompressorError
-from converters.budget import parse_budget, plan_for_budget
+from converters.budget import budget_layers, parse_budget, plan_for_budget
 from converters.calibration import Calibration, cached_calibration, default_cache_dir
 from converters.checkpoint import is_compressed_dir, load_model
 from converters.compress import CompressionReport, compress_
@@ -53,17 +53,28 @@ def check_outputs(args, **outputs: Path) -> None:
         check_writable(path, what.replace("_", " "))
 
 
-def _configs(args: argparse.Namespace) -> list:
-    """One config of --method per combination of the values given to its options (in their order)."""
-    method = method_named(args.method)
-    own = {o.dest for o in method.options}
+def _method_names(args: argparse.Namespace) -> list[str]:
+    """The methods of --method: the names given (a recipe gives one, as text)."""
+    return [args.method] if isinstance(args.method, str) else list(dict.fromkeys(args.method))
+
+
+def _config_sets(args: argparse.Namespace) -> list[tuple]:
+    """One config per method of --method, for each combination of the values given to their options
+    (in their order); a flag the methods share gives each of them the same value."""
+    chosen = [method_named(name) for name in _method_names(args)]
+    own = {o.dest for m in chosen for o in m.options}
     for name, other in methods().items():
         for option in other.options:
             if option.dest not in own and getattr(args, option.dest, None) is not None:
-                raise CompressorError(f"{option.flag} is an option of --method {name}, not of {method.name}")
-    values = {o.dest: getattr(args, o.dest, None) for o in method.options}
-    lists = [v if isinstance(v, list) else [v] for v in values.values()]
-    return [method.from_options(dict(zip(values, combo))) for combo in itertools.product(*lists)]
+                names = " or ".join(m.name for m in chosen)
+                raise CompressorError(f"{option.flag} is an option of --method {name}, not of {names}")
+    dests = list(dict.fromkeys(o.dest for m in chosen for o in m.options))
+    lists = [v if isinstance(v, list) else [v] for v in (getattr(args, d, None) for d in dests)]
+    sets = []
+    for combo in itertools.product(*lists):
+        values = dict(zip(dests, combo))
+        sets.append(tuple(m.from_options({o.dest: values[o.dest] for o in m.options}) for m in chosen))
+    return sets
 
 
 def plans_from_args(args: argparse.Namespace) -> list[Plan]:
@@ -73,11 +84,20 @@ def plans_from_args(args: argparse.Namespace) -> list[Plan]:
         if not args.plan.is_file():
             raise CompressorError(f"plan file {str(args.plan)!r} does not exist")
         return [Plan.from_json(args.plan.read_text())]
-    return [Plan(tuple((t, cfg) for t in args.targets)) for cfg in _configs(args)]
+    names = _method_names(args)
+    if len(names) > 1 and args.budget is None:
+        raise CompressorError(
+            f"--method {' '.join(names)} needs --budget, which chooses among them layer by layer; without it "
+            "name one method, or map targets to methods in a --plan"
+        )
+    return [Plan(tuple((t, cfg) for t in args.targets for cfg in configs)) for configs in _config_sets(args)]
 
 
 def _linear_names(model: nn.Module, plans: list[Plan]) -> list[str]:
-    names = {n for plan in plans for n in match_plan(plan, model) if isinstance(model.get_submodule(n), nn.Linear)}
+    """The linear layers the plans match (every module but tables: nn.Linear, Hugging Face's Conv1D)."""
+    names = {
+        n for plan in plans for n in match_plan(plan, model) if not isinstance(model.get_submodule(n), nn.Embedding)
+    }
     return sorted(names)
 
 
@@ -114,13 +134,19 @@ def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensit
 
 def _check_budget(args: argparse.Namespace) -> None:
     budgeted = [name for name, m in methods().items() if m.budget is not None]
-    if method_named(args.method).budget is None or args.plan is not None:
+    chosen = [method_named(name) for name in _method_names(args)]
+    unruled = [m.name for m in chosen if m.budget is None]
+    if unruled or args.plan is not None:
+        why = f"; {unruled[0]} has no budget rule" if unruled else ""
         raise CompressorError(
-            f"--budget chooses ranks under one budget: use it with --method {' or '.join(budgeted)} and without --plan"
+            f"--budget chooses sizes under one budget: use it with --method {' or '.join(budgeted)} (or several of "
+            f"them) and without --plan{why}"
         )
-    for flag in ("rank", "keep"):
-        if getattr(args, flag, None) is not None:
-            raise CompressorError(f"--budget chooses the ranks: leave out --{flag}")
+    for method in chosen:
+        for dest in method.budget.sets:
+            if getattr(args, dest, None) is not None:
+                what = method.budget.size if method.budget.size.endswith("s") else f"{method.budget.size}s"
+                raise CompressorError(f"--budget chooses the {what}: leave out --{dest.replace('_', '-')}")
     parse_budget(args.budget)
 
 
@@ -144,11 +170,13 @@ def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Pl
     """The plans to apply, and calibration statistics when any of them needs data."""
     if args.budget is not None:
         _check_budget(args)
-        configs = _configs(args)
-        probes = [Plan(tuple((t, cfg) for t in args.targets)) for cfg in configs]
-        sensitivity = any(method_named(args.method).needs_sensitivity(cfg) for cfg in configs)
+        sets = _config_sets(args)
+        for configs in sets:
+            budget_layers(model, args.targets, configs)  # every module and config checked before calibrating
+        probes = [Plan(tuple((t, cfg) for t in args.targets)) for configs in sets for cfg in configs]
+        sensitivity = any(method_of(cfg).needs_sensitivity(cfg) for configs in sets for cfg in configs)
         calib = _calibration(args, model, source, _linear_names(model, probes), sensitivity)
-        return [plan_for_budget(model, args.targets, args.budget, calib, cfg) for cfg in configs], calib
+        return [plan_for_budget(model, args.targets, args.budget, calib, configs) for configs in sets], calib
     plans = plans_from_args(args)
     jobs = [(n, cfg) for plan in plans for n, (_, cfg) in match_plan(plan, model).items()]
     methods_of = [(handler_for(n, model.get_submodule(n), cfg), cfg) for n, cfg in jobs]

@@ -179,6 +179,6 @@ register(
         from_options=_from_options,
         needs_calibration=lambda cfg: cfg.whiten or cfg.weighted or cfg.dense_head > 0,
         needs_sensitivity=lambda cfg: cfg.sensitive,
-        budget=BudgetRule(cost=_layer_cost, configure=_for_budget, loss_units=lambda cfg: cfg.sensitive),
+        budget=BudgetRule(cost=_layer_cost, configure=_for_budget, sets=("rank", "keep")),
     )
 )

@@ -1,18 +1,22 @@
 """PHM / Kronecker sums (DESIGN §2.3, R2D2): the config, the build of linear layers (nn.Linear and
-Hugging Face's Conv1D), and the registration. Kinds: plain (the nearest Kronecker sum, Van
-Loan–Pitsianis); aware (refitted to the layer's output error on calibration inputs); fisher (aware,
-each layer's output weighted by its sensitivity, as the low-rank fisher kind)."""
+Hugging Face's Conv1D), the budget rule, and the registration. Kinds: plain (the nearest Kronecker
+sum, Van Loan–Pitsianis); aware (refitted to the layer's output error on calibration inputs);
+fisher (aware, each layer's output weighted by its sensitivity, as the low-rank fisher kind)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
+import torch
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
+from compressor.budget import MeasuredCost
 from compressor.errors import PlanError, ShapeError
-from compressor.phm import check_block_count, check_block_size, check_terms
+from compressor.phm import check_block_count, check_block_size, check_terms, kron_sum_factors
+from compressor.phm_fit import kron_sum_metric_error, output_metrics
 from compressor.phm_linear import PHMLinear, dense_weight
-from converters.registry import Context, Method, Option, Skip, given, register
+from converters.calibration import Calibration
+from converters.registry import BudgetRule, Context, Method, Option, Skip, given, register
 
 __all__ = ["PHMConfig", "PHM_KINDS"]
 
@@ -65,6 +69,34 @@ def _build(module: nn.Module, cfg: PHMConfig, ctx: Context) -> nn.Module | Skip:
     return PHMLinear.from_linear(module, n, terms, calib.gram(ctx.name), sensitivity)
 
 
+def _layer_cost(name: str, module: nn.Module, cfg: PHMConfig, calib: Calibration) -> MeasuredCost:
+    """The layer's parameters t·(n² + KD/n²) and estimated loss at every number of terms t that
+    saves parameters, in the metric its fit under `cfg` minimises. plain: the tail Σ_{j>t} σ_j² of
+    R(W)'s spectrum, exact (the plain fit is the truncated SVD of R(W)). aware and fisher: no closed
+    form, so the t-term nearest Kronecker sum's error under the fit's own metric ‖Lᵀ (W − H) S‖²
+    (kron_sum_metric_error: the output error, and with fisher the K-FAC loss estimate of the
+    low-rank fisher kind, in the same units) — the refit starts from that sum and never raises it,
+    so the estimate is an upper bound of the loss of the layer built; one metric product per t,
+    no refit (seconds for a model, where refitting every t would take minutes a layer)."""
+    w = dense_weight(module).detach().to(torch.float64)
+    rows, cols = w.shape
+    n, dense = cfg.n, rows * cols
+    per_term = n * n + dense // (n * n)
+    most = min(n * n, dense // (n * n), (dense - 1) // per_term)  # R(W)'s rank, and saving parameters
+    sizes = tuple(range(1, most + 1))
+    params = tuple(t * per_term for t in sizes)
+    factors = kron_sum_factors(w, n, max(most, 1))
+    if cfg.kind == "plain":
+        energy = factors.spectrum.pow(2)
+        losses = tuple(float(energy[t:].sum()) for t in sizes)
+        return MeasuredCost(name, sizes, params, losses, float(energy.sum()), dense)
+    sensitivity = calib.sensitivity(name) if cfg.kind == "fisher" else None
+    gx, gy = output_metrics(calib.gram(name), sensitivity, rows, cols)
+    a, s = factors.a, factors.s
+    losses = tuple(kron_sum_metric_error(a[:t], s[:t], w, gx, gy) for t in sizes)
+    return MeasuredCost(name, sizes, params, losses, kron_sum_metric_error(a[:0], s[:0], w, gx, gy), dense)
+
+
 def _from_options(o: dict) -> PHMConfig:
     return PHMConfig(n=given(o, "n", 4), terms=o.get("terms"), kind=given(o, "kind", "fisher"))
 
@@ -91,5 +123,12 @@ register(
         check=_check,
         needs_calibration=lambda cfg: cfg.kind != "plain",
         needs_sensitivity=lambda cfg: cfg.kind == "fisher",
+        budget=BudgetRule(
+            cost=_layer_cost,
+            configure=lambda module, cfg: cfg,
+            resize=lambda cfg, terms: replace(cfg, terms=terms),
+            size="terms",
+            sets=("terms",),
+        ),
     )
 )
