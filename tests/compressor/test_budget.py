@@ -1,7 +1,9 @@
+import itertools
+
 import pytest
 import torch
 
-from compressor.budget import LayerCost, allocate_ranks, tail_error
+from compressor.budget import LayerCost, MeasuredCost, Point, allocate, allocate_ranks, lower_hull, tail_error
 from compressor.errors import RankError
 
 
@@ -60,3 +62,79 @@ def test_absolute_errors_favour_the_layer_whose_loss_is_larger():
     assert absolute["felt"] > absolute["quiet"]
     relative = allocate_ranks(two, 4_096).ranks
     assert relative["felt"] == relative["quiet"]
+
+
+def mixed_layers(seed: int = 0) -> dict[str, list[Point]]:
+    """Three layers, each with the ranks of one family (steps of 8, convex tails) and the term
+    counts of another (steps of 1, losses measured: not convex, not even monotone), and dense."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, (rows, cols) in {"a": (64, 64), "b": (96, 32), "c": (128, 64)}.items():
+        dense = rows * cols
+        spectrum = torch.sort(torch.rand(min(rows, cols), generator=g), descending=True).values
+        ranks = LayerCost(name, spectrum, per_rank=rows + cols, dense=dense).points(relative=False)[:-1]
+        per_term = 16 + dense // 16
+        energy = float((spectrum**2).sum())
+        terms = [
+            Point(t, t * per_term, energy * float(torch.rand(1, generator=g)) / t, "terms")
+            for t in range(1, 16)
+            if t * per_term < dense
+        ]
+        out[name] = [*(Point(p.size, p.params, p.loss, "rank") for p in ranks), *terms, Point(None, dense, 0.0)]
+    return out
+
+
+@pytest.mark.parametrize("budget", [2_000, 5_000, 9_000, 15_000, 21_000, 40_000])
+def test_a_mixed_budget_is_never_exceeded(budget):
+    layers = mixed_layers()
+    alloc = allocate(layers, budget)
+    assert alloc.params <= budget
+    assert alloc.params == sum(alloc.points[name].params for name in layers)
+    assert all(alloc.points[name] in points for name, points in layers.items())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_more_budget_never_gives_more_loss_over_mixed_points(seed):
+    layers = mixed_layers(seed)
+    totals = [sum(allocate(layers, b).predicted_error.values()) for b in range(2_000, 30_000, 500)]
+    assert all(b <= a + 1e-12 for a, b in zip(totals, totals[1:]))
+
+
+def test_the_lower_hull_keeps_only_points_no_mix_of_others_beats():
+    points = [
+        Point(1, 10, 10.0, "x"),
+        Point(2, 20, 9.0, "x"),  # above the segment from (10, 10) to (30, 2)
+        Point(3, 30, 2.0, "y"),
+        Point(4, 35, 3.0, "x"),  # more parameters, more loss: dominated
+        Point(5, 50, 1.0, "y"),
+        Point(None, 100, 0.0),
+    ]
+    assert [p.size for p in lower_hull(points)] == [1, 3, 5, None]
+    drops = [(a.loss - b.loss) / (b.params - a.params) for a, b in itertools.pairwise(lower_hull(points))]
+    assert drops == sorted(drops, reverse=True)
+
+
+def test_each_layer_takes_the_family_with_the_better_loss_per_parameter():
+    """Layer "kron" is held exactly by one term, layer "thin" by rank 8: the greedy gives each its
+    exact point, whichever family it comes from, before anything else."""
+    dense = 64 * 64
+    kron = [Point(8, 8 * 128, 5.0, "rank"), Point(1, 272, 0.0, "terms"), Point(None, dense, 0.0)]
+    thin = [Point(8, 8 * 128, 0.0, "rank"), Point(1, 272, 4.0, "terms"), Point(2, 544, 3.0, "terms")]
+    alloc = allocate({"kron": kron, "thin": [*thin, Point(None, dense, 0.0)]}, 272 + 8 * 128)
+    assert alloc.points["kron"].tag == "terms" and alloc.points["thin"] == Point(8, 1024, 0.0, "rank")
+    assert sum(alloc.predicted_error.values()) == 0.0
+
+
+def test_measured_losses_keep_the_sizes_that_save_parameters_and_lower_the_loss():
+    cost = MeasuredCost(
+        "m", sizes=(1, 2, 3, 4), params=(10, 20, 30, 40), losses=(6.0, 7.0, 3.0, 1.0), energy=8.0, dense=35
+    )
+    assert [(p.size, p.loss) for p in cost.points()] == [(1, 0.75), (3, 0.375), (None, 0.0)]
+    assert [p.loss for p in cost.points(relative=False)] == [6.0, 3.0, 0.0]
+
+
+def test_a_layer_cost_steps_by_its_own_step():
+    spectrum = torch.ones(16)
+    cost = LayerCost("t", spectrum, per_rank=20, dense=16 * 16, step=1)
+    assert [p.size for p in cost.points()] == [*range(1, 13), None]  # 12·20 < 256 ≤ 13·20
+    assert allocate_ranks([cost], 100).ranks["t"] == 5
