@@ -132,7 +132,7 @@ class Recipe:
     """One variant of a sweep. `options`: argparse dest → value, as `compressor run` would parse
     them; `quantize`: the schemes to measure it in (QUANTIZE_CHOICES)."""
 
-    method: str
+    method: str | list[str]  # several: a budget chooses among them, layer by layer
     options: dict[str, Any] = field(default_factory=dict)
     quantize: tuple[str, ...] = ("fp32",)
     name: str | None = None
@@ -210,9 +210,13 @@ def _recipe(entry: object, where: str) -> Recipe:
     method = entry.get("method")
     if method is None:
         raise CompressorError(f'{where} names no method; give "method": one of {", ".join(known)}')
-    if method not in known:
-        raise CompressorError(f"{where}: unknown method {method!r}; {_closest(method, known)}")
-    own = {o.dest for o in known[method].options}
+    names = method if isinstance(method, list) else [method]  # several: a budget chooses among them
+    if not names or not all(isinstance(m, str) for m in names):
+        raise CompressorError(f'{where}: "method" is a method name or a list of them, got {json.dumps(method)}')
+    for m in names:
+        if m not in known:
+            raise CompressorError(f"{where}: unknown method {m!r}; {_closest(m, known)}")
+    own = {o.dest for m in names for o in known[m].options}
     owners = {o.dest: n for n, m in known.items() for o in m.options if o.dest not in own}
     actions = {k: a for k, a in _variant_options().items() if k not in owners}
     options = {}
@@ -220,7 +224,7 @@ def _recipe(entry: object, where: str) -> Recipe:
         if key in ("name", "method", "quantize"):
             continue
         if key in owners:
-            raise CompressorError(f"{where}: {key!r} is an option of method {owners[key]}, not of {method}")
+            raise CompressorError(f"{where}: {key!r} is an option of method {owners[key]}, not of {' or '.join(names)}")
         if key in SWEEP_WIDE:
             raise CompressorError(
                 f"{where}: {key!r} is for the whole sweep, not one variant; give it on the command line"

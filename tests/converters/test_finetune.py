@@ -31,8 +31,7 @@ def loss_on(student, teacher, tok, cfg):
     targets = ft._outputs(ENCODER, teacher, batches, torch.device("cpu"))
     with torch.no_grad():
         return sum(
-            float(ENCODER.distill_loss(ENCODER.output(student, i, m), t, m, cfg))
-            for (i, m), t in zip(batches, targets)
+            float(ENCODER.distill_loss(ENCODER.output(student, i, m), t, m, cfg)) for (i, m), t in zip(batches, targets)
         )
 
 
