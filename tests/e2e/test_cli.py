@@ -274,3 +274,20 @@ def test_export_quantized_and_an_unknown_scheme(tiny_bert_dir, tmp_path, capsys)
     with pytest.raises(SystemExit) as stop:
         main(["export", str(tiny_bert_dir), "--quantize", "int3", "--out", str(tmp_path / "x.onnx")])
     assert stop.value.code == 2 and "invalid choice: 'int3'" in capsys.readouterr().err
+
+
+def test_export_int4_aware_and_a_bad_block_size(tiny_bert_dir, tmp_path, capsys, monkeypatch):
+    import converters.cli.export as export_command
+    from converters.quantize import is_quantized
+
+    out = tmp_path / "q.onnx"
+    code, _, err = run_cli(
+        capsys, "export", tiny_bert_dir, "--quantize", "int4-aware", "--block-size", 16, "--out", out
+    )
+    assert code == 0 and "int4-aware" in err and is_quantized(out), err
+    monkeypatch.setattr(export_command, "load_model", lambda *a: pytest.fail("loaded a model for a bad block size"))
+    code, _, err = run_cli(
+        capsys, "export", tiny_bert_dir, "--quantize", "int4", "--block-size", 24, "--out", tmp_path / "x.onnx"
+    )
+    assert code == 2 and "power of two, at least 16" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x.onnx").exists()
