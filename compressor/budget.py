@@ -72,6 +72,10 @@ class LayerCost:
         """Largest rank that still saves parameters (0 if none does)."""
         return max(0, min(len(self.spectrum), (self.dense - self.fixed - 1) // self.per_rank))
 
+    def nothing_kept(self, relative: bool = True) -> float:
+        """The loss with nothing kept (1 when relative)."""
+        return tail_error(self.spectrum, 0, relative)
+
     def points(self, relative: bool = True) -> list[Point]:
         """Rank `step` (or break-even, when smaller), then `step` more each time while it saves
         parameters, then the dense layer."""
@@ -92,6 +96,10 @@ class MeasuredCost:
     energy: float
     dense: int
 
+    def nothing_kept(self, relative: bool = True) -> float:
+        """The loss with nothing kept (1 when relative)."""
+        return 1.0 if relative else self.energy
+
     def points(self, relative: bool = True) -> list[Point]:
         """The sizes that save parameters and lower the loss below every smaller size's, then the dense layer."""
         scale = max(self.energy, 1e-300) if relative else 1.0
@@ -110,13 +118,13 @@ class Allocation:
     points: dict[str, Point] = field(default_factory=dict)  # the chosen point (its tag: which method)
 
 
-def _greedy(chains: dict[str, Sequence[Point]], budget: int) -> Allocation:
+def _greedy(chains: dict[str, Sequence[Point]], budget: int, unit: str = "parameters") -> Allocation:
     """Every layer at the first point of its chain; then repeatedly the move to a layer's next point
-    that lowers the loss most per added parameter, while it fits."""
+    that lowers the loss most per added parameter (or byte: `unit`), while it fits."""
     at = dict.fromkeys(chains, 0)
     spent = sum(chain[0].params for chain in chains.values())
     if spent > budget:
-        raise RankError(f"a budget of {budget:,} parameters is below the smallest allocation ({spent:,})")
+        raise RankError(f"a budget of {budget:,} {unit} is below the smallest allocation reachable ({spent:,} {unit})")
 
     def proposal(name: str):
         chain, i = chains[name], at[name]
@@ -164,8 +172,9 @@ def lower_hull(points: Sequence[Point]) -> list[Point]:
         hull.append(here)
 
 
-def allocate(layers: dict[str, Sequence[Point]], budget: int) -> Allocation:
+def allocate(layers: dict[str, Sequence[Point]], budget: int, unit: str = "parameters") -> Allocation:
     """Several ways per layer (say the ranks of one method, the term counts of another and the dense
-    layer, losses in one unit): each layer walks the lower convex hull of its points, the move with
-    the largest drop in loss per added parameter first, while it fits."""
-    return _greedy({name: lower_hull(points) for name, points in layers.items()}, budget)
+    layer, losses in one unit; or each of those at several widths, `params` then counting bytes):
+    each layer walks the lower convex hull of its points, the move with the largest drop in loss per
+    added parameter first, while it fits."""
+    return _greedy({name: lower_hull(points) for name, points in layers.items()}, budget, unit)

@@ -20,6 +20,8 @@ from torch import nn
 from compressor.budget import Point, allocate, allocate_ranks
 from compressor.errors import PlanError
 from converters.calibration import Calibration
+from converters.int4 import INT4_BLOCK
+from converters.mixed import quantization_error, widened
 from converters.plan import Plan, match_plan
 from converters.registry import Method, method_of
 
@@ -90,16 +92,27 @@ def budget_layers(model: nn.Module, targets: list[str], configs: Sequence) -> di
     return layers
 
 
-def plan_for_budget(model: nn.Module, targets: list[str], budget: str, calibration: Calibration, configs) -> Plan:
+def plan_for_budget(
+    model: nn.Module,
+    targets: list[str],
+    budget: str,
+    calibration: Calibration,
+    configs,
+    widths: Sequence[str] = (),
+    block: int = INT4_BLOCK,
+) -> Plan:
     """A plan with one exact-name config per targeted module, derived from `configs` (one config, or
     one per method the budget may choose among) by their methods' budget rules, sizes (and methods)
-    chosen so that the targeted modules fit the budget."""
+    chosen so that the targeted modules fit the budget; with `widths` (a byte budget), each module's
+    width too (converters.mixed), in the plan's `widths`."""
     configs = list(configs) if isinstance(configs, list | tuple) else [configs]
     unit, value = parse_budget(budget)
+    if widths and unit != "bytes":
+        raise PlanError(f"a budget over rank and bits is a size in bytes, such as 12MB; got {budget!r}")
     layers = budget_layers(model, targets, configs)
     (first, first_cfg), *_ = pairs = _methods(configs)
     methods = {m.name: m for m, _ in pairs}
-    mixed = len(methods) > 1
+    mixed = len(methods) > 1 or bool(widths)
     relative = first.budget.metric(first_cfg) != "loss"  # _methods checked that every method agrees
     made = {}  # (module name, method name) → the module's config under that method
     costs, points = [], {}
@@ -112,28 +125,43 @@ def plan_for_budget(model: nn.Module, targets: list[str], budget: str, calibrati
             sized = [p for p in costs[-1].points(relative) if p.size is not None]
             points[name] += [Point(p.size, p.params, p.loss, method.name) for p in sized]
         points[name].append(Point(None, costs[-1].dense, 0.0))
-    total = sum(p[-1].params for p in points.values())
-    params = int(value * total) if unit == "fraction" else int(value // 4)  # float32 weights
-    alloc = allocate(points, params) if mixed else allocate_ranks(costs, params, relative=relative)
-    notes = [f"budget {budget}: {alloc.params:,} of {total:,} targeted weights ({alloc.params / total:.3f})"]
+        if widths:
+            errors = {w: quantization_error(module, w, block) for w in widths}
+            points[name] = widened(points[name], costs[-1].nothing_kept(relative), errors, block)
+    if widths:
+        total = sum(max(p.params for p in layer) for layer in points.values())  # every layer dense in fp32
+        alloc = allocate(points, int(value), unit="bytes")
+        notes = [f"budget {budget}: {alloc.params:,} of {total:,} bytes of the targeted weights in fp32"]
+    else:
+        total = sum(p[-1].params for p in points.values())
+        params = int(value * total) if unit == "fraction" else int(value // 4)  # float32 weights
+        alloc = allocate(points, params) if mixed else allocate_ranks(costs, params, relative=relative)
+        notes = [f"budget {budget}: {alloc.params:,} of {total:,} targeted weights ({alloc.params / total:.3f})"]
     what = "relative error" if relative else "loss increase"
-    entries, taken = [], []
+    entries, taken, chosen_widths = [], [], []
     for name in layers:
         point, err = alloc.points[name], alloc.predicted_error[name]
-        method = methods.get(point.tag) or next(iter(methods.values()))  # a dense point has no tag
+        tag, _, width = point.tag.partition("|")
+        at = f" at {width}" if width else ""
+        if width:
+            chosen_widths.append((name, width))
+        method = methods.get(tag) or next(iter(methods.values()))  # a dense point has no method
         if point.size is None:
             why = "the dense layer as its best move" if mixed else f"every {method.budget.size} up to break-even"
-            notes.append(f"{name}: kept dense (the greedy gave it {why})")
+            notes.append(f"{name}: kept dense{at} (the greedy gave it {why}), predicted {what} {err:.4g}")
             continue
         taken.append(method.name)
         entries.append((name, method.budget.resize(made[name, method.name], point.size)))
-        which = f"{method.name}, " if mixed else ""
-        notes.append(f"{name}: {which}{method.budget.size} {point.size}, predicted {what} {err:.4g}")
-    if not entries:
+        which = f"{method.name}, " if len(methods) > 1 else ""
+        notes.append(f"{name}: {which}{method.budget.size} {point.size}{at}, predicted {what} {err:.4g}")
+    if not entries and not widths:
         raise PlanError(f"the budget {budget} leaves every targeted module dense; nothing to compress")
-    if mixed:
+    if len(methods) > 1:
         counts = ", ".join(f"{name} {taken.count(name)}" for name in methods)
         notes.insert(1, f"layers by method: {counts}, dense {len(layers) - len(taken)}")
+    if widths:
+        counts = ", ".join(f"{w} {[w_ for _, w_ in chosen_widths].count(w)}" for w in widths)
+        notes.insert(1, f"layers by width: {counts}")
     kind = getattr(configs[0], "kind", None)
-    label = "-".join(filter(None, ["+".join(methods), f"budget{budget}", kind]))
-    return Plan(tuple(entries), name=label, notes=tuple(notes))
+    label = "-".join(filter(None, ["+".join(methods), f"budget{budget}", "mixed" if widths else "", kind]))
+    return Plan(tuple(entries), name=label, notes=tuple(notes), widths=tuple(chosen_widths))

@@ -39,8 +39,15 @@ __all__ = [
     "INT4_ACCURACY",
     "INT4_AWARE_ALPHA",
     "ACCURACY_LEVELS",
+    "EIGHT_BIT_SHARE",
+    "SENSITIVITY_BATCHES",
     "check_int4_options",
     "quantize_4bit",
+    "quantize_matmuls",
+    "quantize_tables",
+    "layer_losses",
+    "eight_bit_layers",
+    "name_nodes",
     "quiet_quantizer",
 ]
 
@@ -91,7 +98,7 @@ def quiet_quantizer():
         root.setLevel(level)
 
 
-def _named(graph: onnx.GraphProto) -> None:
+def name_nodes(graph: onnx.GraphProto) -> None:
     """Give every node a name: the quantizer selects and excludes nodes by name."""
     for k, node in enumerate(graph.node):
         node.name = node.name or f"node_{k}_{node.op_type}"
@@ -103,7 +110,7 @@ def _weights(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
     return {n.name: shapes[n.input[1]] for n in graph.node if n.op_type == "MatMul" and n.input[1] in shapes}
 
 
-def _matmuls(
+def quantize_matmuls(
     model: onnx.ModelProto, block: int, accuracy_level: int, aware: bool, only=None, eight_bit=()
 ) -> onnx.ModelProto:
     """`model` (named nodes, changed in place) with its MatMul weights in MatMulNBits: all of them,
@@ -148,11 +155,12 @@ def _matmuls(
     return model
 
 
-def _gathers(model: onnx.ModelProto, block: int, aware: bool) -> onnx.ModelProto:
-    """`model` with its tables (axis-0 Gathers of 2-D initializers) in GatherBlockQuantized."""
+def quantize_tables(model: onnx.ModelProto, block: int, aware: bool, only=None) -> onnx.ModelProto:
+    """`model` (named nodes) with its tables (axis-0 Gathers of 2-D initializers), or `only` those
+    Gather nodes among them, in GatherBlockQuantized, asymmetric when `aware`."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
-    tables = _tables(model.graph)
+    tables = _tables(model.graph) if only is None else _tables(model.graph) & set(only)
     config = DefaultWeightOnlyQuantConfig(
         block_size=block, is_symmetric=not aware, op_types_to_quantize=("Gather",), quant_axes=(("Gather", 1),)
     )
@@ -177,9 +185,9 @@ def quantize_4bit(
     if eight_bit and not aware:
         raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")
     model = copy.deepcopy(model)
-    _named(model.graph)
-    model = _matmuls(model, block, accuracy_level, aware, eight_bit=eight_bit)
-    return _gathers(model, block, aware)
+    name_nodes(model.graph)
+    model = quantize_matmuls(model, block, accuracy_level, aware, eight_bit=eight_bit)
+    return quantize_tables(model, block, aware)
 
 
 def layer_losses(
@@ -189,14 +197,14 @@ def layer_losses(
     is in 4 bits (k-quant), against `model`'s own output on `feeds`."""
     check_int4_options(block, accuracy_level)
     model = copy.deepcopy(model)
-    _named(model.graph)
+    name_nodes(model.graph)
     with tempfile.TemporaryDirectory() as work:
         path = Path(work) / "layer.onnx"
         onnx.save_model(model, str(path))
         reference = kind.represent(make_session(path, threads=2), feeds)
         losses = {}
         for name in tqdm(_weights(model.graph), desc="int4-aware: each layer's 4-bit loss", leave=False):
-            onnx.save_model(_matmuls(copy.deepcopy(model), block, accuracy_level, True, only={name}), str(path))
+            onnx.save_model(quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True, only={name}), str(path))
             losses[name] = kind.loss(reference, kind.represent(make_session(path, threads=2), feeds))
     return losses
 

@@ -28,6 +28,7 @@ class Plan:
     entries: tuple[tuple[str, object], ...]  # (target, a registered method's config)
     name: str | None = None  # a short label for reports; default: the entries' labels joined
     notes: tuple[str, ...] = ()  # how the plan was made (a budget's chosen ranks and predicted errors, …)
+    widths: tuple[tuple[str, str], ...] = ()  # (module, fp32|int8|int4): a mixed budget's width per module
 
     def label(self) -> str:
         return self.name or "+".join(dict.fromkeys(cfg.label() for _, cfg in self.entries))
@@ -37,6 +38,7 @@ class Plan:
             "version": PLAN_VERSION,
             "name": self.name,
             "notes": list(self.notes),
+            **({"widths": dict(self.widths)} if self.widths else {}),
             "entries": [
                 {"target": target, "method": cfg.method, "config": asdict(cfg)} for target, cfg in self.entries
             ],
@@ -58,9 +60,12 @@ class Plan:
             if unknown:
                 raise PlanError(f"plan entry {i}: {method} has no option(s) {sorted(unknown)}; known: {sorted(known)}")
             entries.append((str(entry.get("target", "")), config_type(**config)))
-        if not entries:
+        widths = data.get("widths") or {}
+        if not isinstance(widths, dict) or not all(isinstance(v, str) for v in widths.values()):
+            raise PlanError('a plan\'s "widths" maps module names to fp32, int8 or int4')
+        if not entries and not widths:
             raise PlanError("a plan must have at least one entry")
-        return cls(tuple(entries), data.get("name"), tuple(data.get("notes") or ()))
+        return cls(tuple(entries), data.get("name"), tuple(data.get("notes") or ()), tuple(widths.items()))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

@@ -27,6 +27,7 @@ from converters.int4 import (
     quantize_4bit,
     quiet_quantizer,
 )
+from converters.mixed import quantize_mixed
 from converters.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
 from eval.atomic import atomic_file
 from eval.benchmark import PARITY_KEY
@@ -36,6 +37,7 @@ from eval.kinds import graph_kind
 __all__ = [
     "SCHEMES",
     "CALIBRATED",
+    "PLANNED",
     "CALIBRATION_PASSAGES",
     "REL_TOL",
     "QuantizeResult",
@@ -43,7 +45,8 @@ __all__ = [
     "is_quantized",
 ]
 
-SCHEMES = ("int8", "int8-aware", "int4", "int4-aware")
+SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "mixed")
+PLANNED = ("mixed",)  # the schemes whose widths a compressed model's plan chose (converters.mixed)
 CALIBRATED = ("int8-aware", "int4-aware")  # the schemes that need calibration batches
 SMOOTHING = {"int8-aware": SMOOTH_ALPHA, "int4-aware": INT4_AWARE_ALPHA}  # scheme → SmoothQuant's α
 # Passages of the calibration text the aware schemes read: the maxima it takes grow with the text (on
@@ -53,7 +56,7 @@ CALIBRATION_PASSAGES = 1024
 # int8: measured 0.15 for all-MiniLM-L6-v2 and 0.20 for its fine-tuned TT rank-64 variant; int4:
 # measured 0.27 (plain) and 0.20 (aware) for all-MiniLM-L6-v2, 0.29 for its emb4 variant; a graph
 # quantized wrongly is near 1.
-REL_TOL = {"int8": 0.35, "int4": 0.5}
+REL_TOL = {"int8": 0.35, "int4": 0.5, "mixed": 0.5}
 QUANTIZED_OPS = {
     "DynamicQuantizeLinear",
     "MatMulInteger",
@@ -108,14 +111,17 @@ def quantize_onnx(
     calibration: list[dict] | None = None,
     block: int = INT4_BLOCK,
     accuracy_level: int = INT4_ACCURACY,
+    widths: dict[str, str] | None = None,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
     `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
-    `accuracy_level`: of the 4-bit schemes (converters.int4)."""
+    `accuracy_level`: of the 4-bit schemes (converters.int4); `widths`: module → width, for mixed."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
-    if scheme.startswith("int4"):
+    if scheme.startswith("int4") or scheme in PLANNED:
         check_int4_options(block, accuracy_level)
+    if scheme in PLANNED and not widths:
+        raise CompressorError(f"{scheme} quantizes each module at the width a byte budget chose; this model has none")
     if scheme in CALIBRATED and not calibration:
         raise CompressorError(f"{scheme} needs calibration batches")
     src, dst = Path(src), Path(dst)
@@ -131,7 +137,9 @@ def quantize_onnx(
         if scheme == "int4-aware":
             losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))
-        if width == "int4":
+        if scheme == "mixed":
+            onnx.save_model(quantize_mixed(proto, widths, block), str(tmp))
+        elif width == "int4":
             onnx.save_model(quantize_4bit(proto, block, accuracy_level, scheme in CALIBRATED, eight_bit), str(tmp))
         else:
             onnx.save_model(proto, str(plain))

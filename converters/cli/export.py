@@ -3,6 +3,7 @@
 import tempfile
 from pathlib import Path
 
+from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.cli.options import calibration_options, quantize_option
 from converters.cli.steps import check_outputs, quantize_calibration, say
@@ -10,7 +11,7 @@ from converters.export import export_onnx
 from converters.int4 import check_int4_options
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
-from converters.quantize import quantize_onnx
+from converters.quantize import PLANNED, quantize_onnx
 
 HELP = "export a model or compressed checkpoint to ONNX, parity-checked"
 
@@ -38,6 +39,11 @@ def run(args) -> None:
     suffix = f"-{args.quantize}" if args.quantize else ""
     out = args.out or stem.with_name(f"{stem.name}{suffix}.onnx")
     check_int4_options(args.block_size, args.accuracy_level)
+    if args.quantize in PLANNED:
+        raise CompressorError(
+            f"--quantize {args.quantize} takes each layer's width from a byte budget: use compressor run --budget SIZE "
+            f"--quantize {args.quantize}"
+        )
     check_outputs(args, ONNX_file=out)
     graph_kind = kind_for_config(source).graph
     batches = quantize_calibration(args, [args.quantize] if args.quantize else [], graph_kind, source)

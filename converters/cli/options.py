@@ -170,7 +170,9 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         help=f"{help}; int8: ONNX Runtime's dynamic quantization, per-channel int8 weights; int8-aware: the same "
         "after moving activation outliers into the weights (SmoothQuant, from the calibration text); int4: 4-bit "
         "weights in blocks (MatMulNBits, GatherBlockQuantized), round to nearest; int4-aware: the same after "
-        "SmoothQuant, k-quant for the linear layers and asymmetric blocks for the tables (default: off)",
+        "SmoothQuant, k-quant for the linear layers and asymmetric blocks for the tables, and 8 bits for the layers "
+        "that lose most per byte; mixed (run, with --budget SIZE): each layer's rank and width (fp32, int8, int4) "
+        "chosen together under the byte budget (default: off)",
     )
     p.add_argument(
         "--block-size",

@@ -16,7 +16,9 @@ from converters.calibration import Calibration, cached_calibration, default_cach
 from converters.checkpoint import is_compressed_dir, load_model
 from converters.compress import CompressionReport, compress_
 from converters.finetune import FinetuneConfig, finetune_
+from converters.int4 import INT4_BLOCK
 from converters.kinds import ModelKind, kind_of
+from converters.mixed import WIDTHS
 from converters.plan import Plan, match_plan
 from converters.quantize import CALIBRATED, CALIBRATION_PASSAGES
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
@@ -150,9 +152,26 @@ def _check_budget(args: argparse.Namespace) -> None:
     parse_budget(args.budget)
 
 
+def _widths(args: argparse.Namespace) -> tuple[str, ...]:
+    """The widths a budget chooses among: all of them with --quantize mixed, else none (sizes only)."""
+    return WIDTHS if "mixed" in (getattr(args, "quantize", None) or ()) else ()
+
+
+def _check_mixed(args: argparse.Namespace) -> None:
+    """--quantize mixed needs a byte budget to choose widths in."""
+    if not _widths(args):
+        return
+    if args.budget is None or parse_budget(args.budget)[0] != "bytes":
+        raise CompressorError(
+            "--quantize mixed chooses each layer's rank and width under one budget in bytes: give --budget SIZE "
+            f"(such as 12MB), got {'no --budget' if args.budget is None else repr(args.budget)}"
+        )
+
+
 def check_method_options(args: argparse.Namespace) -> None:
     """The method options, the plan file and the budget, checked before any model is loaded; and
     when the plans will calibrate, the calibration cache folder (unless --no-cache)."""
+    _check_mixed(args)
     if args.budget is not None:
         _check_budget(args)
     plans = plans_from_args(args)
@@ -176,7 +195,9 @@ def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Pl
         probes = [Plan(tuple((t, cfg) for t in args.targets)) for configs in sets for cfg in configs]
         sensitivity = any(method_of(cfg).needs_sensitivity(cfg) for configs in sets for cfg in configs)
         calib = _calibration(args, model, source, _linear_names(model, probes), sensitivity)
-        return [plan_for_budget(model, args.targets, args.budget, calib, configs) for configs in sets], calib
+        widths, block = _widths(args), getattr(args, "block_size", INT4_BLOCK)
+        plans = [plan_for_budget(model, args.targets, args.budget, calib, c, widths, block) for c in sets]
+        return plans, calib
     plans = plans_from_args(args)
     jobs = [(n, cfg) for plan in plans for n, (_, cfg) in match_plan(plan, model).items()]
     methods_of = [(handler_for(n, model.get_submodule(n), cfg), cfg) for n, cfg in jobs]

@@ -16,7 +16,7 @@ from converters.cli.steps import compress_and_say, finetune_and_say, plans_and_c
 from converters.export import export_onnx
 from converters.int4 import INT4_ACCURACY, INT4_BLOCK
 from converters.loading import DEFAULT_MODEL_NAME
-from converters.quantize import quantize_onnx
+from converters.quantize import PLANNED, quantize_onnx
 from eval.benchmark import bench
 from eval.plot import plot_front
 from eval.report import markdown_table, write_report
@@ -65,8 +65,15 @@ class Variants:
             self.details.append(detail)
         for scheme in schemes:
             try:
+                widths = dict(detail["plan"].get("widths", {})) if scheme in PLANNED else None
                 result = quantize_onnx(
-                    path, self.out / f"{name}-{scheme}.onnx", self.vocab, scheme, self.batches, **self.int4
+                    path,
+                    self.out / f"{name}-{scheme}.onnx",
+                    self.vocab,
+                    scheme,
+                    self.batches,
+                    **self.int4,
+                    widths=widths,
                 )
             except ExportParityError as e:  # the other rows still get measured
                 say(f"warning: no {name}-{scheme} row: {e}")
@@ -83,7 +90,8 @@ class Variants:
         return next(n for n in candidates if n not in self.names and f"{n}-ft" not in self.names)
 
     def add_original(self, model: nn.Module, schemes: list[str]) -> None:
-        self.add("original", model, {}, list(dict.fromkeys([*ORIGINAL_SCHEMES, *schemes])))
+        wanted = [s for s in dict.fromkeys([*ORIGINAL_SCHEMES, *schemes]) if s not in PLANNED]  # no plan, no widths
+        self.add("original", model, {}, wanted)
 
     def add_compressed(
         self, args, original: nn.Module, source: Path, ft_texts, schemes: list[str], prefix=None, fp32: bool = True
