@@ -48,6 +48,8 @@ __all__ = [
     "layer_losses",
     "eight_bit_layers",
     "name_nodes",
+    "matmul_weights",
+    "table_gathers",
     "quiet_quantizer",
 ]
 
@@ -76,7 +78,7 @@ def check_int4_options(block: int, accuracy_level: int = INT4_ACCURACY) -> None:
         raise CompressorError(f"a MatMulNBits accuracy level is one of {ACCURACY_LEVELS}, got {accuracy_level}")
 
 
-def _tables(graph: onnx.GraphProto) -> set[str]:
+def table_gathers(graph: onnx.GraphProto) -> set[str]:
     """Names of the Gather nodes whose data is a 2-D float initializer gathered along axis 0."""
     tables = {i.name for i in graph.initializer if len(i.dims) == 2 and i.data_type == onnx.TensorProto.FLOAT}
     found = set()
@@ -104,7 +106,7 @@ def name_nodes(graph: onnx.GraphProto) -> None:
         node.name = node.name or f"node_{k}_{node.op_type}"
 
 
-def _weights(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
+def matmul_weights(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
     """MatMul node name → (K, N) of its constant 2-D weight, for the MatMuls the quantizer takes."""
     shapes = {i.name: tuple(i.dims) for i in graph.initializer if len(i.dims) == 2}
     return {n.name: shapes[n.input[1]] for n in graph.node if n.op_type == "MatMul" and n.input[1] in shapes}
@@ -123,7 +125,7 @@ def quantize_matmuls(
         MatMulNBitsQuantizer,
     )
 
-    shapes = _weights(model.graph)
+    shapes = matmul_weights(model.graph)
     names = set(shapes) if only is None else set(only)
 
     def rtn(bits: int) -> DefaultWeightOnlyQuantConfig:
@@ -160,7 +162,7 @@ def quantize_tables(model: onnx.ModelProto, block: int, aware: bool, only=None) 
     Gather nodes among them, in GatherBlockQuantized, asymmetric when `aware`."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
-    tables = _tables(model.graph) if only is None else _tables(model.graph) & set(only)
+    tables = table_gathers(model.graph) if only is None else table_gathers(model.graph) & set(only)
     config = DefaultWeightOnlyQuantConfig(
         block_size=block, is_symmetric=not aware, op_types_to_quantize=("Gather",), quant_axes=(("Gather", 1),)
     )
@@ -203,7 +205,7 @@ def layer_losses(
         onnx.save_model(model, str(path))
         reference = kind.represent(make_session(path, threads=2), feeds)
         losses = {}
-        for name in tqdm(_weights(model.graph), desc="int4-aware: each layer's 4-bit loss", leave=False):
+        for name in tqdm(matmul_weights(model.graph), desc="int4-aware: each layer's 4-bit loss", leave=False):
             onnx.save_model(quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True, only={name}), str(path))
             losses[name] = kind.loss(reference, kind.represent(make_session(path, threads=2), feeds))
     return losses
@@ -212,8 +214,8 @@ def layer_losses(
 def eight_bit_layers(model: onnx.ModelProto, losses: dict[str, float], share: float = EIGHT_BIT_SHARE) -> list[str]:
     """The MatMuls to keep in 8 bits: by loss per added byte (K·N/2 each), largest first, while the
     added bytes stay within `share` of the graph's 4-bit codes (its MatMul weights and tables)."""
-    sizes = {name: k * n for name, (k, n) in _weights(model.graph).items()}
-    tables = {n.input[0] for n in model.graph.node if n.name in _tables(model.graph)}
+    sizes = {name: k * n for name, (k, n) in matmul_weights(model.graph).items()}
+    tables = {n.input[0] for n in model.graph.node if n.name in table_gathers(model.graph)}
     codes = (sum(sizes.values()) + sum(int(np.prod(i.dims)) for i in model.graph.initializer if i.name in tables)) / 2
     chosen, spent = [], 0.0
     for name in sorted(losses, key=lambda n: losses[n] / sizes[n], reverse=True):

@@ -2,7 +2,9 @@
 size (a rank, a number of terms, or dense) and a width (fp32, int8 or int4), chosen together so
 that the summed estimated loss is smallest within the bytes.
 
-A layer held at size s and width w costs params(s) · bytes_per_weight(w) and is estimated to lose
+A layer held at size s and width w costs params(s) · bytes_per_weight(w) (an estimate: a 4-bit
+weight's input dimension is padded to whole blocks, which a factor of rank below the block pays
+for, and int8's per-channel scales are not counted) and is estimated to lose
 loss(s) + q_w · (E − loss(s)): the method's loss at that size (DESIGN §2: the K-FAC loss for fisher,
 else relative to the layer's energy E, the loss of nothing kept) plus the relative squared error
 q_w = ‖W − Q_w(W)‖² / ‖W‖² of rounding the layer's weight to w bits, taken on the part it keeps
@@ -29,11 +31,20 @@ from torch import nn
 
 from compressor.budget import Point
 from compressor.errors import CompressorError
-from converters.int4 import INT4_ACCURACY, INT4_BLOCK, name_nodes, quantize_matmuls, quantize_tables, quiet_quantizer
+from compressor.phm_linear import dense_weight
+from converters.int4 import (
+    INT4_ACCURACY,
+    INT4_BLOCK,
+    matmul_weights,
+    name_nodes,
+    quantize_matmuls,
+    quantize_tables,
+    quiet_quantizer,
+    table_gathers,
+)
+from converters.plan import WIDTHS
 
 __all__ = ["WIDTHS", "bytes_per_weight", "quantization_error", "widened", "module_nodes", "quantize_mixed"]
-
-WIDTHS = ("fp32", "int8", "int4")
 
 
 def bytes_per_weight(width: str, block: int = INT4_BLOCK) -> float:
@@ -43,15 +54,6 @@ def bytes_per_weight(width: str, block: int = INT4_BLOCK) -> float:
     return {"fp32": 4.0, "int8": 1.0, "int4": 0.5 + (4 + 0.5) / block}[width]
 
 
-def _dense_weight(module: nn.Module) -> torch.Tensor:
-    """The (out, in) weight of a linear layer or the (V, D) table of an embedding, formed (once, for the estimate)."""
-    if hasattr(module, "to_dense"):
-        return module.to_dense()
-    if isinstance(module, nn.Linear | nn.Embedding):
-        return module.weight
-    return module.weight.T  # Hugging Face's Conv1D stores (in, out)
-
-
 def quantization_error(module: nn.Module, width: str, block: int = INT4_BLOCK) -> float:
     """‖W − Q(W)‖² / ‖W‖² for `width`: int4 in blocks of `block` along each row (asymmetric), int8
     one symmetric scale per row, both by ONNX Runtime's qdq_tensor; 0 for fp32."""
@@ -59,7 +61,13 @@ def quantization_error(module: nn.Module, width: str, block: int = INT4_BLOCK) -
 
     if width == "fp32":
         return 0.0
-    w = _dense_weight(module).detach().to(torch.float64).cpu().numpy()
+    w = (
+        (module.weight if isinstance(module, nn.Embedding) else dense_weight(module))
+        .detach()
+        .to(torch.float64)
+        .cpu()
+        .numpy()
+    )
     group = block if width == "int4" else w.shape[1]
     padded = np.pad(w, ((0, 0), (0, -w.shape[1] % group)))
     bits, scheme = (4, "asym") if width == "int4" else (8, "sym")
@@ -82,24 +90,28 @@ def _tokens(name: str) -> list[str]:
 
 
 def module_nodes(graph: onnx.GraphProto, modules: Iterable[str]) -> dict[str, list[str]]:
-    """Module name → the names of the MatMul and Gather nodes with a constant weight that the
-    exporter put in its scope (the node name holds the module path: /wrapper/a/b.0/c/MatMul)."""
-    inits = {i.name for i in graph.initializer}
-    weighted = [n for n in graph.node if n.op_type in ("MatMul", "Gather") and any(i in inits for i in n.input)]
+    """Module name → the names of the nodes the 4-bit quantizer takes (MatMuls with a constant 2-D
+    weight, axis-0 Gathers of tables) that the exporter put in its scope (the node name holds the
+    module path: /wrapper/a/b.0/c/MatMul). A MatMul whose constant is its first input (a PHM
+    layer's mixing of blocks, n × n·t) stays fp32."""
+    quantizable = {*matmul_weights(graph), *table_gathers(graph)}
+    weighted = [n.name for n in graph.node if n.name in quantizable]
     found = {}
     for module in modules:
         path = _tokens(module)
         found[module] = [
-            n.name
-            for n in weighted
-            if any(_tokens(n.name)[k : k + len(path)] == path for k in range(len(_tokens(n.name)) - len(path) + 1))
+            name
+            for name in weighted
+            if any(_tokens(name)[k : k + len(path)] == path for k in range(len(_tokens(name)) - len(path) + 1))
         ]
         if not found[module]:
-            raise CompressorError(f"no weighted node of the exported graph lies in the scope of module {module!r}")
+            raise CompressorError(f"no weight of the exported graph that a quantizer takes lies in module {module!r}")
     return found
 
 
-def quantize_mixed(model: onnx.ModelProto, widths: dict[str, str], block: int = INT4_BLOCK) -> onnx.ModelProto:
+def quantize_mixed(
+    model: onnx.ModelProto, widths: dict[str, str], block: int = INT4_BLOCK, accuracy_level: int = INT4_ACCURACY
+) -> onnx.ModelProto:
     """A copy of `model` with each module of `widths` (module name → width) quantized at its width;
     every other weight stays fp32."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -111,7 +123,7 @@ def quantize_mixed(model: onnx.ModelProto, widths: dict[str, str], block: int = 
     matmuls = {n.name for n in model.graph.node if n.op_type == "MatMul"}
     four = by_width["int4"]
     if four & matmuls:
-        model = quantize_matmuls(model, block, INT4_ACCURACY, aware=True, only=four & matmuls)
+        model = quantize_matmuls(model, block, accuracy_level, aware=True, only=four & matmuls)
     if four - matmuls:
         model = quantize_tables(model, block, aware=True, only=four - matmuls)
     if by_width["int8"]:

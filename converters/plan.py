@@ -18,9 +18,10 @@ from compressor.errors import PlanError
 from converters.kinds import kind_of
 from converters.registry import method_named, methods
 
-__all__ = ["Plan", "PLAN_VERSION", "TARGET_KEYWORDS", "match_plan", "input_embedding_name"]
+__all__ = ["Plan", "PLAN_VERSION", "WIDTHS", "TARGET_KEYWORDS", "match_plan", "input_embedding_name"]
 
 PLAN_VERSION = 1
+WIDTHS = ("fp32", "int8", "int4")  # what a mixed budget may give a module (converters.mixed)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Plan:
                 raise PlanError(f"plan entry {i}: {method} has no option(s) {sorted(unknown)}; known: {sorted(known)}")
             entries.append((str(entry.get("target", "")), config_type(**config)))
         widths = data.get("widths") or {}
-        if not isinstance(widths, dict) or not all(isinstance(v, str) for v in widths.values()):
+        if not isinstance(widths, dict) or not all(v in WIDTHS for v in widths.values()):
             raise PlanError('a plan\'s "widths" maps module names to fp32, int8 or int4')
         if not entries and not widths:
             raise PlanError("a plan must have at least one entry")

@@ -138,7 +138,7 @@ def quantize_onnx(
             losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))
         if scheme == "mixed":
-            onnx.save_model(quantize_mixed(proto, widths, block), str(tmp))
+            onnx.save_model(quantize_mixed(proto, widths, block, accuracy_level), str(tmp))
         elif width == "int4":
             onnx.save_model(quantize_4bit(proto, block, accuracy_level, scheme in CALIBRATED, eight_bit), str(tmp))
         else:

@@ -85,7 +85,13 @@ def plans_from_args(args: argparse.Namespace) -> list[Plan]:
     if args.plan is not None:
         if not args.plan.is_file():
             raise CompressorError(f"plan file {str(args.plan)!r} does not exist")
-        return [Plan.from_json(args.plan.read_text())]
+        plan = Plan.from_json(args.plan.read_text())
+        if plan.widths:
+            raise CompressorError(
+                f"plan file {str(args.plan)!r} gives widths, which run's byte budget chooses (--budget SIZE --quantize "
+                "mixed); leave them out of a plan file"
+            )
+        return [plan]
     names = _method_names(args)
     if len(names) > 1 and args.budget is None:
         raise CompressorError(

@@ -80,7 +80,7 @@ class Variants:
                 continue
             self.graphs.append((f"{name}-{scheme}", result.path))
             quantization = {"scheme": scheme, "parity_rel_to_fp32": result.parity_rel}
-            if scheme.startswith("int4"):
+            if scheme.startswith("int4") or scheme in PLANNED:
                 quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
             self.details.append({**detail, "quantization": quantization})
 

@@ -16,6 +16,7 @@ from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.export import export_onnx
 from converters.methods.lowrank import LowRankConfig
+from converters.methods.phm import PHMConfig
 from converters.mixed import WIDTHS, bytes_per_weight, module_nodes, quantization_error, quantize_mixed
 from converters.plan import Plan
 from converters.quantize import REL_TOL, quantize_onnx
@@ -40,7 +41,8 @@ def fp32_bytes(model) -> int:
 
 
 def plan_bytes(model, plan: Plan, calib) -> float:
-    """The bytes of the targeted modules as the plan holds them: compressed at their size, each at its width."""
+    """The estimated bytes of the targeted modules as the plan holds them: compressed at their size,
+    each weight at its width's bytes (bytes_per_weight)."""
     compressed = copy.deepcopy(model)
     compress_(compressed, plan, calib, progress=False)
     return sum(weights(compressed.get_submodule(n)) * bytes_per_weight(w) for n, w in plan.widths)
@@ -54,7 +56,7 @@ def test_quantization_error_orders_the_widths(model_and_calib):
 
 
 @pytest.mark.parametrize("kind", ["fisher", "plain"])
-def test_the_bytes_stay_within_the_budget_and_more_never_loses_more(model_and_calib, kind):
+def test_the_estimated_bytes_stay_within_the_budget_and_more_never_loses_more(model_and_calib, kind):
     model, calib = model_and_calib
     total, losses = fp32_bytes(model), []
     for share in (0.1, 0.2, 0.35, 0.6):
@@ -78,22 +80,29 @@ def test_a_budget_below_every_smallest_setting_names_the_smallest(model_and_cali
 
 def test_each_module_is_quantized_at_its_width(tiny_bert_dir, tmp_path):
     model, _ = load_model(tiny_bert_dir)
-    compress_(
-        model, Plan(((LINEAR[1], LowRankConfig(rank=8, keep=None, whiten=False, weighted=False)),)), progress=False
-    )
+    low_rank = LowRankConfig(rank=8, keep=None, whiten=False, weighted=False)
+    compress_(model, Plan(((LINEAR[1], low_rank), (LINEAR[4], PHMConfig(n=4, kind="plain")))), progress=False)
     fp32 = export_onnx(model, tmp_path / "m.onnx").path
-    widths = {LINEAR[0]: "int4", LINEAR[1]: "int4", LINEAR[2]: "int8", WORD: "int4", LINEAR[3]: "fp32"}
+    widths = {
+        LINEAR[0]: "int4",
+        LINEAR[1]: "int4",
+        LINEAR[2]: "int8",
+        WORD: "int4",
+        LINEAR[3]: "fp32",
+        LINEAR[4]: "int4",
+    }
     graph = onnx.load(str(fp32)).graph
     nodes = module_nodes(graph, widths)
-    assert len(nodes[LINEAR[1]]) == 2 and all(len(nodes[m]) == 1 for m in (LINEAR[0], LINEAR[2], WORD))
+    assert len(nodes[LINEAR[1]]) == 2 and all(len(nodes[m]) == 1 for m in (LINEAR[0], LINEAR[2], WORD, LINEAR[4]))
     quantized = quantize_mixed(onnx.load(str(fp32)), widths).graph
     ops = {n.name: n.op_type for n in quantized.node}
-    assert [ops[f"{n}_Q4"] for n in nodes[LINEAR[0]] + nodes[LINEAR[1]]] == ["MatMulNBits"] * 3
+    four = nodes[LINEAR[0]] + nodes[LINEAR[1]] + nodes[LINEAR[4]]  # PHM: its S_i MatMul; the n×n·t mixing stays
+    assert [ops[f"{n}_Q4"] for n in four] == ["MatMulNBits"] * 4
     assert ops[nodes[WORD][0] + "_Q4"] == "GatherBlockQuantized" and ops[nodes[LINEAR[3]][0]] == "MatMul"
     assert any(op == "MatMulInteger" for op in ops.values())  # the int8 module, dynamically quantized
     result = quantize_onnx(fp32, tmp_path / "q.onnx", 100, "mixed", widths=widths)
     assert 0 < result.parity_rel <= REL_TOL["mixed"]
-    with pytest.raises(CompressorError, match="no weighted node"):
+    with pytest.raises(CompressorError, match="no weight of the exported graph"):
         module_nodes(graph, ["encoder.layer.7.output.dense"])
 
 
@@ -119,3 +128,18 @@ def test_run_chooses_rank_and_width_and_measures_the_mixed_graph(
         assert code == 2 and "--quantize mixed chooses" in err and err.count("\n") == 1, err
     assert not (tmp_path / "bad").exists()
     assert np.isfinite(mixed["quality"]["cosine_mean"])
+
+
+def test_a_plan_gives_only_known_widths():
+    plan = {"version": 1, "entries": [], "widths": {LINEAR[0]: "int4"}}
+    assert Plan.from_dict(plan).widths == ((LINEAR[0], "int4"),)
+    with pytest.raises(PlanError, match="fp32, int8 or int4"):
+        Plan.from_dict({**plan, "widths": {LINEAR[0]: "int3"}})
+
+
+def test_a_plan_file_with_widths_is_refused(tiny_bert_dir, tmp_path, capsys):
+    entry = {"target": LINEAR[0], "method": "lowrank", "config": {"rank": 4, "keep": None, "whiten": False}}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"version": 1, "entries": [entry], "widths": {LINEAR[0]: "int4"}}))
+    code, _, err = run_cli(capsys, "compress", tiny_bert_dir, "--plan", path, "--out", tmp_path / "out")
+    assert code == 2 and "byte budget chooses" in err and not (tmp_path / "out").exists(), err
