@@ -18,8 +18,7 @@ from converters.compress import CompressionReport, compress_
 from converters.finetune import FinetuneConfig, finetune_
 from converters.int4 import INT4_BLOCK
 from converters.kinds import ModelKind, kind_of
-from converters.mixed import WIDTHS
-from converters.plan import Plan, match_plan
+from converters.plan import WIDTHS, Plan, match_plan
 from converters.quantize import CALIBRATED, CALIBRATION_PASSAGES
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from eval.atomic import check_writable
