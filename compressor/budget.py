@@ -5,8 +5,9 @@ its parameters and its estimated loss; the dense layer is the point of loss 0). 
 at its first point and the greedy repeatedly moves the layer whose next point lowers the loss most
 per added parameter, until the best move no longer fits. Its moves do not depend on the budget, so
 a larger budget never gives a larger summed loss. Two ways to order a layer's points:
-- allocate_ranks walks one method's sizes in order (LayerCost: rank `step`, 2·`step`, … up to
-  break-even, then dense; its error e(r) = Σ_{j>r} σ_j², σ from the SVD its truncation uses);
+- allocate_ranks walks one method's sizes in order (LayerCost: every rank up to break-even, then
+  dense, so that the budget is spent to within one move; its error e(r) = Σ_{j>r} σ_j², σ from the
+  SVD its truncation uses);
 - allocate takes several methods' points together and walks their lower convex hull of
   (parameters, loss): the points no mix of the others beats, in falling loss drop per parameter,
   the greedy that suits a multiple-choice knapsack.
@@ -62,7 +63,7 @@ class LayerCost:
     per_rank: int  # parameters one more rank costs: K + D
     dense: int  # parameters of the layer left dense
     fixed: int = 0  # parameters paid at any rank (a dense head, …)
-    step: int = 8  # the greedy adds rank in steps of this
+    step: int = 1  # the sizes offered: every `step`-th rank, and the largest that saves parameters
 
     def cost(self, rank: int | None) -> int:
         """Parameters at `rank`; None means dense."""
@@ -77,11 +78,17 @@ class LayerCost:
         return tail_error(self.spectrum, 0, relative)
 
     def points(self, relative: bool = True) -> list[Point]:
-        """Rank `step` (or break-even, when smaller), then `step` more each time while it saves
-        parameters, then the dense layer."""
+        """Rank `step` (or break-even, when smaller), then `step` more each time, and break-even (the
+        largest rank that saves parameters), then the dense layer. The default step of 1 offers every
+        rank, so that the budget is spent to within one rank; the tails are one cumulative sum."""
         top = self.break_even()
-        ranks = list(range(min(self.step, top), top + 1, self.step)) if top >= 1 else []
-        return [Point(r, self.cost(r), tail_error(self.spectrum, r, relative)) for r in [*ranks, None]]
+        ranks = sorted({*range(min(self.step, top), top + 1, self.step), top}) if top >= 1 else []
+        energy = self.spectrum.to(torch.float64) ** 2
+        tails = torch.cat([energy.flip(0).cumsum(0).flip(0), energy.new_zeros(1)])  # tails[r] = Σ_{j≥r} σ_j²
+        if relative:
+            tails = tails / energy.sum().clamp_min(1e-300)
+        losses = tails.tolist()
+        return [*(Point(r, self.cost(r), losses[r]) for r in ranks), Point(None, self.dense, 0.0)]
 
 
 @dataclass(frozen=True)
@@ -149,8 +156,8 @@ def _greedy(chains: dict[str, Sequence[Point]], budget: int, unit: str = "parame
 
 
 def allocate_ranks(layers: Sequence[LayerCost | MeasuredCost], budget: int, relative: bool = True) -> Allocation:
-    """One method: each layer walks its own sizes in order (LayerCost: rank `step`, then `step`
-    more, or at break-even the dense layer), the move with the largest drop in error per added
+    """One method: each layer walks its own sizes in order (LayerCost: every rank up to break-even,
+    then the dense layer), the move with the largest drop in error per added
     parameter first, while it fits. Errors are relative unless the spectra share units
     (`relative=False`: summed loss estimates)."""
     return _greedy({layer.name: layer.points(relative) for layer in layers}, budget)
@@ -159,17 +166,25 @@ def allocate_ranks(layers: Sequence[LayerCost | MeasuredCost], budget: int, rela
 def lower_hull(points: Sequence[Point]) -> list[Point]:
     """From the cheapest point (the lowest loss among equally cheap ones), the points of the lower
     convex hull of (parameters, loss) in order: each next one the steepest drop in loss per added
-    parameter (the nearer one on a tie), so the drops per parameter never grow along it."""
+    parameter (the nearer one on a tie), so the drops per parameter never grow along it; up to the
+    cheapest point of least loss. A monotone chain over the points sorted by parameters: O(n log n),
+    for layers offered every rank at every width."""
     if not points:
         raise RankError("a layer needs at least one way to hold it")
-    here = min(points, key=lambda p: (p.params, p.loss))
-    hull = [here]
-    while True:
-        better = [p for p in points if p.params > here.params and p.loss < here.loss]
-        if not better:
-            return hull
-        here = max(better, key=lambda p: ((here.loss - p.loss) / (p.params - here.params), -p.params))
-        hull.append(here)
+    ordered = sorted(points, key=lambda p: (p.params, p.loss))
+    cheapest = [p for i, p in enumerate(ordered) if i == 0 or p.params != ordered[i - 1].params]
+    hull: list[Point] = []
+    for p in cheapest:
+        while len(hull) >= 2:
+            o, a = hull[-2], hull[-1]
+            if (a.params - o.params) * (p.loss - o.loss) - (a.loss - o.loss) * (p.params - o.params) >= 0:
+                break  # o → a → p turns left or runs straight on: a stays (collinear points are kept)
+            hull.pop()
+        hull.append(p)
+    falling = 1
+    while falling < len(hull) and hull[falling].loss < hull[falling - 1].loss:
+        falling += 1
+    return hull[:falling]
 
 
 def allocate(layers: dict[str, Sequence[Point]], budget: int, unit: str = "parameters") -> Allocation:

@@ -12,20 +12,21 @@ estimate the same thing (the same kind: both rules then measure the same error o
 ‖Lᵀ (W − W') S‖² for fisher, ‖(W − W') S‖² for aware, ‖W − W'‖² for plain, and relative errors
 share the layer's energy as denominator); else the budget is refused."""
 
+import math
 import re
 from collections.abc import Sequence
 
 from torch import nn
 
 from compressor.budget import Point, allocate, allocate_ranks
-from compressor.errors import PlanError
+from compressor.errors import PlanError, RankError
 from converters.calibration import Calibration
 from converters.int4 import INT4_BLOCK
-from converters.mixed import quantization_error, widened
+from converters.mixed import bytes_per_weight, quantization_error, widened
 from converters.plan import Plan, match_plan
 from converters.registry import Method, method_of
 
-__all__ = ["parse_budget", "budget_layers", "plan_for_budget"]
+__all__ = ["parse_budget", "budget_layers", "check_budget_fits", "plan_for_budget"]
 
 UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -92,6 +93,48 @@ def budget_layers(model: nn.Module, targets: list[str], configs: Sequence) -> di
     return layers
 
 
+def _allowed(unit: str, value: float, total: int) -> int:
+    """The parameters a budget allows without widths: a fraction of the `total` targeted, or a size
+    in float32 weights."""
+    return int(value * total) if unit == "fraction" else int(value // 4)
+
+
+def check_budget_fits(
+    model: nn.Module,
+    targets: list[str],
+    budget: str,
+    configs: Sequence,
+    widths: Sequence[str] = (),
+    block: int = INT4_BLOCK,
+) -> dict[str, list[tuple[Method, object]]]:
+    """budget_layers, and the budget checked to hold every targeted module at its smallest size (each
+    method's BudgetRule.bounds, from shapes alone; with `widths`, at the narrowest): a budget the
+    greedy could never meet is refused before anything is calibrated."""
+    unit, value = parse_budget(budget)
+    if widths and unit != "bytes":
+        raise PlanError(f"a budget over rank and bits is a size in bytes, such as 12MB; got {budget!r}")
+    layers = budget_layers(model, targets, configs)
+    least, total = {}, 0
+    for name, held in layers.items():
+        module = model.get_submodule(name)
+        if any(method.budget.bounds is None for method, _ in held):
+            return layers  # a rule that cannot tell: the greedy says it after calibrating
+        bounds = [method.budget.bounds(module, method.budget.configure(module, cfg)) for method, cfg in held]
+        least[name], total = min(low for low, _ in bounds), total + bounds[-1][1]
+    if widths:
+        narrowest = min(bytes_per_weight(w, block) for w in widths)
+        least = {name: math.ceil(params * narrowest) for name, params in least.items()}  # as widened counts
+    allowed, what = (int(value), "bytes") if widths else (_allowed(unit, value, total), "parameters")
+    if least and sum(least.values()) > allowed:
+        most = max(least, key=least.get)
+        raise RankError(
+            f"the budget {budget} ({allowed:,} {what}) is below the smallest allocation reachable "
+            f"({sum(least.values()):,} {what}), every targeted module at its smallest size ({most} alone takes "
+            f"{least[most]:,})"
+        )
+    return layers
+
+
 def plan_for_budget(
     model: nn.Module,
     targets: list[str],
@@ -107,9 +150,7 @@ def plan_for_budget(
     width too (converters.mixed), in the plan's `widths`."""
     configs = list(configs) if isinstance(configs, list | tuple) else [configs]
     unit, value = parse_budget(budget)
-    if widths and unit != "bytes":
-        raise PlanError(f"a budget over rank and bits is a size in bytes, such as 12MB; got {budget!r}")
-    layers = budget_layers(model, targets, configs)
+    layers = check_budget_fits(model, targets, budget, configs, widths, block)
     (first, first_cfg), *_ = pairs = _methods(configs)
     methods = {m.name: m for m, _ in pairs}
     mixed = len(methods) > 1 or bool(widths)
@@ -134,7 +175,7 @@ def plan_for_budget(
         notes = [f"budget {budget}: {alloc.params:,} of {total:,} bytes of the targeted weights in fp32"]
     else:
         total = sum(p[-1].params for p in points.values())
-        params = int(value * total) if unit == "fraction" else int(value // 4)  # float32 weights
+        params = _allowed(unit, value, total)
         alloc = allocate(points, params) if mixed else allocate_ranks(costs, params, relative=relative)
         notes = [f"budget {budget}: {alloc.params:,} of {total:,} targeted weights ({alloc.params / total:.3f})"]
     what = "relative error" if relative else "loss increase"

@@ -10,7 +10,6 @@ is the Hessian of the kind's loss at o (an encoder: 1 − cos of the pooled embe
 
 import hashlib
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +22,10 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from converters.kinds import kind_of
-from eval.atomic import atomic_file
+from eval.atomic import atomic_file, cache_dir
 from eval.quality import encode_passages
 
-__all__ = ["Calibration", "calibrate", "cached_calibration", "default_cache_dir", "MIN_CALIB_TOKENS"]
+__all__ = ["Calibration", "calibrate", "cached_calibration", "default_cache_dir", "token_counts", "MIN_CALIB_TOKENS"]
 
 MIN_CALIB_TOKENS = 64
 
@@ -139,10 +138,17 @@ def calibrate(
     return calib
 
 
+def token_counts(tokenizer, texts: list[str], vocab: int, max_length: int = 128) -> Tensor:
+    """(vocab,) int64: how often each token id occurs in `texts`, each cut to `max_length` tokens as
+    calibrate() cuts them (tokenizing alone: cheap enough for every passage of a text)."""
+    ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    flat = torch.as_tensor([i for row in ids for i in row], dtype=torch.long)
+    return torch.bincount(flat, minlength=vocab)[:vocab]
+
+
 def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/compressor, else ~/.cache/compressor."""
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "compressor"
+    """$XDG_CACHE_HOME/compressor, else ~/.cache/compressor (where the default text is cached too)."""
+    return cache_dir()
 
 
 def _key(model: nn.Module, texts: list[str], linear_names: list[str], max_length: int) -> str:

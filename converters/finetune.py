@@ -1,17 +1,23 @@
 """finetune_(student, teacher, ...): distil the original model into its compressed copy.
 
-The loss per batch is the model kind's (an encoder: (1 − cos(pool(h_s), pool(h_t))) · w_cos +
-‖h_s − h_t‖² / ‖h_t‖² · w_hidden over real tokens, pool = mean over real tokens). The teacher's
-outputs are computed once, before training. AdamW on the compressed modules only (default) or on
-every parameter, the others at a smaller rate (they start trained); the rate warms up, then
-decays linearly to 0 at the end of the step or time budget. `cuda` with bf16 autocast when
-present, else the CPU with all cores (the thread setting restored after); the best weights by
-the kind's agreement on a held-out validation split are kept."""
+The loss per batch is the model kind's on the outputs (an encoder: (1 − cos(pool(h_s), pool(h_t)))
+· w_cos + ‖h_s − h_t‖² / ‖h_t‖² · w_hidden over real tokens, pool = mean over real tokens) plus
+per-layer matching, w_layer · mean_l ‖h_s^l − h_t^l‖² / ‖h_t^l‖² over every layer's hidden state
+(the embedding's output first), which gives every compressed layer its own signal. The teacher runs
+alongside on each batch (a broad text is never seen twice in a budget, so nothing is cached).
+
+Batches are drawn at random from the text's windows, a share of them weighted towards rare tokens
+(window i weighs Σ over its distinct tokens t of 1 / count(t)), and optionally completed with token
+sequences drawn from a general-English prior (converters.prior), so that tokens the text lacks are
+trained too. AdamW: compressed tables at `lr`, compressed linear layers at `linear_lr` (factors of
+a linear layer want a step ~10× smaller than a table's rows), the other parameters (trainable
+"all") at `rest_lr`; the rate warms up, then decays linearly to 0 at the end of the step or time
+budget. `cuda` with bf16 autocast when present, else the CPU with all cores (the thread setting
+restored after); the best weights by the kind's agreement on a held-out validation split are kept."""
 
 import contextlib
 import math
 import os
-import random
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -19,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import CompressorError
 from converters.kinds import ModelKind, kind_of
 
@@ -40,7 +47,8 @@ SCHEDULES = ("constant", "linear")
 class FinetuneConfig:
     steps: int | None = None  # stop after this many steps …
     seconds: float | None = 300.0  # … or this much wall time, whichever comes first
-    lr: float = 2e-3  # of the compressed modules' parameters
+    lr: float = 2e-3  # of the compressed tables' parameters
+    linear_lr: float = 2e-4  # of the compressed linear layers' factors
     rest_lr: float = 1e-4  # of the others, with trainable="all": they start trained, so smaller steps
     schedule: str = "linear"  # warm up over warmup_steps, then decay to 0 at the budget's end; or "constant"
     warmup_steps: int = 20
@@ -49,6 +57,9 @@ class FinetuneConfig:
     trainable: str = "compressed"
     cosine_weight: float = 1.0
     hidden_weight: float = 1.0
+    layer_weight: float = 1.0  # per-layer hidden-state matching
+    rare_share: float = 0.0  # the share of windows drawn by rarity rather than uniformly
+    synthetic: float = 0.0  # the share of each batch made of token sequences drawn from the prior
     eval_every: int = 50
     seed: int = 0
 
@@ -63,8 +74,14 @@ class FinetuneConfig:
             raise CompressorError(f"trainable must be one of {', '.join(TRAINABLE)}, got {self.trainable!r}")
         if self.schedule not in SCHEDULES:
             raise CompressorError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if not self.lr > 0 or not self.rest_lr > 0 or self.batch_size < 1 or self.max_length < 2 or self.eval_every < 1:
-            raise CompressorError(f"learning rate, batch size, length and interval must be positive: {self}")
+        rates = (self.lr, self.linear_lr, self.rest_lr)
+        if not all(r > 0 for r in rates) or self.batch_size < 1 or self.max_length < 2 or self.eval_every < 1:
+            raise CompressorError(f"learning rates, batch size, length and interval must be positive: {self}")
+        for name in ("rare_share", "synthetic"):
+            if not 0 <= (value := getattr(self, name)) <= 1:
+                raise CompressorError(f"the fine-tune's {name.replace('_', ' ')} must lie in [0, 1], got {value!r}")
+        if self.layer_weight < 0:
+            raise CompressorError(f"the per-layer matching weight must be ≥ 0, got {self.layer_weight!r}")
 
 
 @dataclass
@@ -93,15 +110,17 @@ def pick_device() -> torch.device:
 
 def trainable_parameters(
     student: nn.Module, which: str, compact_types: tuple[type, ...]
-) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """(the compact modules' parameters, the others if `which` is "all"), the rest frozen."""
+) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+    """(the compact tables' parameters, the other compact modules', the rest if `which` is "all"),
+    everything else frozen."""
+    tables = {id(p) for m in student.modules() if isinstance(m, CompactEmbedding) for p in m.parameters()}
     compact = {id(p) for m in student.modules() if isinstance(m, compact_types) for p in m.parameters()}
-    groups: tuple[list[nn.Parameter], list[nn.Parameter]] = ([], [])
+    groups: tuple[list[nn.Parameter], ...] = ([], [], [])
     for p in student.parameters():
         p.requires_grad_(which == "all" or id(p) in compact)
         if p.requires_grad:
-            groups[id(p) not in compact].append(p)
-    if not groups[0] and which == "compressed":
+            groups[0 if id(p) in tables else 1 if id(p) in compact else 2].append(p)
+    if not groups[0] and not groups[1] and which == "compressed":
         raise CompressorError("the model has no compressed modules to train; use trainable='all'")
     return groups
 
@@ -113,15 +132,53 @@ def _windows(tokenizer, texts: list[str], length: int) -> list[list[int]]:
     return list(enc["input_ids"])
 
 
+def _pad(tokenizer, windows: list[list[int]]) -> tuple[Tensor, Tensor]:
+    enc = tokenizer.pad({"input_ids": windows}, padding=True, return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"]
+
+
 def _batches(tokenizer, texts: list[str], cfg: FinetuneConfig) -> list[tuple[Tensor, Tensor]]:
     """Windows of at most max_length tokens, sorted by length and cut into batches, each padded to its longest."""
     windows = sorted(_windows(tokenizer, texts, cfg.max_length), key=len)
-    out = []
-    for start in range(0, len(windows), cfg.batch_size):
-        chunk = windows[start : start + cfg.batch_size]
-        enc = tokenizer.pad({"input_ids": chunk}, padding=True, return_tensors="pt")
-        out.append((enc["input_ids"], enc["attention_mask"]))
-    return out
+    return [_pad(tokenizer, windows[i : i + cfg.batch_size]) for i in range(0, len(windows), cfg.batch_size)]
+
+
+def window_weights(windows: list[list[int]], rare_share: float) -> Tensor:
+    """The probability of drawing each window: (1 − ρ)/N + ρ r_i / Σ r, r_i = Σ over the distinct
+    tokens t of window i of 1 / count(t), count over all windows: every token type weighs about alike."""
+    ids = [torch.as_tensor(sorted(set(w)), dtype=torch.long) for w in windows]
+    counts = torch.bincount(torch.cat([torch.as_tensor(w, dtype=torch.long) for w in windows])).to(torch.float64)
+    rarity = torch.stack([(1.0 / counts[i]).sum() for i in ids])
+    return (1 - rare_share) / len(windows) + rare_share * rarity / rarity.sum()
+
+
+def _special_ends(tokenizer) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts before and after a passage's own ([CLS] and [SEP] for BERT)."""
+    whole = tokenizer("word")["input_ids"]
+    body = tokenizer("word", add_special_tokens=False)["input_ids"]
+    at = next(i for i in range(len(whole) - len(body) + 1) if whole[i : i + len(body)] == body)
+    return whole[:at], whole[at + len(body) :]
+
+
+def synthetic_windows(tokenizer, prior: Tensor, count: int, length: int, generator: torch.Generator) -> list[list[int]]:
+    """`count` windows of `length` tokens, the tokenizer's special tokens at their ends, whose other
+    tokens are drawn independently from prior^½ (flattened towards the rare tokens), special tokens left out."""
+    weights = prior.clone().sqrt()
+    weights[list(tokenizer.all_special_ids)] = 0
+    before, after = _special_ends(tokenizer)
+    inner = length - len(before) - len(after)
+    draws = torch.multinomial(weights, count * inner, replacement=True, generator=generator).view(count, inner)
+    return [before + row.tolist() + after for row in draws]
+
+
+def layer_loss(student: tuple[Tensor, ...], teacher: tuple[Tensor, ...], mask: Tensor) -> Tensor:
+    """mean over layers l of ‖h_s^l − h_t^l‖² / ‖h_t^l‖² over real tokens."""
+    real = mask.bool()
+    terms = [
+        ((s.float() - t.float())[real] ** 2).sum() / (t.float()[real] ** 2).sum().clamp_min(1e-12)
+        for s, t in zip(student, teacher)
+    ]
+    return torch.stack(terms).mean()
 
 
 def _lr_factor(cfg: FinetuneConfig, step: int, elapsed: float) -> float:
@@ -172,13 +229,17 @@ def finetune_(
     compact_types: tuple[type, ...],
     device: torch.device | None = None,
     progress: bool = True,
+    prior: Tensor | None = None,
 ) -> FinetuneReport:
-    """Train `student` in place to match `teacher` on `texts`; keep its best weights by
-    agreement on `val_texts`. Returns what happened (steps, time, losses, why it stopped)."""
+    """Train `student` in place to match `teacher` on `texts` (and, with cfg.synthetic, on token
+    sequences drawn from `prior`, a (V,) distribution); keep its best weights by agreement on
+    `val_texts`. Returns what happened (steps, time, losses, why it stopped)."""
     if not texts:
         raise CompressorError("no fine-tune text: give a file with at least one passage")
     if not val_texts:
         raise CompressorError("no validation text for the fine-tune")
+    if cfg.synthetic > 0 and prior is None:
+        raise CompressorError("a fine-tune with synthetic sequences needs a token prior to draw them from")
     device = device or pick_device()
     report = FinetuneReport(device=str(device))
     if cfg.steps == 0:
@@ -197,28 +258,35 @@ def finetune_(
             device,
             progress,
             report,
+            prior,
         )
     return report
 
 
-def _train(kind, student, teacher, tokenizer, texts, val_texts, cfg, compact_types, device, progress, report) -> None:
+def _train(
+    kind, student, teacher, tokenizer, texts, val_texts, cfg, compact_types, device, progress, report, prior
+) -> None:
     torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    teacher.to(device)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    teacher.to(device).eval()
     student.to(device)
-    train, val = _batches(tokenizer, texts, cfg), _batches(tokenizer, val_texts, cfg)
-    train_targets, val_targets = _outputs(kind, teacher, train, device), _outputs(kind, teacher, val, device)
-    compact, rest = trainable_parameters(student, cfg.trainable, compact_types)
-    report.trainable_params = sum(p.numel() for p in compact + rest)
-    groups = [{"params": ps, "lr": lr} for ps, lr in ((compact, cfg.lr), (rest, cfg.rest_lr)) if ps]
-    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+    windows = _windows(tokenizer, texts, cfg.max_length)
+    weights = window_weights(windows, cfg.rare_share)
+    made = round(cfg.synthetic * cfg.batch_size)  # synthetic windows per batch
+    drawn = min(cfg.batch_size - made, len(windows))
+    val = _batches(tokenizer, val_texts, cfg)
+    val_targets = _outputs(kind, teacher, val, device)
+    groups = trainable_parameters(student, cfg.trainable, compact_types)
+    report.trainable_params = sum(p.numel() for ps in groups for p in ps)
+    rates = (cfg.lr, cfg.linear_lr, cfg.rest_lr)
+    optimizer = torch.optim.AdamW([{"params": ps, "lr": r} for ps, r in zip(groups, rates) if ps], weight_decay=0.0)
     for group in optimizer.param_groups:
         group["initial_lr"] = group["lr"]
     best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
     report.start_val_cosine = report.best_val_cosine = _agreement(kind, student, val, val_targets, device)
 
-    order: list[int] = []
     window: list[float] = []
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     start = time.perf_counter()
     bar = tqdm(total=cfg.steps, desc="fine-tune", disable=not progress, unit="step")
     try:
@@ -228,15 +296,18 @@ def _train(kind, student, teacher, tokenizer, texts, val_texts, cfg, compact_typ
                 cfg.seconds is not None and elapsed >= cfg.seconds
             ):
                 break
-            if not order:
-                order = list(range(len(train)))
-                rng.shuffle(order)
-            i = order.pop()
-            ids, mask = train[i]
+            picked = [windows[i] for i in torch.multinomial(weights, drawn, generator=generator).tolist()]
+            if made:
+                picked += synthetic_windows(tokenizer, prior, made, cfg.max_length, generator)
+            ids, mask = (t.to(device) for t in _pad(tokenizer, picked))
+            with torch.no_grad(), autocast:
+                target, target_layers = kind.outputs(teacher, ids, mask)
             student.train()
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                out = kind.output(student, ids.to(device), mask.to(device))
-            loss = kind.distill_loss(out, train_targets[i].to(device), mask.to(device), cfg)
+            with autocast:
+                out, layers = kind.outputs(student, ids, mask)
+            loss = kind.distill_loss(out, target, mask, cfg)
+            if cfg.layer_weight:
+                loss = loss + cfg.layer_weight * layer_loss(layers, target_layers, mask)
             value = float(loss.detach())
             if not math.isfinite(value):
                 report.stopped = f"loss became {value} at step {report.steps + 1}; kept the best weights"

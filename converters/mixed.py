@@ -19,6 +19,7 @@ exported graph node by node (`quantize_mixed`): int4 layers through MatMulNBits 
 GatherBlockQuantized (asymmetric), int8 layers through dynamic int8 (MatMulInteger), fp32 left."""
 
 import copy
+import math
 import re
 import tempfile
 from collections.abc import Iterable
@@ -77,9 +78,15 @@ def quantization_error(module: nn.Module, width: str, block: int = INT4_BLOCK) -
 
 def widened(points: list[Point], nothing_kept: float, errors: dict[str, float], block: int = INT4_BLOCK) -> list[Point]:
     """Each of a layer's points at each width of `errors` (width → q_w): bytes params · bytes_per_weight,
-    loss + q_w · (nothing_kept − loss), tagged METHOD|WIDTH (the dense point: |WIDTH)."""
+    loss + q_w · (nothing_kept − loss), tagged METHOD|WIDTH (the dense point: |WIDTH); bytes rounded
+    up, so that a budget spent to the byte still holds the layers."""
     return [
-        Point(p.size, int(p.params * bytes_per_weight(w, block)), p.loss + q * (nothing_kept - p.loss), f"{p.tag}|{w}")
+        Point(
+            p.size,
+            math.ceil(p.params * bytes_per_weight(w, block)),
+            p.loss + q * (nothing_kept - p.loss),
+            f"{p.tag}|{w}",
+        )
         for p in points
         for w, q in errors.items()
     ]

@@ -36,6 +36,7 @@ __all__ = [
 
 QUANTIZE_CHOICES = ("fp32", *SCHEMES)  # fp32: the graph as exported
 SWEEP_WIDE = ("calib", "calib_passages", "no_cache", "data")  # options of the sweep, not of a variant
+PRIOR_DESTS = ("freq_prior", "prior_weight")  # a recipe may set them; alone they do not replace the default recipe
 # What `compressor run` does without method options (and so `make demo`): of the built-in grid's
 # recipes on the size front below original-int8 (BENCHMARKS.md, "Sweep"), the one that keeps the
 # most on both texts: the 2,048 most frequent tokens' rows exact, the rest of the table low-rank
@@ -289,7 +290,7 @@ def _method_dests() -> frozenset[str]:
 
     recorder = _Recorder()
     method_options(recorder, many=False)
-    return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE}
+    return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE, *PRIOR_DESTS}
 
 
 def with_default_recipe(args: argparse.Namespace) -> argparse.Namespace | None:

@@ -91,10 +91,13 @@ class BudgetRule:
     calibration inputs; frequency-weighted rows for a table) or "loss" (the K-FAC loss estimate, the
     one unit common to every layer; the others are made relative per layer). Methods share a budget
     only when their losses measure the same thing. `size` names the size in notes; `sets`: the
-    method's options the budget chooses (refused beside --budget)."""
+    method's options the budget chooses (refused beside --budget). `bounds(module, cfg)`, optional:
+    (the fewest parameters the module can be held in under the configured `cfg`, its dense
+    parameters), from shapes alone, so that a budget too small is refused before calibrating."""
 
     cost: Callable[[str, nn.Module, Any, Calibration], LayerCost | MeasuredCost]
     configure: Callable[[nn.Module, Any], Any]
+    bounds: Callable[[nn.Module, Any], tuple[int, int]] | None = None
     metric: Callable[[Any], str] = lambda cfg: KIND_METRICS[cfg.kind]
     resize: Callable[[Any, int], Any] = lambda cfg, size: replace(cfg, rank=size)
     size: str = "rank"

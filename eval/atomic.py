@@ -13,7 +13,13 @@ from pathlib import Path
 
 from compressor.errors import CompressorError, OutOfSpaceError
 
-__all__ = ["atomic_file", "atomic_dir", "check_writable", "check_free", "tensor_bytes"]
+__all__ = ["atomic_file", "atomic_dir", "cache_dir", "check_writable", "check_free", "tensor_bytes"]
+
+
+def cache_dir() -> Path:
+    """Where what can be computed again is kept: $XDG_CACHE_HOME/compressor, else ~/.cache/compressor."""
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "compressor"
 
 
 def _umask() -> int:

@@ -1,111 +1,92 @@
-"""The second held-out text, unlike pydoc's topics: the docstrings of standard-library modules and
-of their public functions and classes, one paragraph per passage, built from the installed
-interpreter's standard library (so it is the same for one Python version) and kept in memory."""
+"""Docstring paragraphs for the default fit text (eval.corpus): the docstrings of the modules,
+classes and functions in the .py files of the standard library and of the installed numpy, scipy
+and matplotlib, read with `ast` (nothing is imported), split into paragraphs."""
 
-import functools
-import importlib
-import inspect
+import ast
+import importlib.metadata
+import importlib.util
+import os
 import re
+import sys
+import sysconfig
 import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["MODULES", "DOCSTRING_PASSAGES", "all_docstring_paragraphs", "docstring_passages"]
+__all__ = ["MIN_WORDS", "PACKAGES", "Source", "docstring_sources", "paragraphs", "docstring_paragraphs"]
 
-MODULES = (
-    "argparse",
-    "asyncio",
-    "base64",
-    "bisect",
-    "calendar",
-    "collections",
-    "contextlib",
-    "copy",
-    "csv",
-    "dataclasses",
-    "datetime",
-    "decimal",
-    "difflib",
-    "email",
-    "enum",
-    "fractions",
-    "functools",
-    "glob",
-    "gzip",
-    "hashlib",
-    "heapq",
-    "html",
-    "http.client",
-    "inspect",
-    "io",
-    "itertools",
-    "json",
-    "logging",
-    "math",
-    "mimetypes",
-    "operator",
-    "os",
-    "pathlib",
-    "pickle",
-    "pprint",
-    "queue",
-    "random",
-    "re",
-    "shutil",
-    "socket",
-    "sqlite3",
-    "statistics",
-    "string",
-    "subprocess",
-    "tarfile",
-    "tempfile",
-    "textwrap",
-    "threading",
-    "time",
-    "typing",
-    "unittest",
-    "urllib.parse",
-    "uuid",
-    "zipfile",
-)
-MIN_WORDS = 8  # as for pydoc's paragraphs (eval.corpus)
-# About the size of pydoc's eval split (292 passages): the second text costs bench what the first does.
-DOCSTRING_PASSAGES = 300
+MIN_WORDS = 8  # a paragraph's fewest words, in pydoc's topics and in docstrings alike
+PACKAGES = ("numpy", "scipy", "matplotlib")  # read when installed, besides the standard library
+# Standard-library folders that are tests, demos, GUI code, bundled wheels or other packages.
+STDLIB_SKIP = ("idlelib", "lib2to3", "tkinter", "turtledemo", "ensurepip", "site-packages", "pydoc_data")
+ALWAYS_SKIP = ("test", "tests", "__pycache__")
+DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
-def _paragraphs(doc: str):
-    for block in re.split(r"\n\s*\n", inspect.cleandoc(doc)):
-        text = " ".join(block.split())
-        if len(text.split()) >= MIN_WORDS and not text.startswith(">>>"):
-            yield text
+@dataclass(frozen=True)
+class Source:
+    """A folder whose .py files' docstrings are read, named as a description says it ("numpy 2.4.6")."""
+
+    name: str
+    folder: Path
+    skip: tuple[str, ...] = ALWAYS_SKIP  # folder names not entered (a trailing * matches a prefix)
+
+    def skips(self, folder: str) -> bool:
+        return any(folder.startswith(s[:-1]) if s.endswith("*") else folder == s for s in self.skip)
 
 
-@functools.cache
-def _all_paragraphs() -> tuple[str, ...]:
-    from pydoc_data.topics import topics
+def docstring_sources() -> list[Source]:
+    """The standard library, then each of PACKAGES that is installed (found without importing it)."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    found = [Source(f"the Python {version} standard library", stdlib, ALWAYS_SKIP + STDLIB_SKIP + ("config-*",))]
+    for package in PACKAGES:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        try:
+            found.append(
+                Source(f"{package} {importlib.metadata.version(package)}", Path(spec.submodule_search_locations[0]))
+            )
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
 
-    pydoc = {" ".join(p.split()) for topic in topics.values() for p in re.split(r"\n\s*\n", topic)}
+
+def _files(source: Source) -> Iterator[Path]:
+    """The .py files under the source's folder, in sorted order, skipped folders left out."""
+    for root, folders, files in os.walk(source.folder):
+        folders[:] = sorted(f for f in folders if not source.skips(f))
+        yield from (Path(root, f) for f in sorted(files) if f.endswith(".py"))
+
+
+def _docstrings(path: Path) -> Iterator[str]:
+    """The docstrings of the module, classes and functions of one file; none when it does not parse."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SyntaxWarning: invalid escape sequences in old code
+            tree = ast.parse(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError, RecursionError):  # ValueError: undecodable bytes, NUL bytes
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, DOCUMENTED) and (doc := ast.get_docstring(node)):
+            yield doc
+
+
+def paragraphs(text: str) -> Iterator[str]:
+    """The blocks of `text` between blank lines, whitespace-normalised, of at least MIN_WORDS words."""
+    for block in re.split(r"\n\s*\n", text):
+        if len(words := block.split()) >= MIN_WORDS:
+            yield " ".join(words)
+
+
+def docstring_paragraphs(sources: list[Source]) -> list[str]:
+    """Every paragraph (doctest blocks left out) of the docstrings of `sources`, in their order and
+    their files' sorted order, each once."""
     seen: dict[str, None] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # typing.io, typing.re
-        for name in MODULES:
-            module = importlib.import_module(name)
-            members = [obj for key, obj in sorted(vars(module).items()) if not key.startswith("_")]
-            for obj in [module, *members]:
-                doc = getattr(obj, "__doc__", None)
-                if (obj is module or inspect.isfunction(obj) or inspect.isclass(obj)) and isinstance(doc, str):
-                    seen.update(dict.fromkeys(p for p in _paragraphs(doc) if p not in pydoc))
-    return tuple(seen)
-
-
-def all_docstring_paragraphs() -> list[str]:
-    """Every paragraph of ≥ MIN_WORDS words (doctest blocks left out) of the docstrings of MODULES,
-    their public functions and classes, in module order, each once, none that pydoc's topics hold."""
-    return list(_all_paragraphs())
-
-
-def docstring_passages(n: int = DOCSTRING_PASSAGES) -> list[str]:
-    """`n` paragraphs evenly spaced over all_docstring_paragraphs() (paragraph ⌊i·N/n⌋ for
-    i < n, N of them), so every module has its share; all of them when N ≤ n."""
-    every = _all_paragraphs()
-    if len(every) <= n:
-        return list(every)
-    return [every[i * len(every) // n] for i in range(n)]
+    for source in sources:
+        for path in _files(source):
+            for doc in _docstrings(path):
+                seen.update(dict.fromkeys(p for p in paragraphs(doc) if not p.startswith(">>>")))
+    return list(seen)

@@ -8,14 +8,16 @@ from compressor.errors import CompressorError
 from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.loading import DEFAULT_MODEL_NAME
+from converters.prior import PRIOR_WEIGHT, PRIORS
 from converters.quantize import CALIBRATION_PASSAGES, SCHEMES
 from converters.registry import Option, default_method, methods
-from eval.docstrings import DOCSTRING_PASSAGES
+from eval.news import SECOND_PASSAGES
 
 __all__ = [
     "MODEL_HELP",
     "method_options",
     "calibration_options",
+    "prior_options",
     "finetune_options",
     "bench_options",
     "quantize_option",
@@ -82,6 +84,7 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
     )
     p.add_argument("--plan", type=Path, default=None, help="a plan.json instead of the options above")
     calibration_options(p)
+    prior_options(p)
     p.add_argument(
         "--no-cache",
         action="store_true",
@@ -96,14 +99,34 @@ def calibration_options(p: argparse.ArgumentParser) -> None:
         "--calib",
         type=Path,
         default=None,
-        help="calibration text, one passage per line (default: the calib split of pydoc_data.topics)",
+        help="calibration text, one passage per line (default: the calib split of the default text: "
+        "pydoc_data.topics and the docstrings of the standard library, numpy, scipy and matplotlib)",
     )
     p.add_argument(
         "--calib-passages",
         type=int,
         default=256,
-        help=f"the data-aware methods use at most N calibration passages (default: 256); int8-aware and int4-aware "
+        help="the data-aware methods use at most N calibration passages (default: 256; token counts take every "
+        "passage); int8-aware and int4-aware "
         f"read up to {CALIBRATION_PASSAGES}: activation maxima want every token there is",
+    )
+
+
+def prior_options(p: argparse.ArgumentParser) -> None:
+    """The token-frequency prior of the data-aware methods (converters.prior)."""
+    p.add_argument(
+        "--freq-prior",
+        choices=PRIORS,
+        default=PRIORS[0],
+        help="token frequencies for the dense head and the row weights: the calibration counts blended with "
+        "general-English word frequencies (the wordfreq package) pushed through the model's tokenizer, so tokens "
+        "the calibration text lacks still count; none: the calibration counts alone (default: wordfreq)",
+    )
+    p.add_argument(
+        "--prior-weight",
+        type=float,
+        default=PRIOR_WEIGHT,
+        help=f"the prior's share λ of the blended frequencies, (1 − λ)·counts + λ·prior (default: {PRIOR_WEIGHT:g})",
     )
 
 
@@ -128,7 +151,8 @@ def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
         type=Path,
         default=None,
         help="fine-tune text, one passage per line; its last tenth (at most 64) is held out for validation "
-        "(default: the finetune split of pydoc_data.topics)",
+        "(default: the finetune split of the default text: pydoc_data.topics and the docstrings of the standard "
+        "library, numpy, scipy and matplotlib)",
     )
     defaults = FinetuneConfig
     p.add_argument(
@@ -136,6 +160,34 @@ def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
         type=float,
         default=defaults.lr,
         help=f"fine-tune: AdamW learning rate of the compressed modules (default: {defaults.lr:g})",
+    )
+    p.add_argument(
+        "--linear-lr",
+        type=float,
+        default=defaults.linear_lr,
+        help="fine-tune: AdamW learning rate of the compressed linear layers' factors "
+        f"(default: {defaults.linear_lr:g})",
+    )
+    p.add_argument(
+        "--layer-weight",
+        type=float,
+        default=defaults.layer_weight,
+        help="fine-tune: weight of the per-layer hidden-state matching, each layer's relative squared error to the "
+        f"original's (default: {defaults.layer_weight:g}; 0: the output only)",
+    )
+    p.add_argument(
+        "--rare-share",
+        type=float,
+        default=defaults.rare_share,
+        help="fine-tune: the share of windows drawn in proportion to the rare tokens they hold (Σ 1/count over "
+        f"their tokens) rather than uniformly (default: {defaults.rare_share:g})",
+    )
+    p.add_argument(
+        "--synthetic",
+        type=float,
+        default=defaults.synthetic,
+        help="fine-tune: the share of each batch made of token sequences drawn from the general-English prior "
+        f"(wordfreq), to reach tokens the text lacks (default: {defaults.synthetic:g})",
     )
     p.add_argument(
         "--trainable",
@@ -202,7 +254,7 @@ def bench_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="a second held-out text for quality, unlike the first, one passage per line; none: skip it (default: "
-        f"{DOCSTRING_PASSAGES} paragraphs of the standard library's docstrings)",
+        f"{SECOND_PASSAGES} passages of news articles, the Lee corpus in gensim's test data)",
     )
     p.add_argument(
         "--eval-passages",

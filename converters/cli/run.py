@@ -6,6 +6,7 @@ from converters.cli.options import MODEL_HELP, bench_options, finetune_options, 
 from converters.cli.steps import (
     check_method_options,
     check_outputs,
+    check_plans,
     check_runs,
     eval_texts,
     finetune_config,
@@ -71,6 +72,7 @@ def _run(args, texts, second, ft_texts, schemes: list[str], batches) -> None:
     """Compress, export and bench each variant, and each quantized with `schemes` (calibration
     `batches` for int8-aware); `ft_texts` None: no fine-tune."""
     original, source = load_original(args.model)
+    check_plans(args, original)  # every plan against the model's modules, before the original is exported
     vocab = original.get_input_embeddings().num_embeddings
     variants = Variants(args.out, vocab, batches, args.block_size, args.accuracy_level)
     variants.add_original(original, schemes)

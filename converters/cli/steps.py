@@ -2,6 +2,7 @@
 and the texts, each saying on stderr what it did."""
 
 import argparse
+import dataclasses
 import itertools
 import sys
 import time
@@ -11,14 +12,15 @@ from pathlib import Path
 from torch import nn
 
 from compressor.errors import CompressorError
-from converters.budget import budget_layers, parse_budget, plan_for_budget
-from converters.calibration import Calibration, cached_calibration, default_cache_dir
+from converters.budget import check_budget_fits, parse_budget, plan_for_budget
+from converters.calibration import Calibration, cached_calibration, default_cache_dir, token_counts
 from converters.checkpoint import is_compressed_dir, load_model
 from converters.compress import CompressionReport, compress_
 from converters.finetune import FinetuneConfig, finetune_
 from converters.int4 import INT4_BLOCK
 from converters.kinds import ModelKind, kind_of
 from converters.plan import WIDTHS, Plan, match_plan
+from converters.prior import check_prior, token_prior, with_prior
 from converters.quantize import CALIBRATED, CALIBRATION_PASSAGES
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from eval.atomic import check_writable
@@ -30,6 +32,7 @@ __all__ = [
     "check_outputs",
     "plans_from_args",
     "check_method_options",
+    "check_plans",
     "plans_and_calibration",
     "calib_texts",
     "quantize_calibration",
@@ -130,13 +133,25 @@ def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensit
     texts, where = calib_texts(args, kind_of(model).graph)
     start = time.perf_counter()
     cache = None if args.no_cache else default_cache_dir()
-    calib = cached_calibration(cache, model, load_tokenizer(source), texts, linear, sensitivity=sensitivity)
+    tokenizer = load_tokenizer(source)
+    calib = cached_calibration(cache, model, tokenizer, texts, linear, sensitivity=sensitivity)
     cached = "not cached" if cache is None else f"cache: {cache}"
     say(
         f"calibration: {len(texts)} passages from {where}, {calib.tokens:,} tokens, "
         f"{len(linear)} linear layer(s), {time.perf_counter() - start:.1f} s ({cached})"
     )
-    return calib
+    every, _ = kind_of(model).graph.passages(args.calib, "calib")
+    calib = dataclasses.replace(calib, counts=token_counts(tokenizer, every, calib.counts.numel()))
+    say(f"token counts: all {len(every):,} passages of the calibration text, {calib.tokens:,} tokens")
+    if args.freq_prior == "none" or args.prior_weight == 0:
+        return calib
+    prior = token_prior(tokenizer, calib.counts.numel())
+    seen = int((calib.counts > 0).sum())
+    say(
+        f"token frequencies: the calibration counts ({seen:,} distinct tokens) blended with {args.freq_prior}'s "
+        f"English word frequencies ({int((prior > 0).sum()):,} tokens) at weight {args.prior_weight:g}"
+    )
+    return with_prior(calib, prior, args.prior_weight)
 
 
 def _check_budget(args: argparse.Namespace) -> None:
@@ -177,6 +192,7 @@ def check_method_options(args: argparse.Namespace) -> None:
     """The method options, the plan file and the budget, checked before any model is loaded; and
     when the plans will calibrate, the calibration cache folder (unless --no-cache)."""
     _check_mixed(args)
+    check_prior(args.freq_prior, args.prior_weight)
     if args.budget is not None:
         _check_budget(args)
     plans = plans_from_args(args)
@@ -190,22 +206,40 @@ def check_method_options(args: argparse.Namespace) -> None:
             raise CompressorError(f"{e}; pass --no-cache to calibrate without one") from None
 
 
-def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Plan], Calibration | None]:
-    """The plans to apply, and calibration statistics when any of them needs data."""
+def check_plans(args: argparse.Namespace, model: nn.Module) -> list[Plan] | None:
+    """Every plan checked against the loaded model, before anything is exported, calibrated or built:
+    each module it matches × each config, by the method's own checks (handler_for: the method takes
+    the module, and its shapes fit: a dense head leaves a tail, PHM's n divides both dimensions, …);
+    with --budget, every config set by check_budget_fits (the same checks, and a budget that can
+    hold every module at its smallest size). The plans; None with --budget (they need calibration)."""
     if args.budget is not None:
         _check_budget(args)
+        for configs in _config_sets(args):
+            check_budget_fits(model, args.targets, args.budget, configs, _widths(args), _block(args))
+        return None
+    plans = plans_from_args(args)
+    for plan in plans:
+        for name, (_, cfg) in match_plan(plan, model).items():
+            handler_for(name, model.get_submodule(name), cfg)
+    return plans
+
+
+def _block(args: argparse.Namespace) -> int:
+    return getattr(args, "block_size", None) or INT4_BLOCK
+
+
+def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Plan], Calibration | None]:
+    """The plans to apply (checked first: check_plans), and calibration statistics when any of them needs data."""
+    plans = check_plans(args, model)
+    if args.budget is not None:
         sets = _config_sets(args)
-        for configs in sets:
-            budget_layers(model, args.targets, configs)  # every module and config checked before calibrating
         probes = [Plan(tuple((t, cfg) for t in args.targets)) for configs in sets for cfg in configs]
         sensitivity = any(method_of(cfg).needs_sensitivity(cfg) for configs in sets for cfg in configs)
         calib = _calibration(args, model, source, _linear_names(model, probes), sensitivity)
-        widths, block = _widths(args), getattr(args, "block_size", INT4_BLOCK)
+        widths, block = _widths(args), _block(args)
         plans = [plan_for_budget(model, args.targets, args.budget, calib, c, widths, block) for c in sets]
         return plans, calib
-    plans = plans_from_args(args)
-    jobs = [(n, cfg) for plan in plans for n, (_, cfg) in match_plan(plan, model).items()]
-    methods_of = [(handler_for(n, model.get_submodule(n), cfg), cfg) for n, cfg in jobs]
+    methods_of = [(method_of(cfg), cfg) for plan in plans for _, cfg in match_plan(plan, model).values()]
     if not any(m.needs_calibration(cfg) for m, cfg in methods_of):
         return plans, None
     sensitivity = any(m.needs_sensitivity(cfg) for m, cfg in methods_of)
@@ -252,8 +286,8 @@ def eval_texts(args, kind_graph) -> tuple[list[str], str]:
 
 
 def second_texts(args, kind_graph) -> tuple[list[str] | None, str | None]:
-    """The second held-out text of --second-text (or the kind's default: the standard library's
-    docstrings), cut to --eval-passages; (None, None) with --second-text none."""
+    """The second held-out text of --second-text (or the kind's default: news articles, unlike the
+    fit text in genre), cut to --eval-passages; (None, None) with --second-text none."""
     if args.second_text == "none":
         return None, None
     return _held_out(args, kind_graph, args.second_text, SECOND)
@@ -265,11 +299,18 @@ def check_runs(runs: int) -> None:
 
 
 def finetune_config(args) -> FinetuneConfig:
+    """The fine-tune's config from the options, checked (with --synthetic, the prior's package too)."""
+    if args.synthetic > 0:
+        check_prior("wordfreq", 0.0)
     return FinetuneConfig(
         steps=args.ft_steps,
         seconds=args.ft_time,
         lr=args.lr,
+        linear_lr=args.linear_lr,
         rest_lr=args.rest_lr,
+        layer_weight=args.layer_weight,
+        rare_share=args.rare_share,
+        synthetic=args.synthetic,
         schedule=args.schedule,
         trainable=args.trainable,
     )
@@ -287,7 +328,10 @@ def finetune_and_say(student: nn.Module, teacher: nn.Module, source: Path, args,
     cfg = finetune_config(args)
     train, val, where = texts
     compact = tuple(compact_modules().values())
-    report = finetune_(student, teacher, load_tokenizer(source), train, val, cfg, compact)
+    tokenizer = load_tokenizer(source)
+    vocab = student.get_input_embeddings().num_embeddings
+    prior = token_prior(tokenizer, vocab) if cfg.synthetic > 0 else None
+    report = finetune_(student, teacher, tokenizer, train, val, cfg, compact, prior=prior)
     say(
         f"fine-tune on {where} ({len(train)} passages, {len(val)} held out) on {report.device}: {report.steps} steps "
         f"in {report.seconds:.0f} s ({report.steps_per_second:.2f} steps/s); validation cosine "

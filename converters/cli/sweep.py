@@ -9,6 +9,7 @@ from converters.cli.options import MODEL_HELP, bench_options, calibration_option
 from converters.cli.steps import (
     check_method_options,
     check_outputs,
+    check_plans,
     check_runs,
     eval_texts,
     finetune_config,
@@ -48,7 +49,7 @@ def add_arguments(p) -> None:
         type=Path,
         default=None,
         help="fine-tune text of the recipes that fine-tune, one passage per line (default: the finetune split of "
-        "pydoc_data.topics)",
+        "the default text)",
     )
     bench_options(p)
 
@@ -75,6 +76,8 @@ def run(args) -> None:
     ft_texts = finetune_texts(args, kind) if any(_fine_tunes(s) for s in spaces) else None
     with output_folder(args.out):
         original, source = load_original(args.model)
+        for space in spaces:
+            check_plans(space, original)  # every recipe's plan fits the model before anything is exported
         variants = Variants(args.out, original.get_input_embeddings().num_embeddings, batches)
         variants.add_original(original, schemes)
         for recipe, space in zip(recipes, spaces):

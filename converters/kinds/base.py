@@ -46,6 +46,11 @@ class ModelKind(ABC):
         """The model's output on a batch, the tensor distillation and probes read."""
 
     @abstractmethod
+    def outputs(self, model: nn.Module, ids: Tensor, mask: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        """(output, every layer's hidden state (B, T, D), the embedding's output first): what the
+        fine-tune's per-layer matching compares."""
+
+    @abstractmethod
     def distill_loss(self, student: Tensor, teacher: Tensor, mask: Tensor, cfg) -> Tensor:
         """The scalar the fine-tune minimises, from the student's and teacher's outputs (cfg: its weights)."""
 

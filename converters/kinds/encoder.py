@@ -61,6 +61,10 @@ class EncoderKind(ModelKind):
     def output(self, model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
         return model(input_ids=ids, attention_mask=mask).last_hidden_state
 
+    def outputs(self, model: nn.Module, ids: Tensor, mask: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        return out.last_hidden_state, tuple(out.hidden_states)
+
     def distill_loss(self, student: Tensor, teacher: Tensor, mask: Tensor, cfg) -> Tensor:
         """w_cos · mean(1 − cos(pool_s, pool_t)) + w_hidden · ‖h_s − h_t‖² / ‖h_t‖² over real tokens."""
         student, teacher = student.float(), teacher.float()

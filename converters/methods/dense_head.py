@@ -7,7 +7,7 @@ from compressor.errors import PlanError
 from compressor.head_tail import HeadTailEmbedding
 from converters.registry import Context, Option
 
-__all__ = ["with_dense_head", "check_dense_head", "DENSE_HEAD_OPTION"]
+__all__ = ["with_dense_head", "check_dense_head", "check_head_fits", "DENSE_HEAD_OPTION"]
 
 DENSE_HEAD_OPTION = Option(
     "--dense-head",
@@ -21,11 +21,14 @@ def check_dense_head(k: object) -> None:
         raise PlanError(f"a dense head must be a number of rows ≥ 0, got {k!r}")
 
 
+def check_head_fits(name: str, module: nn.Module, k: int) -> None:
+    """A table's dense head of `k` rows leaves a tail (the methods' shape check: before any calibration)."""
+    if isinstance(module, nn.Embedding) and k >= module.num_embeddings:
+        raise PlanError(f"{name}: a dense head of {k} rows leaves no tail of a {module.num_embeddings}-row table")
+
+
 def with_dense_head(embedding: nn.Embedding, k: int, ctx: Context, build_tail) -> HeadTailEmbedding:
     """`embedding` with its K most frequent tokens' rows exact; `build_tail(weight, ids)` holds the rest."""
-    if k >= embedding.num_embeddings:
-        raise PlanError(
-            f"{ctx.name}: a dense head of {k} rows leaves no tail of a {embedding.num_embeddings}-row table"
-        )
+    check_head_fits(ctx.name, embedding, k)
     calib = ctx.require_calibration("a dense head")
     return HeadTailEmbedding.from_embedding(embedding, calib.head_tokens(k), build_tail)

@@ -16,7 +16,7 @@ from compressor.lowrank_embedding import LowRankEmbedding
 from compressor.lowrank_linear import LowRankLinear
 from compressor.ranks import check_rank
 from converters.calibration import Calibration
-from converters.methods.dense_head import DENSE_HEAD_OPTION, check_dense_head, with_dense_head
+from converters.methods.dense_head import DENSE_HEAD_OPTION, check_dense_head, check_head_fits, with_dense_head
 from converters.registry import BudgetRule, Context, Method, Option, Skip, given, register
 
 __all__ = ["LowRankConfig", "LOWRANK_KINDS"]
@@ -141,6 +141,16 @@ def _layer_cost(name: str, module: nn.Module, cfg: LowRankConfig, calib: Calibra
     return LayerCost(name, spectrum, per_rank=per_rank, dense=dense, fixed=fixed)
 
 
+def _bounds(module: nn.Module, cfg: LowRankConfig) -> tuple[int, int]:
+    """(the parameters at the budget's smallest rank, or dense when no rank saves; the dense
+    parameters): _layer_cost's points, from shapes alone (no spectrum)."""
+    per_rank, dense, fixed = _footprint(module, cfg)
+    rows, cols = module.weight.shape
+    head = cfg.dense_head if isinstance(module, nn.Embedding) else 0
+    shape = LayerCost("", torch.zeros(max(0, min(rows - head, cols))), per_rank=per_rank, dense=dense, fixed=fixed)
+    return shape.points()[0].params, dense
+
+
 def _for_budget(module: nn.Module, cfg: LowRankConfig) -> LowRankConfig:
     """The config a budget gives one module: a rank (set later), no keep; the dense head on embeddings only."""
     head = cfg.dense_head if isinstance(module, nn.Embedding) else 0
@@ -177,8 +187,9 @@ register(
             DENSE_HEAD_OPTION,
         ),
         from_options=_from_options,
+        check=lambda name, module, cfg: check_head_fits(name, module, cfg.dense_head),
         needs_calibration=lambda cfg: cfg.whiten or cfg.weighted or cfg.dense_head > 0,
         needs_sensitivity=lambda cfg: cfg.sensitive,
-        budget=BudgetRule(cost=_layer_cost, configure=_for_budget, sets=("rank", "keep")),
+        budget=BudgetRule(cost=_layer_cost, configure=_for_budget, bounds=_bounds, sets=("rank", "keep")),
     )
 )

@@ -69,6 +69,24 @@ def _build(module: nn.Module, cfg: PHMConfig, ctx: Context) -> nn.Module | Skip:
     return PHMLinear.from_linear(module, n, terms, calib.gram(ctx.name), sensitivity)
 
 
+def _sizes(module: nn.Module, cfg: PHMConfig) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """(the numbers of terms t a budget offers: up to R(W)'s rank, while they save parameters; their
+    parameters t·(n² + KD/n²); the dense parameters KD). Terms are coarse by nature: one costs
+    1/n² of the dense layer and more (a sixteenth at n = 4), so a budget is spent to within one term."""
+    rows, cols = dense_weight(module).shape
+    n, dense = cfg.n, rows * cols
+    per_term = n * n + dense // (n * n)
+    most = min(n * n, dense // (n * n), (dense - 1) // per_term)  # R(W)'s rank, and saving parameters
+    sizes = tuple(range(1, most + 1))
+    return sizes, tuple(t * per_term for t in sizes), dense
+
+
+def _bounds(module: nn.Module, cfg: PHMConfig) -> tuple[int, int]:
+    """(the parameters at one term, or dense when no number of terms saves; the dense parameters)."""
+    _, params, dense = _sizes(module, cfg)
+    return (params[0] if params else dense), dense
+
+
 def _layer_cost(name: str, module: nn.Module, cfg: PHMConfig, calib: Calibration) -> MeasuredCost:
     """The layer's parameters t·(n² + KD/n²) and estimated loss at every number of terms t that
     saves parameters, in the metric its fit under `cfg` minimises. plain: the tail Σ_{j>t} σ_j² of
@@ -80,11 +98,8 @@ def _layer_cost(name: str, module: nn.Module, cfg: PHMConfig, calib: Calibration
     no refit (seconds for a model, where refitting every t would take minutes a layer)."""
     w = dense_weight(module).detach().to(torch.float64)
     rows, cols = w.shape
-    n, dense = cfg.n, rows * cols
-    per_term = n * n + dense // (n * n)
-    most = min(n * n, dense // (n * n), (dense - 1) // per_term)  # R(W)'s rank, and saving parameters
-    sizes = tuple(range(1, most + 1))
-    params = tuple(t * per_term for t in sizes)
+    n, (sizes, params, dense) = cfg.n, _sizes(module, cfg)
+    most = len(sizes)
     factors = kron_sum_factors(w, n, max(most, 1))
     if cfg.kind == "plain":
         energy = factors.spectrum.pow(2)
@@ -126,6 +141,7 @@ register(
         budget=BudgetRule(
             cost=_layer_cost,
             configure=lambda module, cfg: cfg,
+            bounds=_bounds,
             resize=lambda cfg, terms: replace(cfg, terms=terms),
             size="terms",
             sets=("terms",),

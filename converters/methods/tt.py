@@ -13,7 +13,7 @@ from compressor.head_tail import HeadTailEmbedding
 from compressor.ranks import check_rank, check_rel_eps
 from compressor.token_order import TOKEN_ORDERS
 from compressor.tt_embedding import TTEmbedding
-from converters.methods.dense_head import DENSE_HEAD_OPTION, check_dense_head, with_dense_head
+from converters.methods.dense_head import DENSE_HEAD_OPTION, check_dense_head, check_head_fits, with_dense_head
 from converters.registry import Context, Method, Option, given, register
 
 __all__ = ["TTConfig", "TT_KINDS", "TT_UNSEEN_WEIGHT"]
@@ -121,6 +121,7 @@ register(
             DENSE_HEAD_OPTION,
         ),
         from_options=_from_options,
+        check=lambda name, module, cfg: check_head_fits(name, module, cfg.dense_head),
         needs_calibration=lambda cfg: cfg.dense_head > 0 or cfg.weighted,
         needs_sensitivity=lambda cfg: cfg.sensitive,
         default=True,

@@ -138,3 +138,57 @@ def test_a_layer_cost_steps_by_its_own_step():
     cost = LayerCost("t", spectrum, per_rank=20, dense=16 * 16, step=1)
     assert [p.size for p in cost.points()] == [*range(1, 13), None]  # 12·20 < 256 ≤ 13·20
     assert allocate_ranks([cost], 100).ranks["t"] == 5
+
+
+def test_one_layer_gets_the_largest_rank_that_fits():
+    """MiniLM's word embedding with a dense head of 2048 rows under a budget of 0.125: (0.125·30522·384
+    − 2048·384) / (28474 + 384) = 23.5, so rank 23, where a grid in steps of 8 stopped at 16 (0.106)."""
+    spectrum = torch.logspace(0, -2, 384)
+    table = LayerCost("table", spectrum, per_rank=30522 - 2048 + 384, dense=30522 * 384, fixed=2048 * 384)
+    budget = int(0.125 * table.dense)
+    alloc = allocate_ranks([table], budget)
+    assert alloc.ranks["table"] == (budget - table.fixed) // table.per_rank == 23
+    assert budget - table.per_rank < alloc.params <= budget
+
+
+def test_every_rank_is_offered_with_its_tail_error():
+    cost = LayerCost("t", torch.logspace(0, -1, 16), per_rank=20, dense=16 * 16)
+    points = cost.points(relative=False)
+    assert [p.size for p in points] == [*range(1, 13), None]
+    assert [p.loss for p in points] == pytest.approx([tail_error(cost.spectrum, r, False) for r in range(1, 13)] + [0])
+    coarse = LayerCost("t", cost.spectrum, per_rank=20, dense=16 * 16, step=8)
+    assert [p.size for p in coarse.points()] == [8, 12, None]  # a coarser grid still ends at break-even
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_a_larger_budget_never_spends_less_and_wastes_at_most_one_move(relative):
+    many = layers()
+    allocs = [allocate_ranks(many, b, relative=relative) for b in range(5_000, 40_000, 250)]
+    spent = [a.params for a in allocs]
+    assert all(later >= earlier for earlier, later in zip(spent, spent[1:]))
+    biggest_move = max(b.params - a.params for layer in many for a, b in itertools.pairwise(layer.points()))
+    for budget, alloc in zip(range(5_000, 40_000, 250), allocs):
+        assert budget - biggest_move < alloc.params <= budget or alloc.params == sum(x.dense for x in many)
+
+
+def _steepest_walk(points):
+    """The lower hull by its definition: from the cheapest point, each time the steepest drop in loss
+    per added parameter (the nearer point on a tie)."""
+    here = min(points, key=lambda p: (p.params, p.loss))
+    walk = [here]
+    while better := [p for p in points if p.params > here.params and p.loss < here.loss]:
+        here = max(better, key=lambda p: ((here.loss - p.loss) / (p.params - here.params), -p.params))
+        walk.append(here)
+    return walk
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_lower_hull_is_the_steepest_walk(seed):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(200):
+        n = int(torch.randint(1, 12, (1,), generator=g))
+        params = torch.randint(0, 12, (n,), generator=g).tolist()  # small integers: ties and collinear points
+        losses = torch.randint(0, 12, (n,), generator=g).tolist()
+        points = [Point(i, p, float(loss)) for i, (p, loss) in enumerate(zip(params, losses))]
+        hull = [(p.params, p.loss) for p in lower_hull(points)]
+        assert hull == [(p.params, p.loss) for p in _steepest_walk(points)], points

@@ -6,18 +6,18 @@ from compressor.errors import CompressorError
 from converters.cli import build_parser
 from converters.cli.steps import eval_texts, second_texts
 from eval.corpus import default_passages
-from eval.docstrings import DOCSTRING_PASSAGES, docstring_passages
 from eval.kinds import ENCODER
+from eval.news import SECOND_PASSAGES, news_passages
 
 
 def bench_args(*options):
     return build_parser().parse_args(["bench", "model.onnx", *map(str, options)])
 
 
-def test_the_second_text_defaults_to_the_docstrings_and_none_skips_it():
+def test_the_second_text_defaults_to_the_news_and_none_skips_it():
     texts, where = second_texts(bench_args(), ENCODER)
-    assert texts == docstring_passages() and len(texts) == DOCSTRING_PASSAGES
-    assert "standard library" in where
+    assert texts == news_passages() and len(texts) == SECOND_PASSAGES
+    assert "Lee corpus" in where
     assert second_texts(bench_args("--second-text", "none"), ENCODER) == (None, None)
 
 

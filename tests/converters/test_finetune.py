@@ -8,6 +8,7 @@ from converters.compress import compress_
 from converters.export import export_onnx
 from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds.encoder import ENCODER
+from converters.methods.lowrank import LowRankConfig
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
 from converters.registry import compact_modules
@@ -140,6 +141,10 @@ def test_zero_steps_skip(pair):
         ({"trainable": "some"}, "trainable"),
         ({"schedule": "cosine"}, "schedule"),
         ({"rest_lr": 0.0}, "learning rate"),
+        ({"linear_lr": -1.0}, "learning rate"),
+        ({"rare_share": 1.5}, "rare share"),
+        ({"synthetic": -0.1}, "synthetic"),
+        ({"layer_weight": -1.0}, "per-layer"),
     ],
 )
 def test_bad_configs_raise(kwargs, message):
@@ -183,3 +188,88 @@ def test_the_process_thread_setting_is_restored(pair):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def layer_loss_on(student, teacher, tok, cfg):
+    batches = ft._batches(tok, TEXTS, cfg)
+    with torch.no_grad():
+        return sum(
+            float(ft.layer_loss(ENCODER.outputs(student, i, m)[1], ENCODER.outputs(teacher, i, m)[1], m))
+            for i, m in batches
+        )
+
+
+def test_per_layer_matching_lowers_its_loss_on_every_compressed_layer(tiny_bert_dir):
+    teacher, source = load_model(tiny_bert_dir)
+    student, _ = load_model(tiny_bert_dir)
+    plain = LowRankConfig(rank=2, whiten=False, weighted=False)
+    plan = Plan((("embeddings", TTConfig(rank=2, order="none")), ("linear", plain)))
+    compress_(student, plan, progress=False)
+    tok = load_tokenizer(source)
+    cfg = FinetuneConfig(
+        steps=30,
+        seconds=None,
+        lr=1e-2,
+        linear_lr=1e-3,
+        batch_size=8,
+        eval_every=10,
+        cosine_weight=0.0,
+        hidden_weight=0.0,
+        layer_weight=1.0,
+    )
+    before = layer_loss_on(student, teacher, tok, cfg)
+    finetune_(student, teacher, tok, TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
+    after = layer_loss_on(student, teacher, tok, cfg)
+    assert after < 0.9 * before
+
+
+def test_layer_loss_is_the_mean_relative_error_of_the_layers():
+    torch.manual_seed(0)
+    teacher = tuple(torch.randn(2, 3, 4) for _ in range(3))
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    student = (teacher[0], 2 * teacher[1], teacher[2].clone())
+    student[2][0, 2] += 100.0  # padding: ignored
+    assert float(ft.layer_loss(student, teacher, mask)) == pytest.approx(1 / 3, abs=1e-6)
+
+
+def test_linear_factors_and_tables_train_at_their_own_rates(tiny_bert_dir, monkeypatch):
+    teacher, source = load_model(tiny_bert_dir)
+    student, _ = load_model(tiny_bert_dir)
+    plain = LowRankConfig(rank=4, whiten=False, weighted=False)
+    plan = Plan((("embeddings", TTConfig(rank=2, order="none")), ("ffn", plain)))
+    compress_(student, plan, progress=False)
+    seen, adamw = [], torch.optim.AdamW
+    monkeypatch.setattr(ft.torch.optim, "AdamW", lambda groups, **kw: seen.append(groups) or adamw(groups, **kw))
+    cfg = FinetuneConfig(steps=1, seconds=None, lr=1e-2, linear_lr=1e-3, batch_size=8)
+    finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
+    tables, linear = seen[0]
+    assert (tables["initial_lr"], linear["initial_lr"]) == (1e-2, 1e-3)
+    assert {id(p) for p in tables["params"]} == {id(p) for p in student.get_input_embeddings().parameters()}
+    ffn = student.encoder.layer[0].intermediate.dense
+    assert {id(p) for p in ffn.parameters()} <= {id(p) for p in linear["params"]}
+
+
+def test_rare_windows_are_drawn_more_often():
+    windows = [[0, 1, 2], [0, 1, 2], [0, 1, 2], [0, 1, 9]]  # token 9 appears once
+    uniform, rare = ft.window_weights(windows, 0.0), ft.window_weights(windows, 1.0)
+    assert torch.allclose(uniform, torch.full((4,), 0.25, dtype=torch.float64))
+    # r_i = Σ 1/count over distinct tokens: 1/4 + 1/4 + 1/3 for the common windows, 1/4 + 1/4 + 1 for the rare one
+    assert torch.allclose(rare, torch.tensor([5 / 24, 5 / 24, 5 / 24, 3 / 8], dtype=torch.float64))
+    assert torch.allclose(ft.window_weights(windows, 0.5), (uniform + rare) / 2)
+
+
+def test_synthetic_windows_draw_from_the_prior_between_special_tokens(tiny_bert_dir):
+    tok = load_tokenizer(load_model(tiny_bert_dir)[1])
+    prior = torch.zeros(tok.vocab_size, dtype=torch.float64)
+    allowed = tok.convert_tokens_to_ids(["python", "module", tok.cls_token])
+    prior[allowed] = 1 / 3  # a special token in the prior is never drawn
+    rows = ft.synthetic_windows(tok, prior, 5, 12, torch.Generator().manual_seed(0))
+    assert len(rows) == 5 and all(len(r) == 12 and r[0] == tok.cls_token_id and r[-1] == tok.sep_token_id for r in rows)
+    assert {t for r in rows for t in r[1:-1]} <= set(allowed[:2])
+
+
+def test_synthetic_sequences_need_a_prior(pair):
+    student, teacher, source, _ = pair
+    cfg = FinetuneConfig(steps=1, synthetic=0.25)
+    with pytest.raises(CompressorError, match="prior"):
+        finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS, cfg, COMPACT, progress=False)

@@ -107,7 +107,7 @@ def test_estimates_are_exact_for_low_rank_and_from_above_for_phm(mixed_bert_dir,
     plan = plan_for_budget(model, ["linear"], "0.3", calib, both("fisher"))
     dense = {n: model.get_submodule(n).weight.detach().clone() for n in LINEAR}
     compress_(model, plan, calib, progress=False)
-    notes = predicted(plan)
+    notes = {n: e for n, e in predicted(plan).items() if n in dict(plan.entries)}  # not the layers kept dense
     assert {type(model.get_submodule(n)) for n in notes} == {LowRankLinear, PHMLinear}
     for name, estimate in notes.items():
         gx, gy = output_metrics(calib.gram(name), calib.sensitivity(name), *dense[name].shape)
@@ -208,3 +208,53 @@ def test_bad_input_is_one_sentence_before_any_calibration(
     lines = [line for line in err.splitlines() if line.startswith("compressor: error:")]
     assert code == 2 and len(lines) == 1 and message in lines[0], err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["compress", "run"])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--method", "lowrank", "--dense-head", "500", "--keep", "0.25"], "a dense head of 500 rows leaves no tail"),
+        (["--method", "lowrank", "--budget", "0.125", "--dense-head", "500"], "a dense head of 500 rows leaves no"),
+        (["--method", "tt", "--dense-head", "500"], "a dense head of 500 rows leaves no tail"),
+        (["--method", "lowrank", "--budget", "0.05", "--dense-head", "120"], "below the smallest allocation reachable"),
+        (["--method", "phm", "--n", "5", "--targets", "ffn"], "n = 5 must divide"),
+    ],
+)
+def test_every_plan_is_checked_before_anything_is_calibrated_or_exported(
+    tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch, command, options, message
+):
+    """The shapes a plan needs (a dense head shorter than the table, a budget that holds every module at
+    its smallest size, …) are checked on the loaded model before the original is exported or anything
+    calibrated: one sentence, exit status 2, no output folder."""
+
+    def never(what):
+        def fail(*args, **kwargs):
+            raise AssertionError(f"{what} before every plan was checked")
+
+        return fail
+
+    monkeypatch.setattr("converters.cli.steps.cached_calibration", never("calibrated"))
+    monkeypatch.setattr("converters.cli.variants.export_onnx", never("exported"))
+    monkeypatch.setattr("converters.cli.compress.save_compressed", never("saved"))
+    texts = ["--eval-text", str(eval_text_file), "--second-text", "none"] if command == "run" else []
+    code = main([command, str(tiny_bert_dir), *options, *texts, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("compressor: error:")]
+    assert code == 2 and len(lines) == 1 and message in lines[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_table_budget_takes_the_largest_rank_that_fits(mixed_bert_dir, calib):
+    """A dense head of 16 rows (16·48) and rank r (r·(132 − 16 + 48)) in 0.4 of the 132×48 table:
+    rank 10, where a grid in steps of 8 gave 8."""
+    model, _ = load_model(mixed_bert_dir)
+    table = model.get_input_embeddings()
+    rows, cols = table.weight.shape
+    plan = plan_for_budget(
+        model, ["embeddings.word_embeddings"], "0.4", calib, LowRankConfig.of_kind("aware", dense_head=16)
+    )
+    budget = int(0.4 * rows * cols)
+    rank = (budget - 16 * cols) // (rows - 16 + cols)
+    assert dict(plan.entries)["embeddings.word_embeddings"].rank == rank == 10
+    assert f"budget 0.4: {16 * cols + rank * (rows - 16 + cols):,} of {rows * cols:,}" in plan.notes[0]

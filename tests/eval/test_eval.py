@@ -8,8 +8,7 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx
 from eval.benchmark import bench, parity_of
-from eval.corpus import SECOND, SPLITS, default_passages, passages, read_passages
-from eval.docstrings import DOCSTRING_PASSAGES, all_docstring_paragraphs, docstring_passages
+from eval.corpus import SECOND, passages, read_passages
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.latency import latency_key, measure_latency
 from eval.memory import peak_rss
@@ -39,14 +38,6 @@ def test_identical_embeddings_agree_fully_and_random_ones_do_not():
 def test_recall_counts_shared_neighbours():
     a = unit_rows(30, 4, 0)
     assert recall_at_k(a, a * 2.0, 10) == 1.0  # a scale changes no neighbour
-
-
-def test_default_text_splits_are_disjoint_and_deterministic():
-    parts = {s: default_passages(s) for s in SPLITS}
-    assert all(len(p) > 100 for p in parts.values())
-    assert not set(parts["eval"]) & set(parts["finetune"])
-    assert not set(parts["eval"]) & set(parts["calib"])
-    assert default_passages("eval") == parts["eval"]
 
 
 @pytest.mark.parametrize(
@@ -133,7 +124,7 @@ def test_bench_report_follows_the_contract(tiny_onnx, other_onnx, tiny_bert_dir,
     ):
         assert key in second
     assert second["quality"] == second["quality_second_text"] == {"cosine_mean": 1.0, "recall_at_10": 1.0}
-    assert report["second_text"] == f"{second_where}, 40 passages" and "standard library" in second_where
+    assert report["second_text"] == f"{second_where}, 40 passages" and "Lee corpus" in second_where
     assert set(other["quality_second_text"]) == set(other["quality"])
     assert other["quality_second_text"] != other["quality"]  # measured on the other text
     assert first["pareto"] == second["pareto"] == {"file_bytes": True, "latency": False}  # a tie; (8, 128) not timed
@@ -148,13 +139,3 @@ def test_bench_report_follows_the_contract(tiny_onnx, other_onnx, tiny_bert_dir,
 def test_bench_takes_the_second_text_with_its_name(tiny_onnx, tiny_bert_dir):
     with pytest.raises(CompressorError, match="together"):
         bench([("original", tiny_onnx)], tiny_bert_dir, ["a b"], "t", "tiny", second_texts=["a b"])
-
-
-def test_the_second_text_is_unlike_the_pydoc_splits_and_spread_over_the_modules():
-    every = all_docstring_paragraphs()
-    second = docstring_passages()
-    assert len(second) == DOCSTRING_PASSAGES < len(every) and docstring_passages() == second
-    assert not set(every) & {p for split in SPLITS for p in default_passages(split)}
-    places = [every.index(p) for p in second]
-    assert places == sorted(set(places)) and places[0] == 0 and places[-1] > 0.99 * len(every)
-    assert docstring_passages(len(every) + 5) == every

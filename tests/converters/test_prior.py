@@ -1,0 +1,76 @@
+"""The general-English token-frequency prior and its blend with calibration counts."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from compressor.errors import CompressorError
+from converters.calibration import Calibration
+from converters.checkpoint import load_model
+from converters.cli import build_parser
+from converters.cli.steps import check_method_options
+from converters.prior import check_prior, token_prior, with_prior
+from eval.quality import load_tokenizer
+
+CODE_WORDS = ["def", "class", "return", "import", "while", "loop", "dict", "list"]
+
+
+@pytest.fixture
+def tokenizer(tiny_bert_dir):
+    return load_tokenizer(load_model(tiny_bert_dir)[1])
+
+
+def code_only_calibration(tokenizer) -> Calibration:
+    """Counts as from a text of code words alone: no 'the', 'of', 'and'."""
+    counts = torch.zeros(tokenizer.vocab_size, dtype=torch.long)
+    for i, word in enumerate(CODE_WORDS):
+        counts[tokenizer.convert_tokens_to_ids(word)] = 100 - i
+    return Calibration({}, counts, tuple(tokenizer.all_special_ids))
+
+
+def test_the_prior_is_a_distribution_led_by_the_commonest_english_words(tokenizer):
+    prior = token_prior(tokenizer, tokenizer.vocab_size)
+    assert prior.dtype == torch.float64 and float(prior.sum()) == pytest.approx(1.0)
+    the, of, loop = tokenizer.convert_tokens_to_ids(["the", "of", "loop"])
+    assert prior[the] > prior[of] > prior[loop] > 0
+
+
+def test_the_blend_keeps_the_total_and_weighs_unseen_tokens(tokenizer):
+    calib = code_only_calibration(tokenizer)
+    prior = token_prior(tokenizer, tokenizer.vocab_size)
+    blended = with_prior(calib, prior, 0.25)
+    n = calib.counts.sum().to(torch.float64)
+    assert torch.allclose(blended.counts, 0.75 * calib.counts + 0.25 * n * prior)
+    assert float(blended.counts.sum()) == pytest.approx(float(n))
+    the = tokenizer.convert_tokens_to_ids("the")
+    assert calib.counts[the] == 0 and blended.counts[the] > 0  # never seen, still weighed
+    assert torch.equal(with_prior(calib, prior, 0.0).counts, calib.counts.to(torch.float64))
+
+
+def test_the_head_holds_the_commonest_english_tokens_the_calibration_text_lacks(tokenizer):
+    calib = code_only_calibration(tokenizer)
+    prior = token_prior(tokenizer, tokenizer.vocab_size)
+    specials = len(tokenizer.all_special_ids)
+    head = set(with_prior(calib, prior, 0.5).head_tokens(specials + 60).tolist())
+    common = tokenizer.convert_tokens_to_ids(["the", "of", "and", "to", "a", "in"])
+    assert set(common) <= head
+    assert not set(common) & set(calib.head_tokens(specials + 60).tolist())  # the counts alone miss them
+
+
+@pytest.mark.parametrize(
+    "prior, weight, message",
+    [("zipf", 0.5, "one of wordfreq, none"), ("wordfreq", 1.5, r"\[0, 1\]"), ("none", -0.1, r"\[0, 1\]")],
+)
+def test_bad_prior_options_are_refused(prior, weight, message):
+    with pytest.raises(CompressorError, match=message):
+        check_prior(prior, weight)
+
+
+def test_a_missing_wordfreq_says_how_to_install_it_before_any_work(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wordfreq" else real(name, *a))
+    args = build_parser().parse_args(["run", "--method", "lowrank", "--keep", "0.25", "--out", "unused"])
+    with pytest.raises(CompressorError, match=r"pip install wordfreq.*--freq-prior none"):
+        check_method_options(args)
+    check_method_options(build_parser().parse_args(["run", "--method", "lowrank", "--freq-prior", "none"]))
