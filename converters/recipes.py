@@ -82,7 +82,6 @@ DEFAULT_RECIPES = {
             "dense_head": 2048,
             "kind": "fisher",
             "finetune_time": 240,
-            "lr": 2e-4,
             "quantize": ["fp32", "int8-aware", "int4-aware"],
         },
     ]

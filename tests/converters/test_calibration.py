@@ -5,7 +5,7 @@ from compressor.errors import CompressorError, PlanError
 from compressor.head_tail import HeadTailEmbedding
 from compressor.lowrank_linear import LowRankLinear
 from converters.budget import parse_budget, plan_for_budget
-from converters.calibration import Calibration, cached_calibration, calibrate
+from converters.calibration import Calibration, cached_calibration, calibrate, token_counts
 from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
@@ -219,3 +219,13 @@ def test_budget_sizes_parse():
     assert parse_budget("0.25") == ("fraction", 0.25)
     assert parse_budget("12MB") == ("bytes", 12e6)
     assert parse_budget("1MiB") == ("bytes", 2**20)
+
+
+def test_token_counts_take_every_passage_cut_as_calibration_cuts_it(tiny_bert_dir):
+    tok = load_tokenizer(load_model(tiny_bert_dir)[1])
+    long = " ".join(["value"] * 300)
+    counts = token_counts(tok, [*TEXTS, long], tok.vocab_size, max_length=128)
+    value = tok.convert_tokens_to_ids("value")
+    expected = sum(t.split().count("value") for t in TEXTS) + 126  # the long passage: 128 tokens less [CLS], [SEP]
+    assert counts.dtype == torch.long and int(counts[value]) == expected
+    assert int(counts[tok.cls_token_id]) == len(TEXTS) + 1
