@@ -33,7 +33,7 @@ MIN_CALIB_TOKENS = 64
 @dataclass
 class Calibration:
     grams: dict[str, Tensor]  # linear module name → XᵀX (in × in), float64
-    counts: Tensor  # (V,) how often each token id occurred, int64
+    counts: Tensor  # (V,) how often each token id occurred: int64, float64 once blended with a prior
     special_ids: tuple[int, ...] = ()  # the tokenizer's special tokens ([CLS], [SEP], …)
     sensitivities: dict[str, Tensor] = field(default_factory=dict)  # module name → F (out × out), float64
 

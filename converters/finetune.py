@@ -80,6 +80,11 @@ class FinetuneConfig:
         for name in ("rare_share", "synthetic"):
             if not 0 <= (value := getattr(self, name)) <= 1:
                 raise CompressorError(f"the fine-tune's {name.replace('_', ' ')} must lie in [0, 1], got {value!r}")
+        if round(self.synthetic * self.batch_size) >= self.batch_size:
+            raise CompressorError(
+                f"--synthetic {self.synthetic:g} leaves no text in a batch of {self.batch_size}; give less than "
+                f"{(self.batch_size - 0.5) / self.batch_size:.3f}"
+            )
         if self.layer_weight < 0:
             raise CompressorError(f"the per-layer matching weight must be ≥ 0, got {self.layer_weight!r}")
 
@@ -156,7 +161,11 @@ def _special_ends(tokenizer) -> tuple[list[int], list[int]]:
     """The special tokens the tokenizer puts before and after a passage's own ([CLS] and [SEP] for BERT)."""
     whole = tokenizer("word")["input_ids"]
     body = tokenizer("word", add_special_tokens=False)["input_ids"]
-    at = next(i for i in range(len(whole) - len(body) + 1) if whole[i : i + len(body)] == body)
+    at = next((i for i in range(len(whole) - len(body) + 1) if whole[i : i + len(body)] == body), None)
+    if at is None:
+        raise CompressorError(
+            "the tokenizer splits a passage's own tokens around its special ones: no synthetic windows"
+        )
     return whole[:at], whole[at + len(body) :]
 
 
@@ -300,7 +309,7 @@ def _train(
             if made:
                 picked += synthetic_windows(tokenizer, prior, made, cfg.max_length, generator)
             ids, mask = (t.to(device) for t in _pad(tokenizer, picked))
-            with torch.no_grad(), autocast:
+            with torch.no_grad():  # the teacher in full precision, as the validation targets are
                 target, target_layers = kind.outputs(teacher, ids, mask)
             student.train()
             with autocast:

@@ -16,11 +16,17 @@ from torch import Tensor
 from compressor.errors import CompressorError
 from converters.calibration import Calibration
 
-__all__ = ["PRIORS", "PRIOR_WEIGHT", "PRIOR_WORDS", "check_prior", "token_prior", "with_prior"]
+__all__ = ["PRIORS", "PRIOR_WEIGHT", "PRIOR_WORDS", "check_prior", "check_wordfreq", "token_prior", "with_prior"]
 
 PRIORS = ("wordfreq", "none")
 PRIOR_WEIGHT = 0.5  # λ: measured in BENCHMARKS.md ("A general-English prior")
 PRIOR_WORDS = 50_000  # the most frequent English words wordfreq lists
+
+
+def check_wordfreq(instead: str) -> None:
+    """The wordfreq package is installed; else one sentence saying how to install it or do without (`instead`)."""
+    if importlib.util.find_spec("wordfreq") is None:
+        raise CompressorError(f"the package wordfreq is not installed: pip install wordfreq, or {instead}")
 
 
 def check_prior(prior: str, weight: float) -> None:
@@ -29,15 +35,12 @@ def check_prior(prior: str, weight: float) -> None:
         raise CompressorError(f"a frequency prior is one of {', '.join(PRIORS)}, got {prior!r}")
     if not 0 <= weight <= 1:
         raise CompressorError(f"the prior's blend weight must lie in [0, 1], got {weight!r}")
-    if prior == "wordfreq" and importlib.util.find_spec("wordfreq") is None:
-        raise CompressorError(
-            "--freq-prior wordfreq needs the package wordfreq (pip install wordfreq); pass --freq-prior none to "
-            "rank tokens by the calibration text alone"
-        )
+    if prior == "wordfreq":
+        check_wordfreq("pass --freq-prior none to rank tokens by the calibration text alone")
 
 
 def token_prior(tokenizer, vocab: int, words: int = PRIOR_WORDS) -> Tensor:
-    """(vocab,) float64 summing to 1: p_t ∝ Σ over English words w whose tokens hold t of freq(w).
+    """(vocab,) float64 summing to 1: p_t ∝ Σ over English words w of freq(w) × how often t is among w's tokens.
     Each word is tokenized as it stands after a space (the form a BPE vocabulary keeps mid-sentence)."""
     import wordfreq
 

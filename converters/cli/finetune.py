@@ -21,6 +21,7 @@ def add_arguments(p) -> None:
 def run(args) -> None:
     meta = read_meta(args.checkpoint)
     check_outputs(args, checkpoint_folder=args.checkpoint)
+    cfg = finetune_config(args)  # a bad option fails now, before two models load
     teacher_dir = Path(meta["source"])
     if not (teacher_dir / "config.json").is_file():
         raise CompressorError(
@@ -29,7 +30,7 @@ def run(args) -> None:
         )
     student, _ = load_model(args.checkpoint)
     teacher, _ = load_model(teacher_dir)
-    if finetune_config(args).steps == 0:
+    if cfg.steps == 0:
         say("--steps 0: nothing to fine-tune; the checkpoint is unchanged")
         return
     result = finetune_and_say(student, teacher, teacher_dir, args, finetune_texts(args, kind_of(student)))

@@ -163,7 +163,8 @@ def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
         "--lr",
         type=float,
         default=defaults.lr,
-        help=f"fine-tune: AdamW learning rate of the compressed modules (default: {defaults.lr:g})",
+        help=f"fine-tune: AdamW learning rate of the compressed tables (default: {defaults.lr:g}; linear layers: "
+        "--linear-lr)",
     )
     p.add_argument(
         "--linear-lr",

@@ -20,7 +20,7 @@ from converters.finetune import FinetuneConfig, finetune_
 from converters.int4 import INT4_BLOCK
 from converters.kinds import ModelKind, kind_of
 from converters.plan import WIDTHS, Plan, match_plan
-from converters.prior import check_prior, token_prior, with_prior
+from converters.prior import check_prior, check_wordfreq, token_prior, with_prior
 from converters.quantize import CALIBRATED, CALIBRATION_PASSAGES
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from eval.atomic import check_writable
@@ -301,7 +301,7 @@ def check_runs(runs: int) -> None:
 def finetune_config(args) -> FinetuneConfig:
     """The fine-tune's config from the options, checked (with --synthetic, the prior's package too)."""
     if args.synthetic > 0:
-        check_prior("wordfreq", 0.0)
+        check_wordfreq("pass --synthetic 0: its sequences are drawn from wordfreq's English word frequencies")
     return FinetuneConfig(
         steps=args.ft_steps,
         seconds=args.ft_time,

@@ -144,6 +144,7 @@ def test_zero_steps_skip(pair):
         ({"linear_lr": -1.0}, "learning rate"),
         ({"rare_share": 1.5}, "rare share"),
         ({"synthetic": -0.1}, "synthetic"),
+        ({"synthetic": 1.0}, "leaves no text"),
         ({"layer_weight": -1.0}, "per-layer"),
     ],
 )
@@ -199,7 +200,7 @@ def layer_loss_on(student, teacher, tok, cfg):
         )
 
 
-def test_per_layer_matching_lowers_its_loss_on_every_compressed_layer(tiny_bert_dir):
+def test_per_layer_matching_lowers_the_summed_layer_loss(tiny_bert_dir):
     teacher, source = load_model(tiny_bert_dir)
     student, _ = load_model(tiny_bert_dir)
     plain = LowRankConfig(rank=2, whiten=False, weighted=False)

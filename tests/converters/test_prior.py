@@ -9,7 +9,7 @@ from compressor.errors import CompressorError
 from converters.calibration import Calibration
 from converters.checkpoint import load_model
 from converters.cli import build_parser
-from converters.cli.steps import check_method_options
+from converters.cli.steps import check_method_options, finetune_config
 from converters.prior import check_prior, token_prior, with_prior
 from eval.quality import load_tokenizer
 
@@ -74,3 +74,5 @@ def test_a_missing_wordfreq_says_how_to_install_it_before_any_work(monkeypatch):
     with pytest.raises(CompressorError, match=r"pip install wordfreq.*--freq-prior none"):
         check_method_options(args)
     check_method_options(build_parser().parse_args(["run", "--method", "lowrank", "--freq-prior", "none"]))
+    with pytest.raises(CompressorError, match=r"pip install wordfreq, or pass --synthetic 0"):
+        finetune_config(build_parser().parse_args(["finetune", "ckpt", "--synthetic", "0.25"]))

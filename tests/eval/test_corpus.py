@@ -50,7 +50,7 @@ def test_the_eval_split_is_every_fifth_pydoc_paragraph(parts, pydoc):
 
 def test_the_fit_text_is_several_mb_of_pydoc_and_docstrings_mixed(parts, pydoc):
     assert sum(len(p.encode()) for split in FIT for p in parts[split]) > 3e6
-    first = parts["calib"][:256]  # what calibration reads
+    first = parts["calib"][:256]  # the first passages calibration reads
     assert 0 < sum(p in set(pydoc) for p in first) < len(first)
     assert set(pydoc[1::5]) <= set(parts["calib"])
     assert {p for i, p in enumerate(pydoc) if i % 5 > 1} <= set(parts["finetune"])
