@@ -12,8 +12,9 @@ sequences drawn from a general-English prior (converters.prior), so that tokens 
 trained too. AdamW: compressed tables at `lr`, compressed linear layers at `linear_lr` (factors of
 a linear layer want a step ~10× smaller than a table's rows), the other parameters (trainable
 "all") at `rest_lr`; the rate warms up, then decays linearly to 0 at the end of the step or time
-budget. `cuda` with bf16 autocast when present, else the CPU with all cores (the thread setting
-restored after); the best weights by the kind's agreement on a held-out validation split are kept."""
+budget. The student runs without dropout, as the teacher does. `cuda` with bf16 autocast when
+present, else the CPU with all cores (the thread setting restored after); the best weights by the
+kind's agreement on a held-out validation split are kept."""
 
 import contextlib
 import math
@@ -311,7 +312,7 @@ def _train(
             ids, mask = (t.to(device) for t in _pad(tokenizer, picked))
             with torch.no_grad():  # the teacher in full precision, as the validation targets are
                 target, target_layers = kind.outputs(teacher, ids, mask)
-            student.train()
+            student.eval()  # no dropout: the teacher's targets are deterministic, so is the match
             with autocast:
                 out, layers = kind.outputs(student, ids, mask)
             loss = kind.distill_loss(out, target, mask, cfg)

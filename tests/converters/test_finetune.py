@@ -274,3 +274,17 @@ def test_synthetic_sequences_need_a_prior(pair):
     cfg = FinetuneConfig(steps=1, synthetic=0.25)
     with pytest.raises(CompressorError, match="prior"):
         finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS, cfg, COMPACT, progress=False)
+
+
+def test_the_student_trains_without_dropout(pair, monkeypatch):
+    student, teacher, source, _ = pair
+    modes, real = [], type(ENCODER).outputs
+
+    def watched(self, model, ids, mask):
+        modes.append((model is student, any(m.training for m in model.modules())))
+        return real(self, model, ids, mask)
+
+    monkeypatch.setattr(type(ENCODER), "outputs", watched)
+    cfg = FinetuneConfig(steps=2, seconds=None, batch_size=8)
+    finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], cfg, COMPACT, progress=False)
+    assert (True, False) in modes and all(not training for _, training in modes)
