@@ -152,6 +152,8 @@ def _batches(tokenizer, texts: list[str], cfg: FinetuneConfig) -> list[tuple[Ten
 def window_weights(windows: list[list[int]], rare_share: float) -> Tensor:
     """The probability of drawing each window: (1 − ρ)/N + ρ r_i / Σ r, r_i = Σ over the distinct
     tokens t of window i of 1 / count(t), count over all windows: every token type weighs about alike."""
+    if rare_share == 0:
+        return torch.full((len(windows),), 1 / len(windows), dtype=torch.float64)
     ids = [torch.as_tensor(sorted(set(w)), dtype=torch.long) for w in windows]
     counts = torch.bincount(torch.cat([torch.as_tensor(w, dtype=torch.long) for w in windows])).to(torch.float64)
     rarity = torch.stack([(1.0 / counts[i]).sum() for i in ids])
