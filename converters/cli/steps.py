@@ -111,11 +111,16 @@ def _linear_names(model: nn.Module, plans: list[Plan]) -> list[str]:
     return sorted(names)
 
 
-def calib_texts(args, kind_graph, most: int | None = None) -> tuple[list[str], str]:
-    """The passages of --calib (or the kind's default calib split), cut to `most` (default: --calib-passages)."""
+def _all_calib_texts(args, kind_graph) -> tuple[list[str], str]:
+    """Every passage of --calib (or the kind's default calib split), and where they come from."""
     if args.calib_passages < 1:
         raise CompressorError(f"--calib-passages must be at least 1, got {args.calib_passages}")
-    texts, where = kind_graph.passages(args.calib, "calib")
+    return kind_graph.passages(args.calib, "calib")
+
+
+def calib_texts(args, kind_graph, most: int | None = None) -> tuple[list[str], str]:
+    """The passages of --calib (or the kind's default calib split), cut to `most` (default: --calib-passages)."""
+    texts, where = _all_calib_texts(args, kind_graph)
     return texts[: most or args.calib_passages], where
 
 
@@ -130,7 +135,8 @@ def quantize_calibration(args, schemes: list[str], kind_graph, source: Path) -> 
 
 
 def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensitivity: bool) -> Calibration:
-    texts, where = calib_texts(args, kind_of(model).graph)
+    every, where = _all_calib_texts(args, kind_of(model).graph)
+    texts = every[: args.calib_passages]
     start = time.perf_counter()
     cache = None if args.no_cache else default_cache_dir()
     tokenizer = load_tokenizer(source)
@@ -140,7 +146,6 @@ def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensit
         f"calibration: {len(texts)} passages from {where}, {calib.tokens:,} tokens, "
         f"{len(linear)} linear layer(s), {time.perf_counter() - start:.1f} s ({cached})"
     )
-    every, _ = kind_of(model).graph.passages(args.calib, "calib")
     calib = dataclasses.replace(calib, counts=token_counts(tokenizer, every, calib.counts.numel()))
     say(f"token counts: all {len(every):,} passages of the calibration text, {calib.tokens:,} tokens")
     if args.freq_prior == "none" or args.prior_weight == 0:
