@@ -77,7 +77,11 @@ class FinetuneConfig:
             raise CompressorError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         rates = (self.lr, self.linear_lr, self.rest_lr)
         if not all(r > 0 for r in rates) or self.batch_size < 1 or self.max_length < 2 or self.eval_every < 1:
-            raise CompressorError(f"learning rates, batch size, length and interval must be positive: {self}")
+            raise CompressorError(
+                f"learning rates, batch size, length and interval must be positive, got lr {self.lr:g}, linear_lr "
+                f"{self.linear_lr:g}, rest_lr {self.rest_lr:g}, batch size {self.batch_size}, length "
+                f"{self.max_length}, interval {self.eval_every}"
+            )
         for name in ("rare_share", "synthetic"):
             if not 0 <= (value := getattr(self, name)) <= 1:
                 raise CompressorError(f"the fine-tune's {name.replace('_', ' ')} must lie in [0, 1], got {value!r}")

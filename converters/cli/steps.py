@@ -24,7 +24,7 @@ from converters.prior import check_prior, check_wordfreq, token_prior, with_prio
 from converters.quantize import CALIBRATED, CALIBRATION_PASSAGES
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from eval.atomic import check_writable
-from eval.corpus import SECOND
+from eval.corpus import SECOND, read_passages
 from eval.quality import encode_passages, load_tokenizer
 
 __all__ = [
@@ -195,7 +195,7 @@ def _check_mixed(args: argparse.Namespace) -> None:
 
 def check_method_options(args: argparse.Namespace) -> None:
     """The method options, the plan file and the budget, checked before any model is loaded; and
-    when the plans will calibrate, the calibration cache folder (unless --no-cache)."""
+    when the plans will calibrate, the calibration text given and the cache folder (unless --no-cache)."""
     _check_mixed(args)
     check_prior(args.freq_prior, args.prior_weight)
     if args.budget is not None:
@@ -204,6 +204,8 @@ def check_method_options(args: argparse.Namespace) -> None:
     calibrates = args.budget is not None or any(
         method_of(cfg).needs_calibration(cfg) for plan in plans for _, cfg in plan.entries
     )
+    if calibrates and args.calib is not None:
+        read_passages(args.calib)  # a missing or unreadable text fails now, not after the original's export
     if calibrates and not args.no_cache:
         try:
             check_writable(default_cache_dir(), "calibration cache folder")

@@ -76,3 +76,9 @@ def test_a_missing_wordfreq_says_how_to_install_it_before_any_work(monkeypatch):
     check_method_options(build_parser().parse_args(["run", "--method", "lowrank", "--freq-prior", "none"]))
     with pytest.raises(CompressorError, match=r"pip install wordfreq, or pass --synthetic 0"):
         finetune_config(build_parser().parse_args(["finetune", "ckpt", "--synthetic", "0.25"]))
+
+
+def test_a_missing_calibration_text_is_refused_before_any_work(tmp_path):
+    args = build_parser().parse_args(["run", "--method", "lowrank", "--keep", "0.25", "--calib", str(tmp_path / "no")])
+    with pytest.raises(CompressorError, match="does not exist"):
+        check_method_options(args)
