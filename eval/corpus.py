@@ -17,12 +17,13 @@ from eval.atomic import atomic_file, cache_dir
 from eval.docstrings import Source, docstring_paragraphs, docstring_sources, paragraphs
 from eval.news import all_news_passages, news_passages
 
-__all__ = ["SPLITS", "SECOND", "HELD_OUT", "default_passages", "read_passages", "passages"]
+__all__ = ["SPLITS", "SECOND", "HELD_OUT", "LM_TRAIN", "default_passages", "lm_passages", "read_passages", "passages"]
 
 SPLITS = ("eval", "calib", "finetune")  # pydoc's paragraph i: eval if i % 5 == 0, calib if 1, else finetune
 SECOND = "second"  # the second held-out text: by default news articles (eval.news)
 HELD_OUT = ("eval", SECOND)  # the texts quality is measured on
 FIT = ("calib", "finetune")  # the splits of the fit text
+LM_TRAIN = "train"  # the language models the project trains itself (examples/train_lm.py) learn from this split
 BUILD = 1  # the fit text's recipe: raise it when the recipe changes, so that cached copies are built again
 
 
@@ -111,6 +112,18 @@ def default_passages(split: str) -> list[str]:
     if split not in SPLITS:
         raise CompressorError(f"a text split must be one of {', '.join(SPLITS)}, got {split!r}")
     return _pydoc_split(split) if split == "eval" else list(_fit_text()[split])
+
+
+def lm_passages(split: str) -> list[str]:
+    """The default text's `split` for a language model the project trains itself: its finetune split
+    cut in two by each passage's sha1, a quarter to "finetune" and the rest to LM_TRAIN, so that the
+    trained LM never saw the text it is fine-tuned, calibrated or evaluated on."""
+    if split not in (*SPLITS, LM_TRAIN):
+        raise CompressorError(f"a language model's text split is one of {', '.join((*SPLITS, LM_TRAIN))}, got {split!r}")
+    if split not in ("finetune", LM_TRAIN):
+        return default_passages(split)
+    quarter = split == "finetune"
+    return [p for p in default_passages("finetune") if (int(_sha1(p), 16) % 4 == 0) == quarter]
 
 
 def read_passages(path: str | Path, minimum: int = 1) -> list[str]:
