@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import ShapeError
+from compressor.tied_logits import matmul_t
 
 __all__ = ["HeadTailEmbedding", "HeadTailSpec"]
 
@@ -80,6 +81,11 @@ class HeadTailEmbedding(CompactEmbedding):
         head = self.head[pos.clamp(max=k - 1)]  # (..., D)
         tail = self.tail((pos - k).clamp(min=0))  # (..., D)
         return torch.where((pos < k).unsqueeze(-1), head, tail)
+
+    def logits(self, h: Tensor) -> Tensor:
+        """h Wᵀ: the head rows' scores exactly, the tail's through its factors, then in token order."""
+        by_position = torch.cat([matmul_t(h, self.head), self.tail.logits(h)], dim=-1)  # (..., V)
+        return by_position[..., self.permutation]
 
     def extra_repr(self) -> str:
         return f"{self.spec.num_embeddings}, {self.spec.embedding_dim}, head={self.spec.head_size}"

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from compressor.compact_embedding import CompactEmbedding
 from compressor.lowrank import svd_factors, weighted_row_factors
+from compressor.tied_logits import matmul_t
 
 __all__ = ["LowRankEmbedding", "LowRankEmbeddingSpec"]
 
@@ -55,6 +56,10 @@ class LowRankEmbedding(CompactEmbedding):
 
     def forward(self, ids: Tensor) -> Tensor:
         return torch.matmul(self.codes[ids], self.basis)  # (..., r) @ (r, D)
+
+    def logits(self, h: Tensor) -> Tensor:
+        """h Wᵀ = (h Bᵀ) Aᵀ through the factors: r(D + V) multiply-adds per row instead of DV."""
+        return matmul_t(matmul_t(h, self.basis), self.codes)  # (..., r) then (..., V)
 
     def extra_repr(self) -> str:
         s = self.spec

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from compressor.dense import dense_weight
 from compressor.lowrank import LowRankFactors, svd_factors, whitened_factors
 
 __all__ = ["LowRankLinear", "LowRankLinearSpec"]
@@ -35,8 +36,10 @@ class LowRankLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(spec.out_features)) if spec.bias else None
 
     @classmethod
-    def from_factors(cls, linear: nn.Linear, factors: LowRankFactors) -> "LowRankLinear":
-        spec = LowRankLinearSpec(linear.in_features, linear.out_features, factors.rank, linear.bias is not None)
+    def from_factors(cls, linear: nn.Module, factors: LowRankFactors) -> "LowRankLinear":
+        """The layer `linear` (an nn.Linear or a Hugging Face Conv1D) as `factors`, its bias kept."""
+        rows, cols = dense_weight(linear).shape
+        spec = LowRankLinearSpec(cols, rows, factors.rank, linear.bias is not None)
         module = cls(spec).to(device=linear.weight.device, dtype=linear.weight.dtype)
         with torch.no_grad():
             module.down.copy_(factors.down)
@@ -47,11 +50,11 @@ class LowRankLinear(nn.Module):
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, rank: int, gram: Tensor | None = None, sensitivity: Tensor | None = None
+        cls, linear: nn.Module, rank: int, gram: Tensor | None = None, sensitivity: Tensor | None = None
     ) -> "LowRankLinear":
         """Plain truncated SVD; activation-aware when the input Gram matrix XᵀX is given, and
         output-aware too when the output sensitivity F = E[g gᵀ] is given as well."""
-        w = linear.weight
+        w = dense_weight(linear)
         if gram is None:
             return cls.from_factors(linear, svd_factors(w, rank))
         return cls.from_factors(linear, whitened_factors(w, gram, rank, sensitivity=sensitivity))

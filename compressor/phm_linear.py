@@ -5,22 +5,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor, nn
-from transformers.pytorch_utils import Conv1D
 
-from compressor.errors import PlanError, ShapeError
+from compressor.dense import dense_weight
+from compressor.errors import ShapeError
 from compressor.phm import check_block_size, check_terms, kron_sum_factors, kron_sum_to_dense
 from compressor.phm_fit import kron_sum_refit
 
-__all__ = ["PHMLinear", "PHMLinearSpec", "dense_weight"]
-
-
-def dense_weight(layer: nn.Module) -> Tensor:
-    """W (out × in) of an nn.Linear, or of a Hugging Face Conv1D, which stores it transposed (in × out)."""
-    if isinstance(layer, nn.Linear):
-        return layer.weight
-    if isinstance(layer, Conv1D):
-        return layer.weight.T
-    raise PlanError(f"a PHM layer is built from an nn.Linear or a Hugging Face Conv1D, not a {type(layer).__name__}")
+__all__ = ["PHMLinear", "PHMLinearSpec"]
 
 
 @dataclass(frozen=True)

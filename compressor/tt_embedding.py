@@ -147,6 +147,23 @@ class TTEmbedding(CompactEmbedding):
         out = x.reshape(*ids.shape, padded_dim)  # (..., D')
         return out if padded_dim == self.embedding_dim else out[..., : self.embedding_dim]
 
+    def logits(self, h: Tensor) -> Tensor:
+        """h Wᵀ through the cores, never forming W: h (N, D') is reshaped to (N, d_1, …, d_d) and
+        contracted with G_1, …, G_d in turn, T[n, (i_1…i_k), r_k, d_{k+1}…] = Σ T[n, (i_1…i_{k−1}),
+        r_{k−1}, d_k, …] G_k[i_k, r_{k−1}, d_k, r_k]; then the rows in token order."""
+        padded_dim = math.prod(self.spec.col_dims)
+        if padded_dim > self.embedding_dim:
+            h = nn.functional.pad(h, (0, padded_dim - self.embedding_dim))
+        lead = h.shape[:-1]
+        x = h.reshape(-1, 1, 1, padded_dim)  # (N, Π v so far, r_0, d_1 · rest)
+        for core in self.cores:
+            v, r0, d, r1 = core.shape
+            x = x.reshape(x.shape[0], x.shape[1], r0, d, -1)  # (N, P, r_{k−1}, d_k, rest)
+            x = torch.einsum("npxar,ixay->npiyr", x, core)  # (N, P, v_k, r_k, rest)
+            x = x.reshape(x.shape[0], x.shape[1] * v, r1, -1)  # (N, P·v_k, r_k, rest)
+        rows = x.reshape(*lead, -1)  # (..., V')
+        return rows[..., self.permutation] if self.spec.permuted else rows[..., : self.num_embeddings]
+
     def extra_repr(self) -> str:
         s = self.spec
         return (

@@ -79,7 +79,8 @@ def read_meta(path: Path) -> dict:
 
 def _load_compressed(path: Path) -> nn.Module:
     meta = read_meta(path)
-    model = kind_named(meta.get("kind", "encoder")).from_config(path)  # checkpoints before kinds were encoders
+    kind = kind_named(meta.get("kind", "encoder"))  # checkpoints before kinds were encoders
+    model = kind.from_config(path)
     names = {n for n, _ in model.named_modules()}
     known = compact_modules()
     for name, entry in meta["modules"].items():
@@ -89,6 +90,7 @@ def _load_compressed(path: Path) -> nn.Module:
         if name not in names:
             raise PlanError(f"{path} names module {name!r}, which a {type(model).__name__} lacks")
         set_submodule(model, name, cls(cls.spec_type(**entry["spec"])))
+    kind.tie_(model)
     try:
         missing, unexpected = load_safetensors(model, str(path / "model.safetensors"), strict=False)
     except (RuntimeError, SafetensorError, FileNotFoundError) as e:

@@ -9,6 +9,7 @@ from tqdm.auto import tqdm
 
 from compressor.errors import PlanError
 from converters.calibration import Calibration
+from converters.kinds import kind_of
 from converters.plan import Plan, match_plan
 from converters.registry import Context, Skip, handler_for
 
@@ -39,8 +40,9 @@ def _count(module: nn.Module) -> int:
 def compress_(
     model: nn.Module, plan: Plan, calibration: Calibration | None = None, progress: bool = True
 ) -> CompressionReport:
-    """Replace, in place, each module the plan matches by its compact form. Methods that look
-    at data (activation-aware, frequency-weighted, dense head) need `calibration`."""
+    """Replace, in place, each module the plan matches by its compact form (a tied output head then
+    computes through the compressed table). Methods that look at data (activation-aware,
+    frequency-weighted, dense head) need `calibration`."""
     matched = match_plan(plan, model)
     jobs = [(name, cfg, handler_for(name, model.get_submodule(name), cfg)) for name, (_, cfg) in matched.items()]
     if calibration is None:
@@ -72,4 +74,5 @@ def compress_(
         }
     for name, compact in built.items():
         set_submodule(model, name, compact)
+    kind_of(model).tie_(model)  # a tied head now computes through the compressed table
     return report

@@ -20,7 +20,7 @@ import contextlib
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import Tensor, nn
@@ -53,11 +53,12 @@ class FinetuneConfig:
     rest_lr: float = 1e-4  # of the others, with trainable="all": they start trained, so smaller steps
     schedule: str = "linear"  # warm up over warmup_steps, then decay to 0 at the budget's end; or "constant"
     warmup_steps: int = 20
-    batch_size: int = 32
+    batch_size: int | None = None  # None: the model kind's (an encoder 32 passages, a language model 8)
     max_length: int = 64
     trainable: str = "compressed"
-    cosine_weight: float = 1.0
-    hidden_weight: float = 1.0
+    cosine_weight: float = 1.0  # encoders: of 1 − cos of the pooled embeddings
+    hidden_weight: float = 1.0  # encoders: of the last hidden state's relative squared error
+    temperature: float = 1.0  # language models: τ of the KL between next-token distributions
     layer_weight: float = 1.0  # per-layer hidden-state matching
     rare_share: float = 0.0  # the share of windows drawn by rarity rather than uniformly
     synthetic: float = 0.0  # the share of each batch made of token sequences drawn from the prior
@@ -76,22 +77,36 @@ class FinetuneConfig:
         if self.schedule not in SCHEDULES:
             raise CompressorError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         rates = (self.lr, self.linear_lr, self.rest_lr)
-        if not all(r > 0 for r in rates) or self.batch_size < 1 or self.max_length < 2 or self.eval_every < 1:
+        sizes = (1 if self.batch_size is None else self.batch_size, self.max_length - 1, self.eval_every)
+        if not all(r > 0 for r in (*rates, *sizes, self.temperature)):
             raise CompressorError(
-                f"learning rates, batch size, length and interval must be positive, got lr {self.lr:g}, linear_lr "
-                f"{self.linear_lr:g}, rest_lr {self.rest_lr:g}, batch size {self.batch_size}, length "
-                f"{self.max_length}, interval {self.eval_every}"
+                "learning rates, batch size, length, interval and temperature must be positive, got lr "
+                f"{self.lr:g}, linear_lr {self.linear_lr:g}, rest_lr {self.rest_lr:g}, batch size {self.batch_size}, "
+                f"length {self.max_length}, interval {self.eval_every}, temperature {self.temperature:g}"
             )
         for name in ("rare_share", "synthetic"):
             if not 0 <= (value := getattr(self, name)) <= 1:
                 raise CompressorError(f"the fine-tune's {name.replace('_', ' ')} must lie in [0, 1], got {value!r}")
-        if round(self.synthetic * self.batch_size) >= self.batch_size:
-            raise CompressorError(
-                f"--synthetic {self.synthetic:g} leaves no text in a batch of {self.batch_size}; give less than "
-                f"{(self.batch_size - 0.5) / self.batch_size:.3f}"
-            )
+        if self.batch_size is not None:
+            self.check_synthetic(self.batch_size)
         if self.layer_weight < 0:
             raise CompressorError(f"the per-layer matching weight must be ≥ 0, got {self.layer_weight!r}")
+
+
+    def check_synthetic(self, batch: int) -> None:
+        """The synthetic share leaves text in a batch of `batch` passages."""
+        if round(self.synthetic * batch) >= batch:
+            raise CompressorError(
+                f"--synthetic {self.synthetic:g} leaves no text in a batch of {batch}; give less than "
+                f"{(batch - 0.5) / batch:.3f}"
+            )
+
+    def with_batch(self, kind: ModelKind) -> "FinetuneConfig":
+        """This config with its batch size, the kind's default when none was given."""
+        if self.batch_size is not None:
+            return self
+        self.check_synthetic(kind.finetune_batch)
+        return replace(self, batch_size=kind.finetune_batch)
 
 
 @dataclass
@@ -261,9 +276,11 @@ def finetune_(
     if cfg.steps == 0:
         report.stopped = "0 steps asked: skipped"
         return report
+    kind = kind_of(student)
+    cfg = cfg.with_batch(kind)
     with _threads(device):
         _train(
-            kind_of(student),
+            kind,
             student,
             teacher,
             tokenizer,

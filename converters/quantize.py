@@ -43,6 +43,7 @@ __all__ = [
     "QuantizeResult",
     "quantize_onnx",
     "is_quantized",
+    "gemm_as_matmul",
 ]
 
 SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "mixed")
@@ -96,6 +97,33 @@ def _parity(fp32: Path, quantized: Path, vocab: int) -> tuple[float, float]:
     return worst, (diff2 / max(ref2, 1e-30)) ** 0.5
 
 
+def gemm_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """In place: each Gemm(x, W, transB=1) of a weight, no bias (a tied head's x Wᵀ, stored once for
+    fp32: compressor.tied_logits), becomes MatMul(x, Wᵀ) on a transposed copy of W, which the
+    quantizers take as they take any MatMul weight (W itself stays for the Gathers that read it)."""
+    graph = proto.graph
+    weights = {init.name: init for init in graph.initializer}
+    transposed: dict[str, str] = {}
+    for node in graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        plain = attrs.get("alpha", 1.0) == 1.0 and not attrs.get("transA", 0) and attrs.get("transB", 0) == 1
+        if node.op_type != "Gemm" or len(node.input) != 2 or not plain or node.input[1] not in weights:
+            continue
+        name = node.input[1]
+        if name not in transposed:
+            transposed[name] = f"{name}_transposed"
+            data = onnx.numpy_helper.to_array(weights[name]).T.copy()
+            graph.initializer.append(onnx.numpy_helper.from_array(data, transposed[name]))
+        node.op_type = "MatMul"
+        node.input[1] = transposed[name]
+        del node.attribute[:]
+    used = {i for node in graph.node for i in node.input}
+    unused = [init for init in graph.initializer if init.name in transposed and init.name not in used]
+    for init in unused:
+        graph.initializer.remove(init)
+    return proto
+
+
 def _int8(plain: Path, out: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -129,7 +157,7 @@ def quantize_onnx(
         raise CompressorError(f"{str(src)!r} is already quantized; quantize its fp32 graph instead")
     with atomic_file(dst, needed=file_bytes(src) // 3) as tmp, tempfile.TemporaryDirectory() as work:
         plain = Path(work) / "plain.onnx"  # without the fp32 parity of the metadata
-        proto = onnx.load(str(src))
+        proto = gemm_as_matmul(onnx.load(str(src)))
         del proto.metadata_props[:]
         if scheme in SMOOTHING:
             proto = smooth(proto, activation_absmax(proto, calibration), SMOOTHING[scheme])

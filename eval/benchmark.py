@@ -61,7 +61,7 @@ def bench(
         session = make_session(path, threads=2)
         quality = {}
         for key, encoded in batches.items():
-            represented = kind.represent(session, encoded)
+            represented = kind.represent(session, encoded, references.get(key))
             quality[key] = kind.quality(references.setdefault(key, represented), represented)
         rows.append(
             {
@@ -82,5 +82,5 @@ def bench(
     if second_texts is not None:
         report["second_text"] = f"{second_text}, {len(second_texts)} passages"
     report = {**report, "variants": rows}
-    mark_pareto_(report)
+    mark_pareto_(report, kind.front)
     return report

@@ -119,7 +119,8 @@ def lm_passages(split: str) -> list[str]:
     cut in two by each passage's sha1, a quarter to "finetune" and the rest to LM_TRAIN, so that the
     trained LM never saw the text it is fine-tuned, calibrated or evaluated on."""
     if split not in (*SPLITS, LM_TRAIN):
-        raise CompressorError(f"a language model's text split is one of {', '.join((*SPLITS, LM_TRAIN))}, got {split!r}")
+        known = ", ".join((*SPLITS, LM_TRAIN))
+        raise CompressorError(f"a language model's text split is one of {known}, got {split!r}")
     if split not in ("finetune", LM_TRAIN):
         return default_passages(split)
     quarter = split == "finetune"

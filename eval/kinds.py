@@ -1,7 +1,9 @@
 """What eval knows of a model kind, recognised from an ONNX graph's inputs and outputs alone (eval
 does not import converters): the graph's contract, what quality compares, its metrics, and the
-default texts. The encoder is the only kind yet: (input_ids, attention_mask) → last_hidden_state,
-compared by mean-pooled sentence embeddings (cosine to the original, neighbour recall@10)."""
+default texts. An encoder: (input_ids, attention_mask) → last_hidden_state, compared by mean-pooled
+sentence embeddings (cosine to the original, neighbour recall@10). A causal language model:
+(input_ids, attention_mask) → logits, compared by next-token predictions (perplexity, top-1
+agreement with the original, mean KL(original ‖ variant))."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,23 +11,26 @@ from pathlib import Path
 import numpy as np
 
 from compressor.errors import CompressorError
-from eval.corpus import HELD_OUT, passages
+from eval.corpus import HELD_OUT, lm_passages, passages
 from eval.graph import load_graph
-from eval.quality import cosine_mean, mean_pool, recall_at_k
+from eval.quality import NextTokens, cosine_mean, mean_pool, next_token_quality, next_tokens, recall_at_k
 
-__all__ = ["GraphKind", "ENCODER", "GRAPH_KINDS", "graph_kind"]
+__all__ = ["GraphKind", "ENCODER", "CAUSAL_LM", "GRAPH_KINDS", "graph_kind"]
 
 
 @dataclass(frozen=True)
 class GraphKind:
-    """A kind as eval sees it. `represent(session, batches)` gives what quality compares between a
-    variant and the original; `quality(reference, other)` the metrics; `loss(reference, other)` one
-    number to minimise (how far the other is); `min_passages` how many eval passages the metrics need."""
+    """A kind as eval sees it. `represent(session, batches, reference)` gives what quality compares
+    between a variant and the original (`reference`: what the original gave, None for the original
+    itself); `quality(reference, other)` the metrics; `loss(reference, other)` one number to minimise
+    (how far the other is); `min_passages` how many eval passages the metrics need; `front` the
+    quality key the Pareto fronts maximise."""
 
     name: str
     inputs: tuple[str, ...]
     output: str
     min_passages: int
+    front: str
 
     def recognises(self, inputs: list[str], outputs: list[str]) -> bool:
         return sorted(inputs) == sorted(self.inputs) and self.output in outputs
@@ -37,7 +42,7 @@ class GraphKind:
 
 
 class EncoderGraphKind(GraphKind):
-    def represent(self, session, batches) -> np.ndarray:
+    def represent(self, session, batches, reference=None) -> np.ndarray:
         """Mean of last_hidden_state over real tokens, L2-normalised: (N, H)."""
         out = []
         for feed in batches:
@@ -57,8 +62,33 @@ class EncoderGraphKind(GraphKind):
         }
 
 
-ENCODER = EncoderGraphKind("encoder", ("input_ids", "attention_mask"), "last_hidden_state", min_passages=11)
-GRAPH_KINDS = (ENCODER,)
+class CausalLMGraphKind(GraphKind):
+    def passages(self, path: str | Path | None, split: str, minimum: int = 1) -> tuple[list[str], str]:
+        """A user's file, else the default text's split as a language model sees it (eval.corpus.lm_passages:
+        the fine-tune split is the quarter of the default one that the project's own LMs never trained on)."""
+        if path is not None or split != "finetune":
+            return super().passages(path, split, minimum)
+        texts = lm_passages(split)
+        where = "the default text's finetune split, the quarter no LM of examples/train_lm.py saw"
+        return texts, f"{where} ({len(texts)} passages)"
+
+    def represent(self, session, batches, reference: NextTokens | None = None) -> NextTokens:
+        """Each real next-token prediction's log-probability of the true token, argmax, and its
+        distribution over the reference's most likely tokens (eval.quality.next_tokens)."""
+        return next_tokens(session, self.output, batches, reference)
+
+    def loss(self, reference: NextTokens, other: NextTokens) -> float:
+        """The mean KL(reference ‖ other) over the predictions."""
+        return next_token_quality(reference, other)["kl_mean"]
+
+    def quality(self, reference: NextTokens, other: NextTokens) -> dict[str, float]:
+        return {k: round(v, 4) for k, v in next_token_quality(reference, other).items()}
+
+
+INPUTS = ("input_ids", "attention_mask")
+ENCODER = EncoderGraphKind("encoder", INPUTS, "last_hidden_state", min_passages=11, front="recall_at_10")
+CAUSAL_LM = CausalLMGraphKind("causal-lm", INPUTS, "logits", min_passages=1, front="top1_agreement")
+GRAPH_KINDS = (ENCODER, CAUSAL_LM)
 
 
 def graph_kind(path: str | Path) -> GraphKind:
@@ -72,5 +102,5 @@ def graph_kind(path: str | Path) -> GraphKind:
     wanted = "; ".join(f"{k.name}: {list(k.inputs)} → {k.output}" for k in GRAPH_KINDS)
     names = " or ".join(k.name for k in GRAPH_KINDS)
     raise CompressorError(
-        f"{str(path)!r} is not an {names} graph: it maps {sorted(inputs)} to {outputs}; bench needs {wanted}"
+        f"{str(path)!r} is neither an {names} graph: it maps {sorted(inputs)} to {outputs}; bench needs {wanted}"
     )

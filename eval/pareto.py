@@ -7,9 +7,19 @@ import math
 from compressor.errors import CompressorError
 from eval.latency import latency_key
 
-__all__ = ["COSTS", "QUALITY", "LATENCY", "pareto_front", "cost_of", "measured_points", "pareto_flags", "mark_pareto_"]
+__all__ = [
+    "COSTS",
+    "QUALITY",
+    "LATENCY",
+    "pareto_front",
+    "cost_of",
+    "front_quality",
+    "measured_points",
+    "pareto_flags",
+    "mark_pareto_",
+]
 
-QUALITY = "recall_at_10"  # the quality key the fronts maximise
+QUALITY = "recall_at_10"  # the quality key the fronts maximise, unless the report names another (its graphs' kind)
 LATENCY = latency_key(8, 128, 2)
 COSTS = {  # the front's name in a row's "pareto" → where its cost is in a row (keys, outermost first)
     "file_bytes": ("file_bytes",),
@@ -37,15 +47,22 @@ def cost_of(row: dict, cost: str) -> float | None:
     return value if _measured(value) else None
 
 
+def front_quality(report: dict) -> str:
+    """The quality key a report's fronts maximise: the one mark_pareto_ recorded, else QUALITY."""
+    return report.get("front_quality", QUALITY)
+
+
 def measured_points(report: dict, cost: str, quality: str = QUALITY) -> list[tuple[int, float, float]]:
     """(row index, cost, quality) of each variant that has both measures (not missing, not NaN)."""
     points = [(i, cost_of(row, cost), row.get("quality", {}).get(quality)) for i, row in enumerate(report["variants"])]
     return [(i, c, q) for i, c, q in points if c is not None and _measured(q)]
 
 
-def pareto_flags(report: dict, quality: str = QUALITY) -> list[dict[str, bool]]:
-    """Per variant, {cost: on the front of (cost, quality[`quality`])} for each cost of COSTS; a
-    row without the cost or the quality is on no front and leaves the others be."""
+def pareto_flags(report: dict, quality: str | None = None) -> list[dict[str, bool]]:
+    """Per variant, {cost: on the front of (cost, quality[`quality`])} for each cost of COSTS (quality
+    default: the report's, front_quality); a row without the cost or the quality is on no front and
+    leaves the others be."""
+    quality = quality or front_quality(report)
     flags = [dict.fromkeys(COSTS, False) for _ in report["variants"]]
     for cost in COSTS:
         points = measured_points(report, cost, quality)
@@ -56,7 +73,8 @@ def pareto_flags(report: dict, quality: str = QUALITY) -> list[dict[str, bool]]:
 
 def mark_pareto_(report: dict, quality: str = QUALITY) -> None:
     """In place: each row gets "pareto" ({cost: bool}, pareto_flags), and the report
-    "pareto_axes", saying where each front's cost and quality come from."""
+    "pareto_axes", saying where each front's cost and quality come from, and "front_quality"."""
+    report["front_quality"] = quality
     for row, flags in zip(report["variants"], pareto_flags(report, quality)):
         row["pareto"] = flags
     report["pareto_axes"] = {

@@ -1,4 +1,4 @@
-"""The Pareto front of a report as a PNG: quality (recall@10) against a cost on a log axis, every
+"""The Pareto front of a report as a PNG: quality (recall@10, top-1 agreement) against a cost on a log axis, every
 variant a labelled point, the original and its int8 graph marked apart, the front a step line
 (the best quality to be had at each cost: q*(x) = max{q_i : c_i ≤ x}). Drawn off-screen (Agg)."""
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from eval.atomic import atomic_file
-from eval.pareto import COSTS, LATENCY, QUALITY, measured_points, pareto_front
+from eval.pareto import COSTS, LATENCY, front_quality, measured_points, pareto_front
 
 __all__ = ["plot_front"]
 
@@ -14,9 +14,10 @@ AXES = {"file_bytes": ("file size, MB", 1e-6), "latency": (f"p50 latency at {LAT
 MARKS = {"original": ("*", "black", 220), "original-int8": ("D", "dimgray", 80)}  # marker, colour, size
 
 
-def plot_front(report: dict, path: Path, x: str = "file_bytes", quality: str = QUALITY) -> Path:
-    """Write the PNG of quality[`quality`] against the cost `x` (a key of eval.pareto.COSTS) to
-    `path`; variants without both measures are left out."""
+def plot_front(report: dict, path: Path, x: str = "file_bytes", quality: str | None = None) -> Path:
+    """Write the PNG of quality[`quality`] (default: the report's front quality) against the cost `x`
+    (a key of eval.pareto.COSTS) to `path`; variants without both measures are left out."""
+    quality = quality or front_quality(report)
     if x not in COSTS:
         raise CompressorError(f"a plot's x axis is one of {', '.join(COSTS)}, got {x!r}")
     points = measured_points(report, x, quality)

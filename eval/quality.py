@@ -1,19 +1,35 @@
 """Agreement of a compressed model with the original, and the helpers every package shares to
 get there: the tokenizer, tokenised batches of passages, mean pooling over real tokens, the
-encoder's metrics (mean cosine of sentence embeddings, recall@10 of each passage's neighbours)."""
+encoder's metrics (mean cosine of sentence embeddings, recall@10 of each passage's neighbours) and
+a language model's (perplexity, top-1 agreement and mean KL of next-token predictions)."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["load_tokenizer", "encode_passages", "mean_pool", "cosine_mean", "recall_at_k"]
+__all__ = [
+    "load_tokenizer",
+    "encode_passages",
+    "mean_pool",
+    "cosine_mean",
+    "recall_at_k",
+    "KL_TOP",
+    "NextTokens",
+    "next_tokens",
+    "next_token_quality",
+]
 
 
 def load_tokenizer(tokenizer_dir: str | Path):
-    """The tokenizer saved in a model directory, offline."""
+    """The tokenizer saved in a model directory, offline; one without a padding token (GPT-2's,
+    Llama's) pads with its end-of-text token, which the attention mask hides."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def encode_passages(tokenizer, texts: list[str], max_length: int = 128, batch: int = 32, tensors: str = "np"):
@@ -75,3 +91,67 @@ def recall_at_k(reference: np.ndarray, other: np.ndarray, k: int = 10) -> float:
     """Mean over passages of |kNN_ref ∩ kNN_other| / k, neighbours by cosine, self excluded."""
     ref, oth = _neighbours(reference, k), _neighbours(other, k)
     return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(ref, oth)]))
+
+
+KL_TOP = 256  # the reference's most likely tokens the KL keeps apart; the rest is one outcome
+
+
+@dataclass(frozen=True)
+class NextTokens:
+    """A language model's next-token predictions at every real position whose next token is real:
+    −log p(true token), the argmax, and log p of the reference's KL_TOP most likely tokens (`top_ids`;
+    the model's own for the reference) with the log-probability of all other tokens (`rest`)."""
+
+    nll: np.ndarray  # (N,) float64
+    argmax: np.ndarray  # (N,) int64
+    top_ids: np.ndarray  # (N, K) int32
+    top_logp: np.ndarray  # (N, K) float32
+    rest: np.ndarray  # (N,) float64
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def next_tokens(session, output: str, batches, reference: NextTokens | None = None) -> NextTokens:
+    """The predictions of an ONNX language model (`output`: its logits, (B, T, V)) on `batches`: at
+    position t < T−1 of a row where tokens t and t+1 are both real, p(· | tokens ≤ t) against token t+1.
+    Kept per position: the reference's top tokens when `reference` is given, else the model's own."""
+    parts: list[tuple] = []
+    done = 0
+    for feed in batches:
+        (logits,) = session.run([output], feed)  # (B, T, V)
+        ids, mask = feed["input_ids"], feed["attention_mask"].astype(bool)
+        real = mask[:, :-1] & mask[:, 1:]  # (B, T−1)
+        logp = _log_softmax(logits[:, :-1][real].astype(np.float32))  # (n, V)
+        rows = np.arange(len(logp))
+        target = ids[:, 1:][real]
+        if reference is None:
+            k = min(KL_TOP, logp.shape[1])
+            top = np.argpartition(-logp, k - 1, axis=1)[:, :k].astype(np.int32)
+        else:
+            top = reference.top_ids[done : done + len(logp)]
+        top_logp = np.take_along_axis(logp, top, axis=1)
+        kept = np.exp(top_logp.astype(np.float64)).sum(axis=1)
+        rest = np.log(np.clip(1.0 - kept, 1e-30, None))
+        parts.append((-logp[rows, target].astype(np.float64), logp.argmax(axis=1), top, top_logp, rest))
+        done += len(logp)
+    if reference is not None and done != len(reference.nll):
+        raise ValueError(f"the reference made {len(reference.nll)} predictions on these batches, this model {done}")
+    return NextTokens(*(np.concatenate(column) for column in zip(*parts)))
+
+
+def next_token_quality(reference: NextTokens, other: NextTokens) -> dict[str, float]:
+    """perplexity = exp(mean −log q(true token)); top1_agreement = the share of positions where the
+    two argmaxes agree; kl_mean = mean KL(p ‖ q) over the reference's top tokens and the rest as one
+    outcome (exact when the top holds the whole vocabulary, a lower bound of the full KL otherwise)."""
+    p_top = np.exp(reference.top_logp.astype(np.float64))
+    kl = (p_top * (reference.top_logp - other.top_logp.astype(np.float64))).sum(axis=1)
+    p_rest = np.exp(reference.rest)
+    kl += np.where(p_rest > 1e-12, p_rest * (reference.rest - other.rest), 0.0)
+    return {
+        "perplexity": float(np.exp(other.nll.mean())),
+        "top1_agreement": float((other.argmax == reference.argmax).mean()),
+        "kl_mean": float(max(kl.mean(), 0.0)),
+    }

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from eval.atomic import atomic_file
-from eval.pareto import LATENCY, QUALITY, pareto_flags
+from eval.pareto import LATENCY, front_quality, pareto_flags
 
 __all__ = ["write_report", "markdown_table"]
 
@@ -55,7 +55,7 @@ def markdown_table(report: dict) -> str:
     if "second_text" in report:
         title += f"  \nand (2nd) on: {report['second_text']}"
     fronts = " or ".join(f"{what} ({label})" for label, what in FRONTS.values())
-    title += f"  \nfront: no other variant is as good in {QUALITY} and in {fronts}, and better in one\n\n"
+    title += f"  \nfront: no other variant is as good in {front_quality(report)} and in {fronts}, and better in one\n\n"
     return title + "\n".join(rows) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""Tiny in-file models: a randomly initialised BERT saved as a Hugging Face directory."""
+"""Tiny in-file models: a randomly initialised BERT, Llama and GPT-2 saved as Hugging Face directories."""
 
 import string
 from pathlib import Path
@@ -64,6 +64,43 @@ def write_tiny_bert(path: Path, seed: int = 0) -> Path:
     return path
 
 
+def write_tiny_lm(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0) -> Path:
+    """A causal LM of `arch` (llama: RMSNorm, SwiGLU, rotary, grouped-query attention; gpt2: Conv1D,
+    learned positions) with a word-level tokenizer over WORDS, characters and <|endoftext|>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = ["<|endoftext|>", "<unk>", *WORDS, *(string.ascii_lowercase + string.digits + string.punctuation)]
+    vocab = list(dict.fromkeys(vocab))
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    special = "<|endoftext|>"
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token=special, eos_token=special, pad_token=special, unk_token="<unk>"
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(path)
+    torch.manual_seed(seed)
+    ids = {"bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "tie_word_embeddings": tied}
+    if arch == "llama":
+        config = LlamaConfig(
+            vocab_size=len(vocab),
+            hidden_size=48,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=160,
+            **ids,
+        )
+        model = LlamaForCausalLM(config)
+    else:
+        config = GPT2Config(vocab_size=len(vocab), n_embd=48, n_layer=2, n_head=4, n_positions=160, **ids)
+        model = GPT2LMHeadModel(config)
+    model.eval().save_pretrained(path)
+    return path
+
+
 @pytest.fixture(autouse=True)
 def _cache_in_tmp(tmp_path_factory, monkeypatch):
     """No test writes to the user's cache folder."""
@@ -81,3 +118,13 @@ def eval_text_file(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("text") / "eval.txt"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    return write_tiny_lm(tmp_path_factory.mktemp("tiny") / "llama", "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory) -> Path:
+    return write_tiny_lm(tmp_path_factory.mktemp("tiny") / "gpt2", "gpt2")

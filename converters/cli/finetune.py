@@ -5,9 +5,16 @@ from pathlib import Path
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model, read_meta, save_compressed
 from converters.cli.options import finetune_options
-from converters.cli.steps import check_outputs, finetune_and_say, finetune_config, finetune_texts, say
+from converters.cli.steps import (
+    check_kind_options,
+    check_outputs,
+    finetune_and_say,
+    finetune_config,
+    finetune_texts,
+    say,
+)
 from converters.compress import CompressionReport
-from converters.kinds import kind_of
+from converters.kinds import kind_named, kind_of
 from converters.plan import Plan
 
 HELP = "distil the original model into a compressed checkpoint, in place"
@@ -21,6 +28,7 @@ def add_arguments(p) -> None:
 def run(args) -> None:
     meta = read_meta(args.checkpoint)
     check_outputs(args, checkpoint_folder=args.checkpoint)
+    check_kind_options(args, kind_named(meta.get("kind", "encoder")))
     cfg = finetune_config(args)  # a bad option fails now, before two models load
     teacher_dir = Path(meta["source"])
     if not (teacher_dir / "config.json").is_file():

@@ -76,7 +76,8 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
         "--targets",
         nargs="+",
         default=["embeddings"],
-        help="modules to compress: embeddings, attention, ffn, linear, all, exact or suffix module names, or "
+        help="modules to compress: embeddings, attention, ffn, linear, all, head (an untied LM head), exact or suffix "
+        "module names, or "
         '"re:REGEX" (default: embeddings)',
     )
     p.add_argument(
@@ -199,6 +200,20 @@ def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
         choices=list(TRAINABLE),
         default=defaults.trainable,
         help=f"fine-tune: train the compressed modules only, or every parameter (default: {defaults.trainable})",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="fine-tune: passages (windows of at most 64 tokens) per step (default: the model kind's, 32 for an "
+        "encoder, 8 for a language model)",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="fine-tune, language models only: temperature τ of the KL between the original's and the student's "
+        "next-token distributions, scaled by τ² (default: 1)",
     )
     p.add_argument(
         "--rest-lr",

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from converters.cli.options import MODEL_HELP, bench_options, finetune_options, method_options, quantize_option
 from converters.cli.steps import (
+    check_kind_options,
     check_method_options,
     check_outputs,
     check_plans,
@@ -54,6 +55,7 @@ def run(args) -> None:
     check_method_options(args)
     source = resolve_model_dir(args.model)
     kind = kind_for_config(source)
+    check_kind_options(args, kind)
     texts, second = eval_texts(args, kind.graph), second_texts(args, kind.graph)
     schemes = list(dict.fromkeys(args.quantize or []))
     batches = quantize_calibration(args, schemes, kind.graph, source)

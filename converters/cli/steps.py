@@ -18,7 +18,7 @@ from converters.checkpoint import is_compressed_dir, load_model
 from converters.compress import CompressionReport, compress_
 from converters.finetune import FinetuneConfig, finetune_
 from converters.int4 import INT4_BLOCK
-from converters.kinds import ModelKind, kind_of
+from converters.kinds import KINDS, ModelKind, kind_of
 from converters.plan import WIDTHS, Plan, match_plan
 from converters.prior import check_prior, check_wordfreq, token_prior, with_prior
 from converters.quantize import CALIBRATED, CALIBRATION_PASSAGES
@@ -42,6 +42,7 @@ __all__ = [
     "second_texts",
     "check_runs",
     "finetune_config",
+    "check_kind_options",
     "finetune_texts",
     "finetune_and_say",
 ]
@@ -320,7 +321,18 @@ def finetune_config(args) -> FinetuneConfig:
         synthetic=args.synthetic,
         schedule=args.schedule,
         trainable=args.trainable,
+        batch_size=args.batch_size,
+        temperature=1.0 if args.temperature is None else args.temperature,
     )
+
+
+def check_kind_options(args, kind: ModelKind) -> None:
+    """No option that only another model kind takes (a language model's --temperature on an encoder)."""
+    for other in KINDS:
+        for dest in other.options:
+            if dest not in kind.options and getattr(args, dest, None) is not None:
+                flag = "--" + dest.replace("_", "-")
+                raise CompressorError(f"{flag} is an option of {other.name} models; this model is an {kind.name}")
 
 
 def finetune_texts(args, kind: ModelKind) -> tuple[list[str], list[str], str]:
@@ -341,7 +353,7 @@ def finetune_and_say(student: nn.Module, teacher: nn.Module, source: Path, args,
     report = finetune_(student, teacher, tokenizer, train, val, cfg, compact, prior=prior)
     say(
         f"fine-tune on {where} ({len(train)} passages, {len(val)} held out) on {report.device}: {report.steps} steps "
-        f"in {report.seconds:.0f} s ({report.steps_per_second:.2f} steps/s); validation cosine "
+        f"in {report.seconds:.0f} s ({report.steps_per_second:.2f} steps/s); {kind_of(student).agreement_name} "
         f"{report.start_val_cosine:.4f} → {report.best_val_cosine:.4f} (best at step {report.best_step})"
         + (f"; {report.stopped}" if report.stopped else "")
     )

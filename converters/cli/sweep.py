@@ -7,6 +7,7 @@ from pathlib import Path
 
 from converters.cli.options import MODEL_HELP, bench_options, calibration_options
 from converters.cli.steps import (
+    check_kind_options,
     check_method_options,
     check_outputs,
     check_plans,
@@ -70,6 +71,8 @@ def run(args) -> None:
             finetune_config(space)
     source = resolve_model_dir(args.model)
     kind = kind_for_config(source)
+    for space in spaces:
+        check_kind_options(space, kind)
     texts, second = eval_texts(args, kind.graph), second_texts(args, kind.graph)
     schemes = list(dict.fromkeys(s for space in spaces for s in space.quantize or []))
     batches = quantize_calibration(args, schemes, kind.graph, source)

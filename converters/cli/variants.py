@@ -18,6 +18,7 @@ from converters.int4 import INT4_ACCURACY, INT4_BLOCK
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantize import PLANNED, quantize_onnx
 from eval.benchmark import bench
+from eval.pareto import front_quality
 from eval.plot import plot_front
 from eval.report import markdown_table, write_report
 
@@ -133,7 +134,7 @@ class Variants:
         say(f"wrote {json_path} and {md_path}")
         for axis, name in PLOTS.items():
             try:
-                say(f"wrote {plot_front(report, self.out / name, x=axis)} (recall@10 against {axis})")
+                say(f"wrote {plot_front(report, self.out / name, x=axis)} ({front_quality(report)} against {axis})")
             except CompressorError as e:  # a report without latency (or quality) still stands
                 say(f"warning: no {name}: {e}")
         return report

@@ -15,11 +15,12 @@ from torch import nn
 
 from compressor.errors import CompressorError
 from converters.kinds.base import ModelKind
+from converters.kinds.causal_lm import CAUSAL_LM
 from converters.kinds.encoder import ENCODER
 
 __all__ = ["ModelKind", "KINDS", "kind_of", "kind_for_config", "kind_named"]
 
-KINDS: tuple[ModelKind, ...] = (ENCODER,)
+KINDS: tuple[ModelKind, ...] = (CAUSAL_LM, ENCODER)  # the encoder last: it takes any model with an embedding
 
 
 def kind_named(name: str) -> ModelKind:

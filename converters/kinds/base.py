@@ -16,6 +16,9 @@ class ModelKind(ABC):
 
     name: str
     graph: GraphKind  # how eval sees its exported graph
+    agreement_name: str  # what `agreement` measures, as the fine-tune's messages name it
+    finetune_batch: int  # passages per fine-tune step unless the user says otherwise
+    options: tuple[str, ...] = ()  # command-line options (their dests) that only this kind takes
 
     @abstractmethod
     def recognises(self, model: nn.Module) -> bool:
@@ -65,6 +68,16 @@ class ModelKind(ABC):
     @abstractmethod
     def is_body_linear(self, name: str, module: nn.Module) -> bool:
         """A linear layer of the model's body (the "linear" target), not of a head on top."""
+
+    def output_head(self, model: nn.Module) -> str | None:
+        """The module name of the model's output projection (the "head" target), None if it has none."""
+        return None
+
+    def tie_(self, model: nn.Module) -> None:
+        """In place: a model whose output head shares the input table computes its logits through
+        whatever holds that table now (a dense table or a compact one's factors). Called after
+        loading and after compression. The default: a kind without an output head has nothing to tie."""
+        return None
 
     def is_attention(self, name: str) -> bool:
         """A layer inside an attention block (the "attention" target; the rest of the body is "ffn")."""

@@ -32,6 +32,8 @@ class EncoderGraph(nn.Module):
 class EncoderKind(ModelKind):
     name = "encoder"
     graph = ENCODER_GRAPH
+    agreement_name = "validation cosine"
+    finetune_batch = 32
 
     def recognises(self, model: nn.Module) -> bool:
         return hasattr(model, "get_input_embeddings")

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from compressor.budget import LayerCost
+from compressor.dense import LINEAR_TYPES, dense_weight
 from compressor.errors import PlanError
 from compressor.head_tail import HeadTailEmbedding
 from compressor.lowrank import SENSITIVITY_DAMP, cholesky_whitener
@@ -68,10 +69,15 @@ class LowRankConfig:
         return "-".join(["lowrank", *head, size, self.kind])
 
 
+def _weight(module: nn.Module):
+    """The table of an embedding, W (out × in) of a linear layer (nn.Linear or Conv1D)."""
+    return module.weight if isinstance(module, nn.Embedding) else dense_weight(module)
+
+
 def _footprint(module: nn.Module, cfg: LowRankConfig) -> tuple[int, int, int]:
     """(parameters per rank, dense parameters, fixed parameters): a linear K×D layer costs r(K+D)
     against KD; a V×D table with a dense head of K rows costs KD + r(V−K+D) against VD."""
-    rows, cols = module.weight.shape
+    rows, cols = _weight(module).shape
     head = cfg.dense_head if isinstance(module, nn.Embedding) else 0
     return rows - head + cols, rows * cols, head * cols
 
@@ -87,8 +93,8 @@ def _rank(module: nn.Module, cfg: LowRankConfig) -> int:
 def _build(module: nn.Module, cfg: LowRankConfig, ctx: Context) -> nn.Module | Skip:
     rank = _rank(module, cfg)
     per_rank, dense, fixed = _footprint(module, cfg)
-    rows, cols = module.weight.shape
-    if isinstance(module, nn.Linear):
+    rows, cols = _weight(module).shape
+    if not isinstance(module, nn.Embedding):
         if rank < 1 or rank * per_rank >= dense:
             return Skip(f"rank {rank} would not save parameters: {rank}·({rows}+{cols}) ≥ {rows}·{cols}")
         if not cfg.whiten:
@@ -122,10 +128,10 @@ def _layer_cost(name: str, module: nn.Module, cfg: LowRankConfig, calib: Calibra
     """The layer's cost per rank and the singular values its truncation under `cfg` will use:
     of W S (S the input whitener) for linear layers, of the frequency-weighted tail rows for
     embeddings; mapped by the output sensitivity's root with the fisher kind."""
-    w = module.weight.detach().to(torch.float64)
+    w = _weight(module).detach().to(torch.float64)
     out = cholesky_whitener(calib.sensitivity(name), SENSITIVITY_DAMP)[0] if cfg.sensitive else None
     per_rank, dense, fixed = _footprint(module, cfg)
-    if isinstance(module, nn.Linear):
+    if not isinstance(module, nn.Embedding):
         if cfg.whiten:
             w = w @ cholesky_whitener(calib.gram(name))[0]
         if out is not None:
@@ -145,7 +151,7 @@ def _bounds(module: nn.Module, cfg: LowRankConfig) -> tuple[int, int]:
     """(the parameters at the budget's smallest rank, or dense when no rank saves; the dense
     parameters): _layer_cost's points, from shapes alone (no spectrum)."""
     per_rank, dense, fixed = _footprint(module, cfg)
-    rows, cols = module.weight.shape
+    rows, cols = _weight(module).shape
     head = cfg.dense_head if isinstance(module, nn.Embedding) else 0
     shape = LayerCost("", torch.zeros(max(0, min(rows - head, cols))), per_rank=per_rank, dense=dense, fixed=fixed)
     return shape.points()[0].params, dense
@@ -170,7 +176,7 @@ def _from_options(o: dict) -> LowRankConfig:
 register(
     Method(
         config=LowRankConfig,
-        accepts=(nn.Linear, nn.Embedding),
+        accepts=(*LINEAR_TYPES, nn.Embedding),
         build=_build,
         compact=(LowRankLinear, LowRankEmbedding, HeadTailEmbedding),
         options=(

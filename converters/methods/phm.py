@@ -11,10 +11,11 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from compressor.budget import MeasuredCost
+from compressor.dense import dense_weight
 from compressor.errors import PlanError, ShapeError
 from compressor.phm import check_block_count, check_block_size, check_terms, kron_sum_factors
 from compressor.phm_fit import kron_sum_metric_error, output_metrics
-from compressor.phm_linear import PHMLinear, dense_weight
+from compressor.phm_linear import PHMLinear
 from converters.calibration import Calibration
 from converters.registry import BudgetRule, Context, Method, Option, Skip, given, register
 

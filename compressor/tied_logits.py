@@ -1,0 +1,65 @@
+"""The output head of a language model whose input table W (V × D) also scores the next token:
+logits = h Wᵀ, computed through whatever holds W (a dense nn.Embedding, or a compact embedding's
+factors through its own `logits`), so that the table is stored once and never formed.
+
+`matmul_t(x, w)` is x wᵀ exported as one ONNX Gemm with transB = 1: the exporter would otherwise fold
+wᵀ into a second, transposed copy of the weight (the known pitfall of tied weights in ONNX)."""
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["matmul_t", "table_logits", "TiedLogits"]
+
+
+class _GemmTransB(torch.autograd.Function):
+    """x (N, D), w (V, D) → x wᵀ (N, V); in ONNX Gemm(x, w, transB=1), w kept as stored."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor) -> Tensor:
+        return x @ w.T
+
+    @staticmethod
+    def symbolic(g, x, w):
+        return g.op("Gemm", x, w, transB_i=1)
+
+
+def matmul_t(x: Tensor, w: Tensor) -> Tensor:
+    """x (..., D) @ wᵀ, w (V, D) → (..., V); one Gemm over the flattened rows when exported."""
+    if not torch.onnx.is_in_onnx_export():
+        return torch.matmul(x, w.T)
+    rows = _GemmTransB.apply(x.reshape(-1, x.shape[-1]), w)  # (N, V)
+    return rows.reshape(*x.shape[:-1], w.shape[0])
+
+
+def table_logits(table: nn.Module, h: Tensor) -> Tensor:
+    """h (..., D) @ Wᵀ for the table W of `table`: an nn.Embedding's weight, or through a compact
+    embedding's factors (its `logits`)."""
+    if isinstance(table, nn.Embedding):
+        return matmul_t(h, table.weight)
+    return table.logits(h)
+
+
+class TiedLogits(nn.Module):
+    """The output projection of a tied model: logits = h Wᵀ with W the input embedding's table. It
+    holds no weight of its own: the embedding is referenced, not registered as a submodule, so a
+    state dict, a checkpoint and an ONNX graph hold the table (or its factors) once."""
+
+    def __init__(self, embedding: nn.Module):
+        super().__init__()
+        self._table = (embedding,)  # a tuple: nn.Module does not register what it holds
+
+    @property
+    def embedding(self) -> nn.Module:
+        return self._table[0]
+
+    @property
+    def weight(self) -> Tensor:
+        """The dense table (V × D), formed for checks only when the embedding is compact."""
+        table = self.embedding
+        return table.weight if isinstance(table, nn.Embedding) else table.to_dense()
+
+    def forward(self, h: Tensor) -> Tensor:
+        return table_logits(self.embedding, h)  # (..., V)
+
+    def extra_repr(self) -> str:
+        return f"tied to {type(self.embedding).__name__}"

@@ -1,0 +1,131 @@
+"""The causal language model kind (Llama-, GPT-2-style): (input_ids, attention_mask) → logits.
+Distilled on KL(teacher ‖ student) of the next-token distributions at a temperature; agreement is
+−KL per passage; the fisher probes are log p(y | x) with y drawn from the model's own distribution,
+whose gradient covariance is the Fisher of the output; quality is perplexity, top-1 agreement and
+KL (eval.kinds). A model whose output head shares the input table gets a TiedLogits head, which
+computes the logits through whatever holds the table: stored once, never formed."""
+
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from compressor.dense import LINEAR_TYPES
+from compressor.tied_logits import TiedLogits
+from converters.kinds.base import ModelKind
+from converters.loading import load_hf
+from eval.kinds import CAUSAL_LM as CAUSAL_LM_GRAPH
+
+__all__ = ["CausalLMKind", "CAUSAL_LM", "CausalLMGraph"]
+
+ARCHITECTURE_ENDS = ("ForCausalLM", "LMHeadModel")  # config.json architectures of causal LMs
+
+
+class CausalLMGraph(nn.Module):
+    """The graph's contract: (input_ids, attention_mask) → logits (B, T, V), no key-value cache."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+
+
+def _real(mask: Tensor) -> Tensor:
+    return mask.bool()
+
+
+class CausalLMKind(ModelKind):
+    name = "causal-lm"
+    graph = CAUSAL_LM_GRAPH
+    agreement_name = "validation −KL"
+    finetune_batch = 8  # a 135M-parameter LM: forward + backward of 8 × 64 tokens is ~4 s on 2 cores
+    options = ("temperature",)
+
+    def recognises(self, model: nn.Module) -> bool:
+        return type(model).__name__.endswith(ARCHITECTURE_ENDS)
+
+    def recognises_config(self, config: dict) -> bool:
+        return any(str(a).endswith(ARCHITECTURE_ENDS) for a in config.get("architectures") or ())
+
+    def load(self, path: Path) -> nn.Module:
+        from transformers import AutoModelForCausalLM
+
+        model = load_hf(AutoModelForCausalLM.from_pretrained, path)
+        self.tie_(model)
+        return model
+
+    def from_config(self, path: Path) -> nn.Module:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        self.tie_(model)
+        return model
+
+    def save_config(self, model: nn.Module, path: Path) -> None:
+        model.config.save_pretrained(path)
+
+    def export_graph(self, model: nn.Module) -> nn.Module:
+        return CausalLMGraph(model)
+
+    def output(self, model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
+        return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+    def outputs(self, model: nn.Module, ids: Tensor, mask: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
+        out = model(input_ids=ids, attention_mask=mask, use_cache=False, output_hidden_states=True)
+        return out.logits, tuple(out.hidden_states)
+
+    def _kl(self, student: Tensor, teacher: Tensor, mask: Tensor, temperature: float = 1.0) -> Tensor:
+        """KL(softmax(t/τ) ‖ softmax(s/τ)) per real position, (B, T) (0 at padding)."""
+        s = torch.log_softmax(student.float() / temperature, dim=-1)
+        t = torch.log_softmax(teacher.float() / temperature, dim=-1)
+        return (t.exp() * (t - s)).sum(-1) * _real(mask)
+
+    def distill_loss(self, student: Tensor, teacher: Tensor, mask: Tensor, cfg) -> Tensor:
+        """τ² · mean over real positions of KL(p_t^τ ‖ p_s^τ), τ = cfg.temperature (Hinton et al.)."""
+        tau = cfg.temperature
+        return tau * tau * self._kl(student, teacher, mask, tau).sum() / _real(mask).sum().clamp_min(1)
+
+    def agreement(self, student: Tensor, teacher: Tensor, mask: Tensor) -> Tensor:
+        """−mean KL(p_t ‖ p_s) over each passage's real positions."""
+        return -self._kl(student, teacher, mask).sum(1) / _real(mask).sum(1).clamp_min(1)
+
+    def probes(self, output: Tensor, mask: Tensor, count: int, generator: torch.Generator) -> list[Tensor]:
+        """`count` scalars Σ_positions log p(y | x), y ~ p(· | x) drawn afresh each time: E[g gᵀ] of their
+        gradients at the logits is the Fisher of the output, the Hessian of KL(p ‖ p') at p' = p."""
+        logp = torch.log_softmax(output.float(), dim=-1)  # (B, T, V)
+        probs = logp.detach().exp().reshape(-1, logp.shape[-1])
+        real = _real(mask)
+        out = []
+        for _ in range(count):
+            y = torch.multinomial(probs, 1, generator=generator).view(logp.shape[:-1])  # (B, T)
+            out.append((logp.gather(-1, y[..., None]).squeeze(-1) * real).sum())
+        return out
+
+    def output_head(self, model: nn.Module) -> str | None:
+        head = model.get_output_embeddings()
+        return next((n for n, m in model.named_modules() if m is head), None)
+
+    def tie_(self, model: nn.Module) -> None:
+        """A head that shares the input table (an nn.Linear holding the embedding's own weight, or a
+        TiedLogits) becomes TiedLogits over the input embedding as it is now."""
+        head, table = model.get_output_embeddings(), model.get_input_embeddings()
+        shared = isinstance(head, TiedLogits) or (
+            isinstance(head, nn.Linear) and isinstance(table, nn.Embedding) and head.weight is table.weight
+        )
+        if shared:
+            model.set_output_embeddings(TiedLogits(table))
+
+    def is_body_linear(self, name: str, module: nn.Module) -> bool:
+        return isinstance(module, LINEAR_TYPES) and name.split(".")[0] not in ("lm_head", "score")
+
+    def is_attention(self, name: str) -> bool:
+        return any(f".{part}." in f".{name}." for part in ("self_attn", "attn", "attention"))
+
+
+CAUSAL_LM = CausalLMKind()

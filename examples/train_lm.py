@@ -1,0 +1,368 @@
+"""Train a small GPT-2-style causal language model of our own on the CPU, so that the toolkit has a
+second LM architecture to compress: GPT-2's Conv1D layers, learned positions, and a tied word
+embedding table that dominates the model (16384 × 256 = 4.2M of its 7.4M parameters by default).
+
+The text is the default text's LM train split (`eval.corpus.lm_passages("train")`: about 23,600
+passages, 4.3 MB of Python docs and docstrings, none of which the toolkit fine-tunes, calibrates or
+evaluates on). A byte-level BPE is trained on it first (`<|endoftext|>` is bos, eos, pad and unk; like
+GPT-2 the tokenizer adds no bos/eos around a passage); the passages are then tokenized, joined by
+`<|endoftext|>` into one stream, and the model learns from random fixed-length windows of it (AdamW,
+linear warmup, cosine decay to a tenth) until the step or time budget is spent. At the end it prints
+the held-out perplexity on `lm_passages("eval")`: each passage alone, at most 128 tokens, the mean
+negative log-likelihood of every token after the first, exponentiated.
+
+`--out` is written whole or not at all: a Hugging Face model folder (config.json, model.safetensors,
+the tokenizer's files) that `AutoModelForCausalLM.from_pretrained(out)` and `AutoTokenizer` load
+offline, and `train_lm.json` with the options, steps, seconds, final train loss and eval perplexity.
+`--untied` trains separate input and output tables (tie_word_embeddings=False).
+
+`make lm` runs (about 13 minutes each on 2 CPU cores):
+
+    python examples/train_lm.py --out runs/lm/gpt2
+    python examples/train_lm.py --untied --out runs/lm/gpt2-untied
+
+and a tiny one for tests, in seconds: `python examples/train_lm.py --tiny --out /tmp/lm`.
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tqdm import tqdm
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+from compressor.errors import CompressorError
+from eval.atomic import atomic_dir, check_writable
+from eval.corpus import lm_passages
+
+EOT = "<|endoftext|>"  # GPT-2's one special token: bos, eos, pad and unk
+EVAL_MAX_LENGTH = 128  # tokens per eval passage, as the toolkit measures
+
+
+@dataclass(frozen=True)
+class Options:
+    vocab: int = 16384  # BPE vocabulary, special token included; large, so that the table dominates
+    n_embd: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_positions: int = 256  # learned positions: room for 128-token windows and more
+    dropout: float = 0.1
+    untied: bool = False
+    batch: int = 16  # windows per step
+    block: int = 128  # tokens per window
+    lr: float = 2e-3  # peak learning rate, after the warmup
+    warmup: int = 50  # steps of linear warmup
+    weight_decay: float = 0.1  # on matrices only (the tables included), not on biases and LayerNorms
+    steps: int | None = None  # stop after this many steps (None: the time budget alone)
+    minutes: float = 12.0  # stop the training loop after this many minutes
+    max_passages: int | None = None  # train on the first N train passages only (None: all)
+    eval_passages: int | None = None  # held-out passages for the final perplexity (None: all 292)
+    seed: int = 0
+
+
+# --tiny: a model trained in seconds, for tests; any option given on the command line still wins.
+TINY = {
+    "vocab": 512,
+    "n_embd": 32,
+    "n_layer": 1,
+    "n_head": 2,
+    "n_positions": 128,
+    "batch": 4,
+    "block": 64,
+    "warmup": 2,
+    "steps": 20,
+    "max_passages": 300,
+    "eval_passages": 16,
+}
+
+HELP = {
+    "vocab": "BPE vocabulary size, <|endoftext|> included (at least 257: 256 bytes and the special token)",
+    "n_embd": "width of the model: the embedding table is vocab × n_embd",
+    "n_layer": "transformer blocks",
+    "n_head": "attention heads; must divide n_embd",
+    "n_positions": f"learned positions; at least --block and {EVAL_MAX_LENGTH} (the eval length)",
+    "dropout": "dropout of the embeddings, residuals and attention, in [0, 1)",
+    "batch": "windows per step",
+    "block": "tokens per window",
+    "lr": "peak learning rate of AdamW, reached after the warmup, then cosine decay to a tenth of it",
+    "warmup": "steps of linear warmup",
+    "weight_decay": "AdamW weight decay, on matrices (the tables included) only",
+    "steps": "stop after this many steps (the schedule then ends at that step)",
+    "minutes": "stop the training loop after this many minutes (the schedule ends then); tokenizer, eval and "
+    "saving come on top, about a minute at the default sizes",
+    "max_passages": "train on the first N passages of the train split only (all when not given)",
+    "eval_passages": "held-out passages for the final perplexity (all 292 when not given; 0: none)",
+    "seed": "seed of the initialisation, the windows and dropout",
+}
+
+
+def parse(argv: list[str] | None) -> tuple[Options, Path, bool]:
+    """(options, output folder, --force) from the command line."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="output folder (refused if it exists, unless --force)")
+    parser.add_argument(
+        "--force", action="store_true", help="replace --out if it exists (only once the new one is whole)"
+    )
+    parser.add_argument("--untied", action="store_true", help="separate input and output tables, both trained")
+    parser.add_argument("--tiny", action="store_true", help=f"tiny defaults for tests: {TINY}")
+    for field in dataclasses.fields(Options):
+        if field.name == "untied":
+            continue
+        kind = float if field.name in ("dropout", "lr", "weight_decay", "minutes") else int
+        parser.add_argument(
+            f"--{field.name.replace('_', '-')}",
+            type=kind,
+            default=None,
+            metavar="N" if kind is int else "X",
+            help=f"{HELP[field.name]} (default: {field.default}"
+            + (f"; --tiny: {TINY[field.name]})" if field.name in TINY else ")"),
+        )
+    args = parser.parse_args(argv)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if f.name != "untied"}
+    defaults = TINY if args.tiny else {}
+    chosen = {k: v if v is not None else defaults.get(k, getattr(Options, k)) for k, v in given.items()}
+    return Options(**chosen, untied=args.untied), args.out, args.force
+
+
+def validate(opts: Options, out: Path, force: bool) -> None:
+    """CompressorError, one sentence, for the first option that cannot work; nothing is done before."""
+    for name in ("vocab", "n_embd", "n_layer", "n_head", "n_positions", "batch", "block", "steps", "max_passages"):
+        value = getattr(opts, name)
+        if value is not None and value <= 0:
+            raise CompressorError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    for name in ("warmup", "eval_passages", "seed"):
+        value = getattr(opts, name)
+        if value is not None and value < 0:
+            raise CompressorError(f"--{name.replace('_', '-')} must be 0 or more, got {value}")
+    for name in ("lr", "minutes"):
+        value = getattr(opts, name)
+        if not (value > 0 and math.isfinite(value)):
+            raise CompressorError(f"--{name} must be a positive number, got {value}")
+    if not (0 <= opts.weight_decay < math.inf):
+        raise CompressorError(f"--weight-decay must be 0 or more, got {opts.weight_decay}")
+    if not 0 <= opts.dropout < 1:
+        raise CompressorError(f"--dropout must be in [0, 1), got {opts.dropout}")
+    if opts.vocab < 257:
+        raise CompressorError(f"--vocab must be at least 257 (256 bytes and {EOT}), got {opts.vocab}")
+    if opts.n_embd % opts.n_head:
+        raise CompressorError(f"--n-embd must be divisible by --n-head, got {opts.n_embd} and {opts.n_head}")
+    if opts.n_positions < max(opts.block, EVAL_MAX_LENGTH):
+        raise CompressorError(
+            f"--n-positions must be at least --block and {EVAL_MAX_LENGTH} (the eval length), got {opts.n_positions} "
+            f"with --block {opts.block}"
+        )
+    if out.exists() and not force:
+        raise CompressorError(f"the output folder {str(out)!r} exists; remove it, pick another --out, or give --force")
+    check_writable(out, "output folder")
+
+
+def train_tokenizer(texts: list[str], vocab: int, n_positions: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE of `vocab` tokens learned from `texts`, as a Hugging Face tokenizer that pads
+    with <|endoftext|> and adds nothing around a passage."""
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        min_frequency=2,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token=EOT,
+        eos_token=EOT,
+        pad_token=EOT,
+        unk_token=EOT,
+        model_max_length=n_positions,
+    )
+
+
+def pack(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
+    """All passages' tokens in one stream, each passage followed by <|endoftext|>."""
+    eos = tokenizer.eos_token_id
+    encodings = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)  # no length warning
+    return torch.tensor([t for e in encodings for t in (*e.ids, eos)], dtype=torch.long)
+
+
+def build_model(opts: Options, tokenizer: PreTrainedTokenizerFast) -> GPT2LMHeadModel:
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=opts.n_positions,
+        n_embd=opts.n_embd,
+        n_layer=opts.n_layer,
+        n_head=opts.n_head,
+        resid_pdrop=opts.dropout,
+        embd_pdrop=opts.dropout,
+        attn_pdrop=opts.dropout,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=not opts.untied,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def table_parameters(model: GPT2LMHeadModel) -> int:
+    """Parameters in the word tables: one table when tied, two when not."""
+    tables = {id(t): t for t in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)}
+    return sum(t.numel() for t in tables.values())
+
+
+def learning_rate(opts: Options, step: int, progress: float) -> float:
+    """Linear warmup over the first `warmup` steps, then cosine from `lr` down to lr / 10 as
+    `progress` (the spent share of the step or time budget) goes from 0 to 1."""
+    warm = min(1.0, (step + 1) / opts.warmup) if opts.warmup else 1.0
+    cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return opts.lr * warm * (0.1 + 0.9 * cosine)
+
+
+def train(model: GPT2LMHeadModel, stream: torch.Tensor, opts: Options) -> dict:
+    """Train in place on random windows of `stream` until the step or time budget is spent."""
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    others = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": matrices, "weight_decay": opts.weight_decay}, {"params": others, "weight_decay": 0.0}],
+        lr=opts.lr,
+        betas=(0.9, 0.95),
+    )
+    windows = torch.Generator().manual_seed(opts.seed)
+    budget = opts.minutes * 60
+    losses: list[float] = []
+    model.train()
+    start = time.perf_counter()
+    bar = tqdm(total=100, unit="%", bar_format="{l_bar}{bar}| {elapsed}<{remaining}{postfix}", file=sys.stderr)
+    step, progress = 0, 0.0
+    while progress < 1.0:
+        lr = learning_rate(opts, step, progress)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(len(stream) - opts.block, (opts.batch,), generator=windows)
+        window = torch.stack([stream[s : s + opts.block + 1] for s in starts.tolist()])  # (B, T+1)
+        x, y = window[:, :-1], window[:, 1:]  # (B, T) each
+        logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits  # (B, T, V); no token is padding here
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        losses.append(loss.item())
+        seconds = time.perf_counter() - start
+        progress = max(step / opts.steps if opts.steps else 0.0, seconds / budget)
+        bar.n = min(100, int(progress * 100))
+        bar.set_postfix_str(f"step {step} loss {losses[-1]:.3f} lr {lr:.2e}")
+        if step % 100 == 0:
+            bar.write(f"step {step}: train loss {sum(losses[-100:]) / 100:.3f} (mean of the last 100), {seconds:.0f} s")
+    bar.close()
+    last = losses[-20:]
+    return {
+        "steps": step,
+        "seconds": round(time.perf_counter() - start, 1),
+        "tokens_seen": step * opts.batch * opts.block,
+        "first_loss": round(losses[0], 4),
+        "final_train_loss": round(sum(last) / len(last), 4),  # mean of the last 20 steps
+    }
+
+
+@torch.no_grad()
+def perplexity(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> tuple[float, int]:
+    """(exp of the mean NLL over predicted tokens, their count): each passage alone, at most
+    EVAL_MAX_LENGTH tokens, every token after the first predicted."""
+    model.eval()
+    nll, count = 0.0, 0
+    for i in range(0, len(texts), 32):
+        batch = tokenizer(
+            texts[i : i + 32], padding=True, truncation=True, max_length=EVAL_MAX_LENGTH, return_tensors="pt"
+        )
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (B, T, V)
+        target = batch["input_ids"][:, 1:]  # (B, T-1)
+        mask = batch["attention_mask"][:, 1:].bool()  # (B, T-1): right padding is never predicted
+        token_nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), target, reduction="none")  # (B, T-1)
+        nll += token_nll[mask].sum().item()
+        count += int(mask.sum())
+    return math.exp(nll / count), count
+
+
+def save(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, record: dict, out: Path) -> None:
+    """The model, its tokenizer and train_lm.json in `out`, replaced whole or not at all."""
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "train_lm.json").write_text(json.dumps(record, indent=2) + "\n")
+        for file in tmp.iterdir():  # safetensors leaves its file 0600; the folder's others follow the umask
+            file.chmod(0o666 & ~umask())
+
+
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, out, force = parse(argv)
+    try:
+        validate(opts, out, force)
+    except CompressorError as e:
+        print(f"train_lm.py: {e}", file=sys.stderr)
+        return 2
+    began = time.perf_counter()
+    torch.manual_seed(opts.seed)
+    torch.set_num_threads(os.cpu_count() or 1)
+
+    texts = lm_passages("train")[: opts.max_passages]
+    held_out = lm_passages("eval")[: opts.eval_passages]
+    tokenizer = train_tokenizer(texts, opts.vocab, opts.n_positions)
+    stream = pack(tokenizer, texts)
+    print(f"tokenizer: {len(tokenizer)} tokens, learned in {time.perf_counter() - began:.0f} s", file=sys.stderr)
+    if len(stream) < opts.block + 1:
+        print(
+            f"train_lm.py: the {len(texts)} passages make {len(stream)} tokens, fewer than one window", file=sys.stderr
+        )
+        return 2
+    print(f"text: {len(texts)} passages, {len(stream):,} tokens with {EOT} between them", file=sys.stderr)
+
+    model = build_model(opts, tokenizer)
+    total, table = model.num_parameters(), table_parameters(model)
+    kind = "untied: two tables" if opts.untied else "tied: one table"
+    print(f"model: {total:,} parameters, {table:,} of them in the word table(s) ({kind})", file=sys.stderr)
+
+    result = train(model, stream, opts)
+    ppl, tokens = perplexity(model, tokenizer, held_out) if held_out else (None, 0)
+    record = {
+        "options": asdict(opts),
+        "vocab_size": len(tokenizer),
+        "parameters": total,
+        "table_parameters": table,
+        "tied": not opts.untied,
+        "train_passages": len(texts),
+        "train_tokens": len(stream),
+        **result,
+        "eval_passages": len(held_out),
+        "eval_tokens": tokens,
+        "eval_perplexity": round(ppl, 3) if ppl is not None else None,
+        "total_seconds": round(time.perf_counter() - began, 1),
+    }
+    save(model, tokenizer, record, out)
+    print(
+        f"{result['steps']} steps in {result['seconds']:.0f} s, final train loss {result['final_train_loss']:.3f}, "
+        f"eval perplexity {record['eval_perplexity']} over {tokens:,} tokens of {len(held_out)} passages; wrote {out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
