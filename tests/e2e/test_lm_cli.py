@@ -1,0 +1,96 @@
+"""The command line on tiny causal language models: run end to end with the LM metrics, and the
+bad input that belongs to language models answered in one sentence."""
+
+import json
+
+import pytest
+
+from converters.cli import main
+from tests.conftest import WORDS, write_tiny_lm
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def lm_text(tmp_path_factory):
+    lines = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 12)) for i in range(1, 40)]
+    path = tmp_path_factory.mktemp("lm") / "text.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_run_on_a_tied_lm_compresses_the_table_once_and_reports_perplexity(
+    tiny_llama_dir, lm_text, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1), (8, 128, 2)))
+    out = tmp_path / "run"
+    code, stdout, err = run_cli(
+        capsys,
+        "run",
+        tiny_llama_dir,
+        "--method",
+        "lowrank",
+        "--kind",
+        "aware",
+        "--dense-head",
+        8,
+        "--rank",
+        4,
+        "--calib",
+        lm_text,
+        "--eval-text",
+        lm_text,
+        "--second-text",
+        lm_text,
+        "--finetune-steps",
+        3,
+        "--data",
+        lm_text,
+        "--temperature",
+        2,
+        "--runs",
+        2,
+        "--out",
+        out,
+    )
+    assert code == 0, err
+    report = json.loads((out / "report.json").read_text())
+    rows = {v["name"]: v for v in report["variants"]}
+    assert list(rows) == ["original", "original-int8", "lowrank-head8-r4-aware", "lowrank-head8-r4-aware-ft"]
+    original, compressed = rows["original"], rows["lowrank-head8-r4-aware"]
+    assert set(original["quality"]) == {"perplexity", "top1_agreement", "kl_mean"}
+    assert original["quality"]["kl_mean"] == 0 and original["quality"]["top1_agreement"] == 1
+    assert compressed["quality"]["kl_mean"] > 0 and "quality_second_text" in compressed
+    assert compressed["params"] < original["params"]
+    assert report["front_quality"] == "top1_agreement" and "validation −KL" in err
+    assert rows["lowrank-head8-r4-aware-ft"]["finetune"]["config"]["temperature"] == 2
+    assert "| perplexity |" in stdout.replace(" p50 ms", "").replace("perplexity | top1", "perplexity |")
+
+
+def test_bench_refuses_an_lm_graph_beside_an_encoder(tiny_llama_dir, tiny_bert_dir, tmp_path, capsys):
+    for model, path in ((tiny_bert_dir, tmp_path / "enc.onnx"), (tiny_llama_dir, tmp_path / "lm.onnx")):
+        assert run_cli(capsys, "export", model, "--out", path)[0] == 0
+    code, _, err = run_cli(capsys, "bench", tmp_path / "enc.onnx", tmp_path / "lm.onnx", "--tokenizer", tiny_bert_dir)
+    assert code == 2 and "of the causal-lm kind; the original's is of the encoder kind" in err
+
+
+def test_lm_bad_input_gets_one_clear_sentence(tiny_llama_dir, tiny_bert_dir, tmp_path, capsys):
+    ft = ("--temperature", 2, "--finetune-steps", 1)
+    code, _, err = run_cli(capsys, "run", tiny_bert_dir, *ft, "--out", tmp_path / "a")
+    assert code == 2 and "--temperature is an option of causal-lm models" in err
+    head = ("--method", "lowrank", "--targets", "head")
+    code, _, err = run_cli(capsys, "compress", tiny_bert_dir, *head, "--out", tmp_path / "b")
+    assert code == 2 and "needs an output projection" in err
+    code, _, err = run_cli(capsys, "compress", tiny_llama_dir, *head, "--out", tmp_path / "c")
+    assert code == 2 and "tied to the input embedding" in err
+    small = write_tiny_lm(tmp_path / "small", "llama")
+    config = json.loads((small / "config.json").read_text())
+    config["vocab_size"] = 40
+    (small / "config.json").write_text(json.dumps(config))
+    code, _, err = run_cli(capsys, "compress", small, "--out", tmp_path / "d")
+    assert code == 2 and "has 102 tokens but the model's table has 40 rows" in err
+    assert not any((tmp_path / name).exists() for name in "abcd")
