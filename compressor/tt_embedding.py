@@ -14,6 +14,7 @@ from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import ShapeError
 from compressor.factorize import balanced_factors
 from compressor.lowrank import SENSITIVITY_DAMP
+from compressor.tied_logits import matmul_t
 from compressor.token_order import TOKEN_ORDERS, principal_order
 from compressor.tt import balance_cores, tt2_weighted_als, tt_matrix_svd, tt_matrix_to_dense, tt_refit_under_metric
 
@@ -148,19 +149,24 @@ class TTEmbedding(CompactEmbedding):
         return out if padded_dim == self.embedding_dim else out[..., : self.embedding_dim]
 
     def logits(self, h: Tensor) -> Tensor:
-        """h Wᵀ through the cores, never forming W: h (N, D') is reshaped to (N, d_1, …, d_d) and
-        contracted with G_1, …, G_d in turn, T[n, (i_1…i_k), r_k, d_{k+1}…] = Σ T[n, (i_1…i_{k−1}),
-        r_{k−1}, d_k, …] G_k[i_k, r_{k−1}, d_k, r_k]; then the rows in token order."""
+        """h Wᵀ through the cores, never forming W: h (N, D') is cut into (d_1, …, d_d) and contracted
+        with G_1, …, G_d in turn, T[n, (i_1…i_k), r_k, rest] = Σ_{r_{k−1}, a} T[n, (i_1…i_{k−1}), r_{k−1}, a,
+        rest] G_k[i_k, r_{k−1}, a, r_k], one Gemm per core: N Σ_k (Π_{j<k} v_j) r_{k−1} d_k v_k r_k
+        (Π_{j>k} d_j) multiply-adds, which beats the dense N V D only at small ranks."""
         padded_dim = math.prod(self.spec.col_dims)
         if padded_dim > self.embedding_dim:
             h = nn.functional.pad(h, (0, padded_dim - self.embedding_dim))
         lead = h.shape[:-1]
-        x = h.reshape(-1, 1, 1, padded_dim)  # (N, Π v so far, r_0, d_1 · rest)
+        x = h.reshape(-1, 1, 1, padded_dim)  # (N, P = Π v so far, r_{k−1}, d_k · rest)
         for core in self.cores:
             v, r0, d, r1 = core.shape
-            x = x.reshape(x.shape[0], x.shape[1], r0, d, -1)  # (N, P, r_{k−1}, d_k, rest)
-            x = torch.einsum("npxar,ixay->npiyr", x, core)  # (N, P, v_k, r_k, rest)
-            x = x.reshape(x.shape[0], x.shape[1] * v, r1, -1)  # (N, P·v_k, r_k, rest)
+            n, p = x.shape[0], x.shape[1]
+            x = x.reshape(n, p, r0, d, -1).permute(0, 1, 4, 2, 3)  # (N, P, rest, r_{k−1}, d_k)
+            rest = x.shape[2]
+            kernel = core.permute(0, 3, 1, 2).reshape(v * r1, r0 * d)  # [(i, r_k), (r_{k−1}, a)]
+            x = matmul_t(x.reshape(-1, r0 * d), kernel)  # (N·P·rest, v_k·r_k)
+            x = x.reshape(n, p, rest, v, r1).permute(0, 1, 3, 4, 2)  # (N, P, v_k, r_k, rest)
+            x = x.reshape(n, p * v, r1, rest)
         rows = x.reshape(*lead, -1)  # (..., V')
         return rows[..., self.permutation] if self.spec.permuted else rows[..., : self.num_embeddings]
 

@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from compressor.errors import PlanError
 from converters.calibration import Calibration
-from converters.kinds import kind_of
+from converters.kinds import find_kind
 from converters.plan import Plan, match_plan
 from converters.registry import Context, Skip, handler_for
 
@@ -74,5 +74,7 @@ def compress_(
         }
     for name, compact in built.items():
         set_submodule(model, name, compact)
-    kind_of(model).tie_(model)  # a tied head now computes through the compressed table
+    kind = find_kind(model)
+    if kind is not None:
+        kind.tie_(model)  # a tied head now computes through the compressed table
     return report

@@ -18,7 +18,7 @@ from converters.kinds.base import ModelKind
 from converters.kinds.causal_lm import CAUSAL_LM
 from converters.kinds.encoder import ENCODER
 
-__all__ = ["ModelKind", "KINDS", "kind_of", "kind_for_config", "kind_named"]
+__all__ = ["ModelKind", "KINDS", "kind_of", "find_kind", "kind_for_config", "kind_named"]
 
 KINDS: tuple[ModelKind, ...] = (CAUSAL_LM, ENCODER)  # the encoder last: it takes any model with an embedding
 
@@ -30,10 +30,15 @@ def kind_named(name: str) -> ModelKind:
     raise CompressorError(f"unknown model kind {name!r}; known: {', '.join(k.name for k in KINDS)}")
 
 
+def find_kind(model: nn.Module) -> ModelKind | None:
+    """The kind of `model`, None for a module no kind recognises (a user's own part of a model)."""
+    return next((kind for kind in KINDS if kind.recognises(model)), None)
+
+
 def kind_of(model: nn.Module) -> ModelKind:
-    for kind in KINDS:
-        if kind.recognises(model):
-            return kind
+    kind = find_kind(model)
+    if kind is not None:
+        return kind
     raise CompressorError(f"a {type(model).__name__} is no model kind the toolkit knows")
 
 
