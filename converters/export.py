@@ -124,11 +124,13 @@ def _export_checked(
     return ExportResult(path, parity)
 
 
-def export_onnx(model: nn.Module, path: Path, opset: int = 17, atol: float = PARITY_ATOL) -> ExportResult:
-    """A model as its kind's graph (an encoder: (input_ids, attention_mask) → last_hidden_state), parity-checked."""
+def export_onnx(model: nn.Module, path: Path, opset: int = 17, atol: float | None = None) -> ExportResult:
+    """A model as its kind's graph (an encoder: (input_ids, attention_mask) → last_hidden_state), parity-checked
+    within `atol` (default: the kind's, GraphKind.parity_atol)."""
     kind = kind_of(model)
     vocab = model.get_input_embeddings().num_embeddings
     graph = kind.export_graph(model).eval()
+    atol = kind.graph.parity_atol if atol is None else atol
     return _export_checked(graph, kind.graph.inputs, kind.graph.output, vocab, path, opset, atol)
 
 

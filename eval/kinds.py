@@ -24,13 +24,15 @@ class GraphKind:
     between a variant and the original (`reference`: what the original gave, None for the original
     itself); `quality(reference, other)` the metrics; `loss(reference, other)` one number to minimise
     (how far the other is); `min_passages` how many eval passages the metrics need; `front` the
-    quality key the Pareto fronts maximise."""
+    quality key the Pareto fronts maximise; `parity_atol` the most an export's output may differ from
+    PyTorch's."""
 
     name: str
     inputs: tuple[str, ...]
     output: str
     min_passages: int
     front: str
+    parity_atol: float = 1e-4
 
     def recognises(self, inputs: list[str], outputs: list[str]) -> bool:
         return sorted(inputs) == sorted(self.inputs) and self.output in outputs
@@ -87,7 +89,9 @@ class CausalLMGraphKind(GraphKind):
 
 INPUTS = ("input_ids", "attention_mask")
 ENCODER = EncoderGraphKind("encoder", INPUTS, "last_hidden_state", min_passages=11, front="recall_at_10")
-CAUSAL_LM = CausalLMGraphKind("causal-lm", INPUTS, "logits", min_passages=1, front="top1_agreement")
+# Logits of a 30-layer LM (SmolLM2, |logit| up to ~30) differ by 1.3e-4 between ONNX Runtime and PyTorch in
+# fp32 from the order of summation alone: 1e-3 is still 3e-5 of their range.
+CAUSAL_LM = CausalLMGraphKind("causal-lm", INPUTS, "logits", min_passages=1, front="top1_agreement", parity_atol=1e-3)
 GRAPH_KINDS = (ENCODER, CAUSAL_LM)
 
 
