@@ -89,9 +89,10 @@ class CausalLMGraphKind(GraphKind):
 
 INPUTS = ("input_ids", "attention_mask")
 ENCODER = EncoderGraphKind("encoder", INPUTS, "last_hidden_state", min_passages=11, front="recall_at_10")
-# Logits of a 30-layer LM (SmolLM2, |logit| up to ~30) differ by 1.3e-4 between ONNX Runtime and PyTorch in
-# fp32 from the order of summation alone: 1e-3 is still 3e-5 of their range.
-CAUSAL_LM = CausalLMGraphKind("causal-lm", INPUTS, "logits", min_passages=1, front="top1_agreement", parity_atol=1e-3)
+# Logits of a 30-layer LM (SmolLM2, |logit| up to ~30) differ between ONNX Runtime and PyTorch in fp32 from the
+# order of summation alone: 1.3e-4 for the original, 1.6e-2 with its table compressed 8× (whose fp32 PyTorch
+# logits differ from its own fp64 ones by 7.4e-3). 5e-2 is 2e-3 of their range; a wrong row is off by ~1.
+CAUSAL_LM = CausalLMGraphKind("causal-lm", INPUTS, "logits", min_passages=1, front="top1_agreement", parity_atol=5e-2)
 GRAPH_KINDS = (ENCODER, CAUSAL_LM)
 
 
