@@ -105,7 +105,8 @@ def graph_kind(path: str | Path) -> GraphKind:
         if kind.recognises(inputs, outputs):
             return kind
     wanted = "; ".join(f"{k.name}: {list(k.inputs)} → {k.output}" for k in GRAPH_KINDS)
-    names = " or ".join(k.name for k in GRAPH_KINDS)
+    names = ", ".join(k.name for k in GRAPH_KINDS)
     raise CompressorError(
-        f"{str(path)!r} is neither an {names} graph: it maps {sorted(inputs)} to {outputs}; bench needs {wanted}"
+        f"{str(path)!r} is not a graph of a kind bench knows ({names}): it maps {sorted(inputs)} to {outputs}; "
+        f"bench needs {wanted}"
     )

@@ -222,7 +222,7 @@ def test_finetune_without_its_teacher_says_so(tiny_bert_dir, tmp_path, capsys):
         (["compress", "{tiny}", "--rel-eps", "1.5", "--out", "{tmp}/o"], "in (0, 1)"),
         (["compress", "{tiny}", "--plan", "{tmp}/none.json", "--out", "{tmp}/o"], "does not exist"),
         (["bench", "{tmp}/bad.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "ONNX"),
-        (["bench", "{tmp}/lookup.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "not an encoder graph"),
+        (["bench", "{tmp}/lookup.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "not a graph of a kind"),
         (["bench", "{tmp}/missing.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "does not exist"),
         (["run", "{tiny}", "--eval-text", "{tmp}/empty.txt", "--out", "{tmp}/o"], "at least 11 are needed"),
         (["run", "{tiny}", "--runs", "0", "--out", "{tmp}/o"], "--runs must be at least 1"),
