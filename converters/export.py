@@ -1,10 +1,15 @@
 """ONNX export of a model as its kind's graph (an encoder: input_ids, attention_mask →
 last_hidden_state), opset ≥ 17 with dynamic batch and sequence axes, checked against PyTorch in
-ONNX Runtime on ids and shapes the tracer never saw before the file takes its final name."""
+ONNX Runtime on ids and shapes the tracer never saw before the file takes its final name. Before
+the trace, a model may be put in another form its methods offer (in_export_form: a DeFINE unit
+cached as a table, …), as the registry's ExportForms say; export names no method."""
 
+import copy
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -12,7 +17,11 @@ import torch
 from torch import Tensor, nn
 
 from compressor.errors import CompressorError, ExportParityError
+from converters.calibration import Calibration
+from converters.compress import set_submodule
 from converters.kinds import kind_of
+from converters.plan import Plan, match_plan
+from converters.registry import ExportForms, export_forms, method_of
 from eval.atomic import atomic_file, tensor_bytes
 from eval.benchmark import PARITY_KEY
 
@@ -21,6 +30,9 @@ __all__ = [
     "ExportResult",
     "export_onnx",
     "export_embedding_onnx",
+    "export_form_rows",
+    "check_export_forms",
+    "in_export_form",
     "check_parity",
     "sample_inputs",
     "PARITY_SHAPES",
@@ -138,3 +150,63 @@ def export_embedding_onnx(embedding: nn.Module, path: Path, opset: int = 17, ato
     """An embedding alone as input_ids → (B, T, D) (named last_hidden_state), parity-checked."""
     graph = LookupGraph(embedding).eval()
     return _export_checked(graph, graph.inputs, graph.output, embedding.num_embeddings, path, opset, atol)
+
+
+def export_form_rows(values: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(name suffix, values) of each graph that `values` asks for, a form option holding one form or
+    a list (run): "" for a method's default form (the modules as they are), "-FORM" for each other."""
+    every = export_forms().values()
+    base = {**values, **{forms.option.dest: None for forms in every}}
+    rows: dict[str, dict[str, Any]] = {}
+    for forms in every:
+        dest = forms.option.dest
+        named = values.get(dest) or forms.default
+        for form in named if isinstance(named, list) else [named]:
+            rows.setdefault("" if form == forms.default else f"-{form}", {**base, dest: form})
+    return list(rows.items()) or [("", values)]
+
+
+def _chosen(values: dict[str, Any]) -> list[tuple[ExportForms, str]]:
+    """(ExportForms, form) for each form other than its method's default that `values` names (one, or a list)."""
+    chosen = []
+    for forms in export_forms().values():
+        named = values.get(forms.option.dest)
+        chosen += [(forms, form) for form in (named if isinstance(named, list) else [named]) if form]
+    return [(forms, form) for forms, form in chosen if form != forms.default]
+
+
+def check_export_forms(values: dict[str, Any], model: nn.Module, plans: list[Plan] | None) -> None:
+    """Before any work: each form chosen in `values` has modules to apply to among those the `plans`
+    compress in `model` (none with a budget's plans, None), and its method's own check passes on each."""
+    for forms, form in _chosen(values):
+        jobs = [
+            (model.get_submodule(name), cfg)
+            for plan in plans or []
+            for name, (_, cfg) in match_plan(plan, model).items()
+            if method_of(cfg).export_forms is forms
+        ]
+        if not jobs:
+            raise CompressorError(f"{forms.option.flag} {form} needs {forms.what}, and no plan makes one")
+        for module, cfg in jobs:
+            forms.check(form, values, module, cfg)
+
+
+def in_export_form(model: nn.Module, values: dict[str, Any], frequencies: Callable[[], Calibration]) -> nn.Module:
+    """`model` as the form options in `values` (by dest) ask: itself when they choose no form besides
+    the default, else a copy with each (outermost) module a chosen form holds replaced by its export
+    form (a model with none is refused). `frequencies()`: the calibration text's token counts."""
+    chosen = _chosen(values)
+    if not chosen:
+        return model
+    model = copy.deepcopy(model)
+    for forms, form in chosen:
+        names: list[str] = []
+        for name, module in model.named_modules():
+            if forms.holds(module) and not any(name.startswith(f"{outer}.") for outer in names):
+                names.append(name)
+        if not names:
+            raise CompressorError(f"{forms.option.flag} {form} needs a model with {forms.what}; this one has none")
+        for name in names:
+            set_submodule(model, name, forms.prepare(model.get_submodule(name), form, values, frequencies))
+    kind_of(model).tie_(model)  # a tied head now reads the exported form
+    return model

@@ -4,7 +4,8 @@ budget read it. Nothing else names a method.
 
 A method is a config dataclass (frozen, a ClassVar `method` naming it), a `build` that turns one
 trained module into its compact form (or a Skip saying why it stays dense), the compact module
-classes a checkpoint may rebuild, its command-line options, and optionally a budget rule."""
+classes a checkpoint may rebuild, its command-line options, and optionally a budget rule and the
+forms its modules may be exported in."""
 
 import importlib
 from collections.abc import Callable
@@ -32,6 +33,8 @@ __all__ = [
     "handler_for",
     "compact_modules",
     "given",
+    "ExportForms",
+    "export_forms",
 ]
 
 
@@ -105,6 +108,29 @@ class BudgetRule:
 
 
 @dataclass(frozen=True)
+class ExportForms:
+    """The forms besides itself in which a method's compact modules may be exported (a DeFINE unit:
+    computed, cached as a table, or cached for the frequent tokens and computed for the rest), asked
+    by export and run before a graph is traced. `option` picks the form (its choices; the first, the
+    default, is each module as it is); `options`: what else the forms read. `holds(module)`: a module
+    the forms apply to (the outermost one is taken); `prepare(module, form, values, frequencies)`: the
+    module to export in its place, `values` the options by dest, `frequencies()` the calibration text's
+    token counts (a Calibration) for a form that needs them; `check(form, values, module, cfg)`: before
+    any work, on a trained module the plan's `cfg` will compress; `what`: such a module, in words."""
+
+    option: Option
+    holds: Callable[[nn.Module], bool]
+    prepare: Callable[[nn.Module, str, dict[str, Any], Callable[[], Calibration]], nn.Module]
+    what: str
+    check: Callable[[str, dict[str, Any], nn.Module, Any], None] = lambda form, values, module, cfg: None
+    options: tuple[Option, ...] = ()
+
+    @property
+    def default(self) -> str:
+        return self.option.choices[0]
+
+
+@dataclass(frozen=True)
 class Method:
     """One compression method. `from_options(values)` builds a config from the method's option
     values (a dict from option dest to the value given, or None when not given)."""
@@ -119,6 +145,7 @@ class Method:
     needs_calibration: Callable[[Any], bool] = lambda cfg: False
     needs_sensitivity: Callable[[Any], bool] = lambda cfg: False
     budget: BudgetRule | None = None
+    export_forms: ExportForms | None = None
     default: bool = False  # the method the command line uses when none is named
 
     @property
@@ -184,6 +211,11 @@ def handler_for(name: str, module: nn.Module, config: object) -> Method:
         )
     method.check(name, module, config)
     return method
+
+
+def export_forms() -> dict[str, ExportForms]:
+    """The export forms of every method that has them, by method name."""
+    return {name: m.export_forms for name, m in methods().items() if m.export_forms is not None}
 
 
 def compact_modules() -> dict[str, type[nn.Module]]:

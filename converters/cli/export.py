@@ -4,14 +4,23 @@ import tempfile
 from pathlib import Path
 
 from compressor.errors import CompressorError
+from converters.calibration import Calibration, token_counts
 from converters.checkpoint import load_model
-from converters.cli.options import calibration_options, quantize_option
+from converters.cli.options import (
+    calibration_options,
+    export_form_options,
+    export_form_values,
+    prior_options,
+    quantize_option,
+)
 from converters.cli.steps import check_outputs, quantize_calibration, say
-from converters.export import export_onnx
+from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.int4 import check_int4_options
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
+from converters.prior import check_prior, token_prior, with_prior
 from converters.quantize import PLANNED, quantize_onnx
+from eval.quality import load_tokenizer
 
 HELP = "export a model or compressed checkpoint to ONNX, parity-checked"
 
@@ -22,7 +31,8 @@ def add_arguments(p) -> None:
         "--out",
         type=Path,
         default=None,
-        help="ONNX file to write (default: MODEL_DIR.onnx beside the directory; original.onnx for the default model)",
+        help="ONNX file to write (default: MODEL_DIR.onnx beside the directory; original.onnx for the default model; "
+        "-FORM added for an export form other than the default)",
     )
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, ≥ 17 (default: 17)")
     quantize_option(
@@ -31,13 +41,31 @@ def add_arguments(p) -> None:
         "default name",
     )
     calibration_options(p)
+    export_form_options(p, many=False)
+    prior_options(p)
+
+
+def token_frequencies(args, source: Path, vocab: int) -> Calibration:
+    """The token counts of every passage of the calibration text (--calib, else the default), blended
+    with the prior as the data-aware methods blend them: what ranks tokens for an export form that
+    caches the most frequent ones."""
+    tokenizer = load_tokenizer(source)
+    texts, where = kind_for_config(source).graph.passages(args.calib, "calib")
+    calib = Calibration({}, token_counts(tokenizer, texts, vocab), tuple(tokenizer.all_special_ids))
+    say(f"token counts: every passage of {where}, {calib.tokens:,} tokens")
+    if args.freq_prior == "none" or args.prior_weight == 0:
+        return calib
+    say(f"token frequencies: blended with {args.freq_prior}'s English word frequencies at weight {args.prior_weight:g}")
+    return with_prior(calib, token_prior(tokenizer, vocab), args.prior_weight)
 
 
 def run(args) -> None:
     source = resolve_model_dir(args.model).absolute()
     stem = (source.parent / source.name) if args.model else Path("original")
     suffix = f"-{args.quantize}" if args.quantize else ""
-    out = args.out or stem.with_name(f"{stem.name}{suffix}.onnx")
+    values = export_form_values(args)
+    (form, _), *_ = export_form_rows(values)
+    out = args.out or stem.with_name(f"{stem.name}{form}{suffix}.onnx")
     check_int4_options(args.block_size, args.accuracy_level)
     if args.quantize in PLANNED:
         raise CompressorError(
@@ -45,16 +73,18 @@ def run(args) -> None:
             f"--quantize {args.quantize}"
         )
     check_outputs(args, ONNX_file=out)
+    check_prior(args.freq_prior, args.prior_weight)
     graph_kind = kind_for_config(source).graph
     batches = quantize_calibration(args, [args.quantize] if args.quantize else [], graph_kind, source)
     model, _ = load_model(source)
+    vocab = model.get_input_embeddings().num_embeddings
+    model = in_export_form(model, values, lambda: token_frequencies(args, source, vocab))
     if not args.quantize:
         result = export_onnx(model, out, opset=args.opset)
         say(f"wrote {result.path} (parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e})")
         return
     with tempfile.TemporaryDirectory() as work:
         fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=args.opset)
-        vocab = model.get_input_embeddings().num_embeddings
         result = quantize_onnx(fp32.path, out, vocab, args.quantize, batches, args.block_size, args.accuracy_level)
     say(
         f"wrote {result.path} ({args.quantize}; against its fp32 graph, whose parity with PyTorch is "

@@ -10,7 +10,7 @@ from converters.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.prior import PRIOR_WEIGHT, PRIORS
 from converters.quantize import CALIBRATION_PASSAGES, SCHEMES
-from converters.registry import Option, default_method, methods
+from converters.registry import Option, default_method, export_forms, methods
 from eval.news import SECOND_PASSAGES
 
 __all__ = [
@@ -21,6 +21,8 @@ __all__ = [
     "finetune_options",
     "bench_options",
     "quantize_option",
+    "export_form_options",
+    "export_form_values",
 ]
 
 # The default text's calibration passages are short (docstrings: 48 tokens on average): 256 of them
@@ -260,6 +262,29 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         help="int4 schemes: MatMulNBits' compute, 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations "
         f"(default: {INT4_ACCURACY}, the fastest here)",
     )
+
+
+def export_form_options(p: argparse.ArgumentParser, many: bool) -> None:
+    """The options of the forms a method's modules may be exported in (read from the registry): with
+    `many`, run takes several forms and measures one graph per form."""
+    for forms in export_forms().values():
+        option = forms.option
+        several = many and option.many
+        p.add_argument(
+            option.flag,
+            choices=option.choices,
+            nargs="+" if several else None,
+            default=None,
+            help=option.help + (", one graph per value, named NAME-FORM" if several else ""),
+        )
+        for extra in forms.options:
+            p.add_argument(extra.flag, type=extra.type, choices=extra.choices or None, default=None, help=extra.help)
+
+
+def export_form_values(args: argparse.Namespace) -> dict:
+    """The values of the export-form options, by dest (None where not given)."""
+    options = [o for forms in export_forms().values() for o in (forms.option, *forms.options)]
+    return {o.dest: getattr(args, o.dest, None) for o in options}
 
 
 def bench_options(p: argparse.ArgumentParser) -> None:

@@ -2,7 +2,15 @@
 
 from pathlib import Path
 
-from converters.cli.options import MODEL_HELP, bench_options, finetune_options, method_options, quantize_option
+from converters.cli.options import (
+    MODEL_HELP,
+    bench_options,
+    export_form_options,
+    export_form_values,
+    finetune_options,
+    method_options,
+    quantize_option,
+)
 from converters.cli.steps import (
     check_kind_options,
     check_method_options,
@@ -18,6 +26,7 @@ from converters.cli.steps import (
     second_texts,
 )
 from converters.cli.variants import Variants, output_folder
+from converters.export import check_export_forms
 from converters.int4 import check_int4_options
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
@@ -37,6 +46,7 @@ def add_arguments(p) -> None:
         "original's int8 row, original-int8, is always there)",
         many=True,
     )
+    export_form_options(p, many=True)
     p.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: runs/latest)")
     finetune_options(p, run=True)
     bench_options(p)
@@ -74,7 +84,8 @@ def _run(args, texts, second, ft_texts, schemes: list[str], batches) -> None:
     """Compress, export and bench each variant, and each quantized with `schemes` (calibration
     `batches` for int8-aware); `ft_texts` None: no fine-tune."""
     original, source = load_original(args.model)
-    check_plans(args, original)  # every plan against the model's modules, before the original is exported
+    plans = check_plans(args, original)  # every plan against the model's modules, before the original is exported
+    check_export_forms(export_form_values(args), original, plans)
     vocab = original.get_input_embeddings().num_embeddings
     variants = Variants(args.out, vocab, batches, args.block_size, args.accuracy_level)
     variants.add_original(original, schemes)

@@ -3,6 +3,7 @@ quantized rows first, then each compressed variant, fine-tuned and quantized as 
 bench, the report and the plots of its Pareto fronts over them."""
 
 import copy
+import functools
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,8 +13,10 @@ from torch import nn
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.checkpoint import save_compressed
+from converters.cli.export import token_frequencies
+from converters.cli.options import export_form_values
 from converters.cli.steps import compress_and_say, finetune_and_say, plans_and_calibration, say
-from converters.export import export_onnx
+from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.int4 import INT4_ACCURACY, INT4_BLOCK
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantize import PLANNED, quantize_onnx
@@ -98,9 +101,19 @@ class Variants:
         self, args, original: nn.Module, source: Path, ft_texts, schemes: list[str], prefix=None, fp32: bool = True
     ) -> None:
         """Each plan of `args` applied to a copy of `original`, saved and added (named `prefix`, or
-        the plan's label, with the label after the prefix when there are several plans); then
-        fine-tuned on `ft_texts` and added again as NAME-ft, unless `ft_texts` is None."""
+        the plan's label, with the label after the prefix when there are several plans), in each
+        export form asked (NAME-FORM); then fine-tuned on `ft_texts` and added again as NAME-ft,
+        unless `ft_texts` is None."""
         plans, calib = plans_and_calibration(args, original, source)
+        frequencies = functools.cache(lambda: token_frequencies(args, source, self.vocab))
+        forms = export_form_rows(export_form_values(args))
+
+        def add(name: str, model: nn.Module, detail: dict) -> None:
+            for suffix, values in forms:
+                form = {"export_form": {k: v for k, v in values.items() if v is not None}} if suffix else {}
+                graph = in_export_form(model, values, frequencies)
+                self.add(f"{name}{suffix}", graph, {**detail, **form}, schemes, fp32)
+
         for plan in plans:
             label = plan.label() if prefix is None else prefix if len(plans) == 1 else f"{prefix}-{plan.label()}"
             name = self._free(label)
@@ -108,11 +121,11 @@ class Variants:
             report = compress_and_say(model, plan, calib)
             save_compressed(model, plan, report, source, self.out / name)
             detail = {"plan": plan.to_dict(), "compression": report.to_dict()}
-            self.add(name, model, detail, schemes, fp32)
+            add(name, model, detail)
             if ft_texts is not None:
                 result = finetune_and_say(model, original, source, args, ft_texts)
                 save_compressed(model, plan, report, source, self.out / f"{name}-ft", finetune=result)
-                self.add(f"{name}-ft", model, {**detail, "finetune": result}, schemes, fp32)
+                add(f"{name}-ft", model, {**detail, "finetune": result})
 
     def bench_and_report(self, args, source: Path, texts, second) -> dict:
         """One bench of every graph side by side; report.json and report.md in the output folder,
