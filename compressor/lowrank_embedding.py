@@ -61,6 +61,11 @@ class LowRankEmbedding(CompactEmbedding):
         """h Wᵀ = (h Bᵀ) Aᵀ through the factors: r(D + V) multiply-adds per row instead of DV."""
         return matmul_t(matmul_t(h, self.basis), self.codes)  # (..., r) then (..., V)
 
+    def row_norms(self) -> Tensor:
+        """‖a_i B‖ = √(a_i (B Bᵀ) a_iᵀ) for every row: V r² + r² D multiply-adds, W never formed."""
+        gram = self.basis @ self.basis.T  # (r, r)
+        return ((self.codes @ gram) * self.codes).sum(-1).clamp_min(0).sqrt()  # (V,)
+
     def extra_repr(self) -> str:
         s = self.spec
         return f"{s.num_embeddings}, {s.embedding_dim}, rank={s.rank}"

@@ -1,12 +1,15 @@
 """The output head of a language model whose input table W (V × D) also scores the next token:
 logits = h Wᵀ, computed through whatever holds W (a dense nn.Embedding, or a compact embedding's
-factors through its own `logits`), so that the table is stored once and never formed.
+factors through its own `logits`), so that the table is stored once and never formed; optionally
+rescored by the row norms (compressor.tying: Liu et al.'s normalised variants) and with a bias.
 
 `matmul_t(x, w)` is x wᵀ exported as one ONNX Gemm with transB = 1: the exporter would otherwise fold
 wᵀ into a second, transposed copy of the weight (the known pitfall of tied weights in ONNX)."""
 
 import torch
 from torch import Tensor, nn
+
+from compressor.tying import SCORES, normalised_lookup, row_norms, tied_scores
 
 __all__ = ["matmul_t", "table_logits", "TiedLogits"]
 
@@ -40,13 +43,26 @@ def table_logits(table: nn.Module, h: Tensor) -> Tensor:
 
 
 class TiedLogits(nn.Module):
-    """The output projection of a tied model: logits = h Wᵀ with W the input embedding's table. It
-    holds no weight of its own: the embedding is referenced, not registered as a submodule, so a
-    state dict, a checkpoint and an ONNX graph hold the table (or its factors) once."""
+    """The output projection of a tied model: logits = score(h Wᵀ) (+ b) with W the input
+    embedding's table. It holds no weight of its own: the embedding is referenced, not registered as
+    a submodule, so a state dict, a checkpoint and an ONNX graph hold the table (or its factors)
+    once. With score "l2" the input lookup is normalised too, by a hook on the embedding that
+    `release()` removes (call it before this head is replaced)."""
 
-    def __init__(self, embedding: nn.Module):
+    def __init__(self, embedding: nn.Module, score: str = "dot", bias: Tensor | None = None):
         super().__init__()
+        if score not in SCORES:
+            raise ValueError(f"unknown tied score {score!r}; known: {', '.join(SCORES)}")
         self._table = (embedding,)  # a tuple: nn.Module does not register what it holds
+        self.score = score
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
+        self._hook = embedding.register_forward_hook(normalised_lookup, with_kwargs=True) if score == "l2" else None
+
+    def release(self) -> None:
+        """Remove the input normalisation hook (score "l2") from the embedding."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
     @property
     def embedding(self) -> nn.Module:
@@ -59,7 +75,10 @@ class TiedLogits(nn.Module):
         return table.weight if isinstance(table, nn.Embedding) else table.to_dense()
 
     def forward(self, h: Tensor) -> Tensor:
-        return table_logits(self.embedding, h)  # (..., V)
+        logits = table_logits(self.embedding, h)  # (..., V)
+        if self.score != "dot":
+            logits = tied_scores(logits, row_norms(self.embedding).to(logits.dtype), self.score)
+        return logits if self.bias is None else logits + self.bias
 
     def extra_repr(self) -> str:
-        return f"tied to {type(self.embedding).__name__}"
+        return f"tied to {type(self.embedding).__name__}, score={self.score}, bias={self.bias is not None}"

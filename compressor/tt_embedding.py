@@ -170,6 +170,22 @@ class TTEmbedding(CompactEmbedding):
         rows = x.reshape(*lead, -1)  # (..., V')
         return rows[..., self.permutation] if self.spec.permuted else rows[..., : self.num_embeddings]
 
+    def row_norms(self) -> Tensor:
+        """‖row p‖² = Σ over the column indices of (G_1[i_1] … G_d[i_d])², contracted core by core as
+        X_k[(i_1…i_k), r_k, r_k'] = Σ X_{k−1}[(i_1…i_{k−1}), r_{k−1}, r_{k−1}'] G_k[i_k, r_{k−1}, a, r_k]
+        G_k[i_k, r_{k−1}', a, r_k']: Σ_k (Π_{j≤k} v_j) r_{k−1} d_k r_k (r_{k−1} + r_k) multiply-adds."""
+        if math.prod(self.spec.col_dims) > self.embedding_dim:
+            raise ShapeError(
+                f"row norms of a TT table with padded columns ({self.spec.col_dims} for {self.embedding_dim}) "
+                "are not supported"
+            )
+        x = self.cores[0].new_ones(1, 1, 1)  # (P, r_0, r_0')
+        for core in self.cores:
+            y = torch.einsum("pab,iacr->pibcr", x, core)  # (P, v, r', d, r)
+            x = torch.einsum("pibcr,ibcs->pirs", y, core).flatten(0, 1)  # (P·v, r, r')
+        norms = x.reshape(-1).clamp_min(0).sqrt()  # (V',) in row order
+        return norms[self.permutation] if self.spec.permuted else norms[: self.num_embeddings]
+
     def extra_repr(self) -> str:
         s = self.spec
         return (

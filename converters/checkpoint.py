@@ -17,6 +17,7 @@ from converters.kinds import kind_for_config, kind_named, kind_of
 from converters.loading import TOKENIZER_FILES, resolve_model_dir
 from converters.plan import Plan
 from converters.registry import compact_modules
+from converters.tying import set_score_
 from eval.atomic import atomic_dir, tensor_bytes
 
 __all__ = ["CHECKPOINT_META", "CHECKPOINT_VERSION", "save_compressed", "load_model", "is_compressed_dir", "read_meta"]
@@ -91,6 +92,9 @@ def _load_compressed(path: Path) -> nn.Module:
             raise PlanError(f"{path} names module {name!r}, which a {type(model).__name__} lacks")
         set_submodule(model, name, cls(cls.spec_type(**entry["spec"])))
     kind.tie_(model)
+    tie = meta["plan"].get("tie")
+    if tie is not None:
+        set_score_(model, tie["score"])
     try:
         missing, unexpected = load_safetensors(model, str(path / "model.safetensors"), strict=False)
     except (RuntimeError, SafetensorError, FileNotFoundError) as e:

@@ -12,6 +12,7 @@ from converters.calibration import Calibration
 from converters.kinds import find_kind
 from converters.plan import Plan, match_plan
 from converters.registry import Context, Skip, handler_for
+from converters.tying import check_tie, tie_
 
 __all__ = ["CompressionReport", "compress_", "set_submodule"]
 
@@ -37,14 +38,24 @@ def _count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def _jobs(model: nn.Module, plan: Plan) -> list[tuple[str, object, object]]:
+    """(module name, config, handler) for every module the plan's entries match."""
+    return [
+        (name, cfg, handler_for(name, model.get_submodule(name), cfg))
+        for name, (_, cfg) in match_plan(plan, model).items()
+    ]
+
+
 def compress_(
     model: nn.Module, plan: Plan, calibration: Calibration | None = None, progress: bool = True
 ) -> CompressionReport:
     """Replace, in place, each module the plan matches by its compact form (a tied output head then
-    computes through the compressed table). Methods that look at data (activation-aware,
-    frequency-weighted, dense head) need `calibration`."""
-    matched = match_plan(plan, model)
-    jobs = [(name, cfg, handler_for(name, model.get_submodule(name), cfg)) for name, (_, cfg) in matched.items()]
+    computes through the compressed table); with `plan.tie`, tie the model first (checked with the
+    rest of the plan). Methods that look at data (activation-aware, frequency-weighted, dense head)
+    need `calibration`."""
+    if plan.tie is not None:
+        check_tie(model, plan.tie)
+    jobs = _jobs(model, plan)
     if calibration is None:
         needy = [name for name, cfg, handler in jobs if handler.needs_calibration(cfg)]
         if needy:
@@ -53,6 +64,9 @@ def compress_(
                 "pass calibration text (--calib) or turn off whitening, weighting and the dense head"
             )
     report = CompressionReport()
+    if plan.tie is not None:
+        tie_(model, plan.tie)
+        jobs = _jobs(model, plan)  # the same modules, the input table now tied
     built = {}
     for name, cfg, handler in tqdm(jobs, desc="compress", disable=not progress or len(jobs) < 2):
         dense = model.get_submodule(name)

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import CompressorError
+from compressor.tied_logits import TiedLogits
 from converters.kinds import ModelKind, kind_of
 
 __all__ = [
@@ -91,7 +92,6 @@ class FinetuneConfig:
         if self.layer_weight < 0:
             raise CompressorError(f"the per-layer matching weight must be ≥ 0, got {self.layer_weight!r}")
 
-
     def check_synthetic(self, batch: int) -> None:
         """The synthetic share leaves text in a batch of `batch` passages."""
         if round(self.synthetic * batch) >= batch:
@@ -135,9 +135,11 @@ def pick_device() -> torch.device:
 def trainable_parameters(
     student: nn.Module, which: str, compact_types: tuple[type, ...]
 ) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """(the compact tables' parameters, the other compact modules', the rest if `which` is "all"),
-    everything else frozen."""
-    tables = {id(p) for m in student.modules() if isinstance(m, CompactEmbedding) for p in m.parameters()}
+    """(the compact tables' parameters and, with "all", a dense table a tied head shares, the other
+    compact modules', the rest if `which` is "all"), everything else frozen."""
+    tied = [m.embedding for m in student.modules() if isinstance(m, TiedLogits)]
+    table_modules = [m for m in student.modules() if isinstance(m, CompactEmbedding) or any(m is t for t in tied)]
+    tables = {id(p) for m in table_modules for p in m.parameters()}
     compact = {id(p) for m in student.modules() if isinstance(m, compact_types) for p in m.parameters()}
     groups: tuple[list[nn.Parameter], ...] = ([], [], [])
     for p in student.parameters():

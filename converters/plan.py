@@ -6,6 +6,9 @@ keyword: "embeddings" (the input word embedding), "attention" (linear layers ins
 blocks), "ffn" (the other linear layers of the body), "linear" (both), "all" (everything above),
 "head" (a language model's output projection, when it is not tied to the input embedding). The
 first entry that matches a module wins.
+
+A plan may also tie the model first ("tie": {"init": "output", "score": "dot"}, converters.tying):
+the entries then compress the tied table, which serves both ends.
 """
 
 import difflib
@@ -19,6 +22,7 @@ from compressor.errors import PlanError
 from compressor.tied_logits import TiedLogits
 from converters.kinds import kind_of
 from converters.registry import method_named, methods
+from converters.tying import TieConfig
 
 __all__ = ["Plan", "PLAN_VERSION", "WIDTHS", "TARGET_KEYWORDS", "match_plan", "input_embedding_name"]
 
@@ -32,9 +36,11 @@ class Plan:
     name: str | None = None  # a short label for reports; default: the entries' labels joined
     notes: tuple[str, ...] = ()  # how the plan was made (a budget's chosen ranks and predicted errors, …)
     widths: tuple[tuple[str, str], ...] = ()  # (module, fp32|int8|int4): a mixed budget's width per module
+    tie: TieConfig | None = None  # tie the output head to the input table before the entries
 
     def label(self) -> str:
-        return self.name or "+".join(dict.fromkeys(cfg.label() for _, cfg in self.entries))
+        labels = ([self.tie.label()] if self.tie else []) + [cfg.label() for _, cfg in self.entries]
+        return self.name or "+".join(dict.fromkeys(labels))
 
     def to_dict(self) -> dict:
         return {
@@ -42,6 +48,7 @@ class Plan:
             "name": self.name,
             "notes": list(self.notes),
             **({"widths": dict(self.widths)} if self.widths else {}),
+            **({"tie": self.tie.to_dict()} if self.tie else {}),
             "entries": [
                 {"target": target, "method": cfg.method, "config": asdict(cfg)} for target, cfg in self.entries
             ],
@@ -66,9 +73,15 @@ class Plan:
         widths = data.get("widths") or {}
         if not isinstance(widths, dict) or not all(v in WIDTHS for v in widths.values()):
             raise PlanError('a plan\'s "widths" maps module names to fp32, int8 or int4')
-        if not entries and not widths:
+        tie = data.get("tie")
+        if tie is not None:
+            if not isinstance(tie, dict) or set(tie) - {"init", "score"}:
+                raise PlanError('a plan\'s "tie" is an object with "init" (output, input, mean or null) and "score"')
+            tie = TieConfig(**tie)
+        if not entries and not widths and tie is None:
             raise PlanError("a plan must have at least one entry")
-        return cls(tuple(entries), data.get("name"), tuple(data.get("notes") or ()), tuple(widths.items()))
+        notes = tuple(data.get("notes") or ())
+        return cls(tuple(entries), data.get("name"), notes, tuple(widths.items()), tie)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -103,7 +116,7 @@ def _output_head(model: nn.Module) -> str:
         raise PlanError(f'the target "head" needs an output projection, and a {kind.name} model has none')
     if isinstance(model.get_submodule(name), TiedLogits):
         raise PlanError(
-            f"the output head {name!r} is tied to the input embedding: compress \"embeddings\" and the head computes "
+            f'the output head {name!r} is tied to the input embedding: compress "embeddings" and the head computes '
             "its logits through the same factors"
         )
     return name
@@ -121,6 +134,8 @@ def _matches(target: str, name: str, model: nn.Module) -> bool:
     kind = kind_of(model)
     if target == "embeddings" or not kind.is_body_linear(name, model.get_submodule(name)):
         return False
+    if name == kind.output_head(model):
+        return False  # the output projection is the "head" target's, never the body's
     return target in ("linear", "all") or (target == "attention") == kind.is_attention(name)
 
 

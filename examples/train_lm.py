@@ -16,10 +16,17 @@ the tokenizer's files) that `AutoModelForCausalLM.from_pretrained(out)` and `Aut
 offline, and `train_lm.json` with the options, steps, seconds, final train loss and eval perplexity.
 `--untied` trains separate input and output tables (tie_word_embeddings=False).
 
+`--arch lstm` trains instead a Press & Wolf–style LSTM LM, a plain PyTorch module of our own
+(`examples/lstm_lm.py`: embedding → LSTM layers → dropout → output projection; --n-embd is its
+width, --n-layer its LSTM layers, 2 unless given), on the same text with the same tokenizer; the
+folder then holds model.safetensors, lstm_lm.json and the tokenizer, which `lstm_lm.load` reads.
+
 `make lm` runs (about 13 minutes each on 2 CPU cores):
 
     python examples/train_lm.py --out runs/lm/gpt2
     python examples/train_lm.py --untied --out runs/lm/gpt2-untied
+    python examples/train_lm.py --arch lstm --untied --out runs/lm/lstm
+    python examples/train_lm.py --arch lstm --out runs/lm/lstm-tied
 
 and a tiny one for tests, in seconds: `python examples/train_lm.py --tiny --out /tmp/lm`.
 """
@@ -34,9 +41,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import lstm_lm  # examples/lstm_lm.py, beside this script
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from torch import nn
 from tqdm import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
@@ -44,12 +53,16 @@ from compressor.errors import CompressorError
 from eval.atomic import atomic_dir, check_writable
 from eval.corpus import lm_passages
 
+ARCHS = ("gpt2", "lstm")
+LSTM_LAYERS = 2  # --n-layer of --arch lstm unless given
+
 EOT = "<|endoftext|>"  # GPT-2's one special token: bos, eos, pad and unk
 EVAL_MAX_LENGTH = 128  # tokens per eval passage, as the toolkit measures
 
 
 @dataclass(frozen=True)
 class Options:
+    arch: str = "gpt2"  # gpt2 (a GPT2LMHeadModel) or lstm (examples/lstm_lm.py)
     vocab: int = 16384  # BPE vocabulary, special token included; large, so that the table dominates
     n_embd: int = 256
     n_layer: int = 4
@@ -105,6 +118,9 @@ HELP = {
 }
 
 
+NOT_OPTIONS = ("untied", "arch")  # given as their own flags
+
+
 def parse(argv: list[str] | None) -> tuple[Options, Path, bool]:
     """(options, output folder, --force) from the command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -114,8 +130,15 @@ def parse(argv: list[str] | None) -> tuple[Options, Path, bool]:
     )
     parser.add_argument("--untied", action="store_true", help="separate input and output tables, both trained")
     parser.add_argument("--tiny", action="store_true", help=f"tiny defaults for tests: {TINY}")
+    parser.add_argument(
+        "--arch",
+        choices=ARCHS,
+        default="gpt2",
+        help="gpt2: a GPT-2-style transformer (Hugging Face); lstm: a Press & Wolf LSTM LM, a plain PyTorch "
+        f"module (examples/lstm_lm.py; --n-layer {LSTM_LAYERS} unless given) (default: gpt2)",
+    )
     for field in dataclasses.fields(Options):
-        if field.name == "untied":
+        if field.name in NOT_OPTIONS:
             continue
         kind = float if field.name in ("dropout", "lr", "weight_decay", "minutes") else int
         parser.add_argument(
@@ -127,10 +150,10 @@ def parse(argv: list[str] | None) -> tuple[Options, Path, bool]:
             + (f"; --tiny: {TINY[field.name]})" if field.name in TINY else ")"),
         )
     args = parser.parse_args(argv)
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if f.name != "untied"}
-    defaults = TINY if args.tiny else {}
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if f.name not in NOT_OPTIONS}
+    defaults = {**({"n_layer": LSTM_LAYERS} if args.arch == "lstm" else {}), **(TINY if args.tiny else {})}
     chosen = {k: v if v is not None else defaults.get(k, getattr(Options, k)) for k, v in given.items()}
-    return Options(**chosen, untied=args.untied), args.out, args.force
+    return Options(**chosen, untied=args.untied, arch=args.arch), args.out, args.force
 
 
 def validate(opts: Options, out: Path, force: bool) -> None:
@@ -153,7 +176,7 @@ def validate(opts: Options, out: Path, force: bool) -> None:
         raise CompressorError(f"--dropout must be in [0, 1), got {opts.dropout}")
     if opts.vocab < 257:
         raise CompressorError(f"--vocab must be at least 257 (256 bytes and {EOT}), got {opts.vocab}")
-    if opts.n_embd % opts.n_head:
+    if opts.arch == "gpt2" and opts.n_embd % opts.n_head:
         raise CompressorError(f"--n-embd must be divisible by --n-head, got {opts.n_embd} and {opts.n_head}")
     if opts.n_positions < max(opts.block, EVAL_MAX_LENGTH):
         raise CompressorError(
@@ -197,7 +220,10 @@ def pack(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> torch.Tensor:
     return torch.tensor([t for e in encodings for t in (*e.ids, eos)], dtype=torch.long)
 
 
-def build_model(opts: Options, tokenizer: PreTrainedTokenizerFast) -> GPT2LMHeadModel:
+def build_model(opts: Options, tokenizer: PreTrainedTokenizerFast) -> nn.Module:
+    if opts.arch == "lstm":
+        cfg = lstm_lm.LSTMConfig(len(tokenizer), opts.n_embd, opts.n_layer, opts.dropout, tied=not opts.untied)
+        return lstm_lm.LSTMLM(cfg)
     config = GPT2Config(
         vocab_size=len(tokenizer),
         n_positions=opts.n_positions,
@@ -215,10 +241,23 @@ def build_model(opts: Options, tokenizer: PreTrainedTokenizerFast) -> GPT2LMHead
     return GPT2LMHeadModel(config)
 
 
-def table_parameters(model: GPT2LMHeadModel) -> int:
+def word_tables(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(input embedding, output projection) of either architecture."""
+    if isinstance(model, lstm_lm.LSTMLM):
+        return model.embedding, model.decoder
+    return model.get_input_embeddings(), model.get_output_embeddings()
+
+
+def table_parameters(model: nn.Module) -> int:
     """Parameters in the word tables: one table when tied, two when not."""
-    tables = {id(t): t for t in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)}
+    tables = {id(t.weight): t.weight for t in word_tables(model)}
     return sum(t.numel() for t in tables.values())
+
+
+def forward_logits(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) logits of either architecture."""
+    out = model(input_ids=ids, attention_mask=mask)
+    return out if isinstance(out, torch.Tensor) else out.logits
 
 
 def learning_rate(opts: Options, step: int, progress: float) -> float:
@@ -229,7 +268,7 @@ def learning_rate(opts: Options, step: int, progress: float) -> float:
     return opts.lr * warm * (0.1 + 0.9 * cosine)
 
 
-def train(model: GPT2LMHeadModel, stream: torch.Tensor, opts: Options) -> dict:
+def train(model: nn.Module, stream: torch.Tensor, opts: Options) -> dict:
     """Train in place on random windows of `stream` until the step or time budget is spent."""
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     others = [p for p in model.parameters() if p.dim() < 2]
@@ -252,7 +291,7 @@ def train(model: GPT2LMHeadModel, stream: torch.Tensor, opts: Options) -> dict:
         starts = torch.randint(len(stream) - opts.block, (opts.batch,), generator=windows)
         window = torch.stack([stream[s : s + opts.block + 1] for s in starts.tolist()])  # (B, T+1)
         x, y = window[:, :-1], window[:, 1:]  # (B, T) each
-        logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits  # (B, T, V); no token is padding here
+        logits = forward_logits(model, x, torch.ones_like(x))  # (B, T, V); no token is padding here
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -278,7 +317,7 @@ def train(model: GPT2LMHeadModel, stream: torch.Tensor, opts: Options) -> dict:
 
 
 @torch.no_grad()
-def perplexity(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> tuple[float, int]:
+def perplexity(model: nn.Module, tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> tuple[float, int]:
     """(exp of the mean NLL over predicted tokens, their count): each passage alone, at most
     EVAL_MAX_LENGTH tokens, every token after the first predicted."""
     model.eval()
@@ -287,7 +326,7 @@ def perplexity(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, texts
         batch = tokenizer(
             texts[i : i + 32], padding=True, truncation=True, max_length=EVAL_MAX_LENGTH, return_tensors="pt"
         )
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (B, T, V)
+        logits = forward_logits(model, batch["input_ids"], batch["attention_mask"])  # (B, T, V)
         target = batch["input_ids"][:, 1:]  # (B, T-1)
         mask = batch["attention_mask"][:, 1:].bool()  # (B, T-1): right padding is never predicted
         token_nll = F.cross_entropy(logits[:, :-1].transpose(1, 2), target, reduction="none")  # (B, T-1)
@@ -296,10 +335,13 @@ def perplexity(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, texts
     return math.exp(nll / count), count
 
 
-def save(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, record: dict, out: Path) -> None:
+def save(model: nn.Module, tokenizer: PreTrainedTokenizerFast, record: dict, out: Path) -> None:
     """The model, its tokenizer and train_lm.json in `out`, replaced whole or not at all."""
     with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        if isinstance(model, lstm_lm.LSTMLM):
+            lstm_lm.save(model, tmp)
+        else:
+            model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "train_lm.json").write_text(json.dumps(record, indent=2) + "\n")
         for file in tmp.iterdir():  # safetensors leaves its file 0600; the folder's others follow the umask
@@ -336,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"text: {len(texts)} passages, {len(stream):,} tokens with {EOT} between them", file=sys.stderr)
 
     model = build_model(opts, tokenizer)
-    total, table = model.num_parameters(), table_parameters(model)
+    total, table = sum(p.numel() for p in model.parameters()), table_parameters(model)
     kind = "untied: two tables" if opts.untied else "tied: one table"
     print(f"model: {total:,} parameters, {table:,} of them in the word table(s) ({kind})", file=sys.stderr)
 

@@ -1,4 +1,4 @@
-"""The command line, one module per command: compress, finetune, export, bench, run, sweep. The only
+"""The command line, one module per command: compress, tie, finetune, export, bench, run, sweep. The only
 place that wires compressor, converters and eval together; it names no method and no model kind
 (it reads the method registry and the kind adapters)."""
 
@@ -6,13 +6,14 @@ import argparse
 import os
 
 from compressor.errors import CompressorError
-from converters.cli import bench, compress, export, finetune, run, sweep
+from converters.cli import bench, compress, export, finetune, run, sweep, tie
 from converters.cli.steps import say
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
 COMMANDS = {
     "compress": compress,
+    "tie": tie,
     "finetune": finetune,
     "export": export,
     "bench": bench,

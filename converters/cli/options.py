@@ -137,7 +137,11 @@ def prior_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
+FINETUNE_DEFAULTS = FinetuneConfig()
+
+
+def finetune_options(p: argparse.ArgumentParser, run: bool, defaults: FinetuneConfig = FINETUNE_DEFAULTS) -> None:
+    """The fine-tune's options, their defaults from `defaults` (a command may have its own)."""
     prefix = "finetune-" if run else ""
     p.add_argument(
         f"--{prefix}steps",
@@ -161,7 +165,6 @@ def finetune_options(p: argparse.ArgumentParser, run: bool) -> None:
         "(default: the finetune split of the default text: pydoc_data.topics and the docstrings of the standard "
         "library, numpy, scipy and matplotlib)",
     )
-    defaults = FinetuneConfig
     p.add_argument(
         "--lr",
         type=float,

@@ -17,10 +17,11 @@ from compressor.errors import CompressorError
 from converters.kinds.base import ModelKind
 from converters.kinds.causal_lm import CAUSAL_LM
 from converters.kinds.encoder import ENCODER
+from converters.kinds.own_lm import OWN_LM, OwnLM
 
-__all__ = ["ModelKind", "KINDS", "kind_of", "find_kind", "kind_for_config", "kind_named"]
+__all__ = ["ModelKind", "OwnLM", "KINDS", "kind_of", "find_kind", "kind_for_config", "kind_named"]
 
-KINDS: tuple[ModelKind, ...] = (CAUSAL_LM, ENCODER)  # the encoder last: it takes any model with an embedding
+KINDS: tuple[ModelKind, ...] = (CAUSAL_LM, OWN_LM, ENCODER)  # the encoder last: it takes any model with an embedding
 
 
 def kind_named(name: str) -> ModelKind:

@@ -79,6 +79,11 @@ class ModelKind(ABC):
         loading and after compression. The default: a kind without an output head has nothing to tie."""
         return None
 
+    def mark_tied(self, model: nn.Module) -> None:
+        """Record in the model's config that its head now shares the input table, so that a model
+        rebuilt from that config is tied too (after the tying converter). The default: nothing to record."""
+        return None
+
     def is_attention(self, name: str) -> bool:
         """A layer inside an attention block (the "attention" target; the rest of the body is "ffn")."""
         return ".attention." in f".{name}."

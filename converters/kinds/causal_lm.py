@@ -113,13 +113,16 @@ class CausalLMKind(ModelKind):
 
     def tie_(self, model: nn.Module) -> None:
         """A head that shares the input table (an nn.Linear holding the embedding's own weight, or a
-        TiedLogits) becomes TiedLogits over the input embedding as it is now."""
+        TiedLogits, whose score and bias it keeps) becomes TiedLogits over the input embedding as it is now."""
         head, table = model.get_output_embeddings(), model.get_input_embeddings()
-        shared = isinstance(head, TiedLogits) or (
-            isinstance(head, nn.Linear) and isinstance(table, nn.Embedding) and head.weight is table.weight
-        )
-        if shared:
-            model.set_output_embeddings(TiedLogits(table))
+        if isinstance(head, TiedLogits):
+            head.release()
+            model.set_output_embeddings(TiedLogits(table, head.score, head.bias))
+        elif isinstance(head, nn.Linear) and isinstance(table, nn.Embedding) and head.weight is table.weight:
+            model.set_output_embeddings(TiedLogits(table, bias=head.bias))
+
+    def mark_tied(self, model: nn.Module) -> None:
+        model.config.tie_word_embeddings = True
 
     def is_body_linear(self, name: str, module: nn.Module) -> bool:
         return isinstance(module, LINEAR_TYPES) and name.split(".")[0] not in ("lm_head", "score")

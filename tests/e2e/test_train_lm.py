@@ -5,6 +5,7 @@ refused in one sentence with exit status 2, before any work."""
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"
 
 
 def load_script():
+    sys.path.insert(0, str(SCRIPT.parent))  # as running the script does: lstm_lm.py lies beside it
     spec = importlib.util.spec_from_file_location("train_lm", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -25,23 +27,27 @@ def load_script():
 
 
 train_lm = load_script()
+import lstm_lm  # noqa: E402 (examples/, put on the path by load_script)
+
+RUNS = {"tied": [], "untied": ["--untied"], "lstm": ["--arch", "lstm", "--untied"], "lstm-tied": ["--arch", "lstm"]}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict[str, Path]:
-    """A tiny model trained tied and one untied (20 steps on 300 passages each)."""
+    """Tiny GPT-2 and LSTM models trained tied and untied (20 steps on 300 passages each)."""
     root = tmp_path_factory.mktemp("lm")
     with pytest.MonkeyPatch.context() as patch:  # the default text's cache goes to tmp, as in conftest
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        for name, extra in (("tied", []), ("untied", ["--untied"])):
+        for name, extra in RUNS.items():
             assert train_lm.main(["--tiny", "--out", str(root / name), *extra]) == 0
-    return {"tied": root / "tied", "untied": root / "untied"}
+    return {name: root / name for name in RUNS}
 
 
 def load(path: Path):
-    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True), AutoTokenizer.from_pretrained(
-        path, local_files_only=True
-    )
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if (path / lstm_lm.CONFIG_FILE).is_file():
+        return lstm_lm.load(path), tokenizer
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True), tokenizer
 
 
 def safetensors_keys(path: Path) -> set[str]:
@@ -71,7 +77,19 @@ def test_untied_model_keeps_two_trained_tables(trained):
     assert not record["tied"] and record["table_parameters"] == 2 * 512 * 32
 
 
-@pytest.mark.parametrize("name", ["tied", "untied"])
+def test_lstm_models_are_plain_modules_tied_once_or_untied(trained):
+    tied, _ = load(trained["lstm-tied"])
+    untied, _ = load(trained["lstm"])
+    assert type(tied).__name__ == "LSTMLM" and tied.cfg.tied and not untied.cfg.tied
+    assert tied.decoder.weight is tied.embedding.weight
+    assert untied.decoder.weight.data_ptr() != untied.embedding.weight.data_ptr()
+    assert len([k for k in safetensors_keys(trained["lstm-tied"]) if k.endswith("weight") and "lstm" not in k]) == 1
+    assert {"embedding.weight", "decoder.weight"} <= safetensors_keys(trained["lstm"])
+    record = json.loads((trained["lstm"] / "train_lm.json").read_text())
+    assert record["table_parameters"] == 2 * 512 * 32 and record["options"]["arch"] == "lstm"
+
+
+@pytest.mark.parametrize("name", RUNS)
 def test_training_learned_and_the_saved_model_scores_as_reported(trained, name):
     """The loss fell, the model beats a uniform guess, and the reloaded model (so every saved tensor,
     the untied output table included) gives back the perplexity the script reported."""

@@ -1,0 +1,64 @@
+"""compressor tie MODEL --out DIR: tie a language model's output projection to its input table
+(Press & Wolf), or change a tied head's score (Liu et al.), then distil the original into it."""
+
+from pathlib import Path
+
+from compressor.tying import SCORES
+from converters.checkpoint import load_model, save_compressed
+from converters.cli.options import MODEL_HELP, finetune_options
+from converters.cli.steps import (
+    check_kind_options,
+    check_outputs,
+    compress_and_say,
+    finetune_and_say,
+    finetune_config,
+    finetune_texts,
+    load_original,
+    say,
+)
+from converters.finetune import FinetuneConfig
+from converters.kinds import kind_of
+from converters.plan import Plan
+from converters.tying import INITS, TieConfig, check_tie
+
+HELP = "tie a language model's output projection to its input table (or rescore a tied head), then fine-tune"
+
+# The whole model adapts to the one table; matching the embedding's output to the untied original's
+# would pull the table back towards the input side the tying just left.
+TIE_FINETUNE = FinetuneConfig(trainable="all", layer_weight=0.0)
+
+
+def add_arguments(p) -> None:
+    p.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
+    p.add_argument(
+        "--init",
+        choices=INITS,
+        default="output",
+        help="what the shared table starts from: the output projection (Press & Wolf find the tied table resembles "
+        "it), the input table, or their mean; ignored on a model tied already (default: output)",
+    )
+    p.add_argument(
+        "--score",
+        choices=SCORES,
+        default="dot",
+        help="the tied head's score (Liu et al.): dot w_iᵀh; l2, unit rows at both ends; square w_iᵀh/‖w_i‖²; "
+        "distance w_iᵀh − ½‖w_i‖²; cosine w_iᵀh/‖w_i‖ (default: dot)",
+    )
+    p.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    finetune_options(p, run=False, defaults=TIE_FINETUNE)
+
+
+def run(args) -> None:
+    check_outputs(args, output_folder=args.out)
+    model, source = load_original(args.model)
+    check_kind_options(args, kind_of(model))
+    plan = Plan((), tie=TieConfig(args.init, args.score))
+    check_tie(model, plan.tie)
+    finetune_config(args)  # a bad option fails now, before the fine-tune's text and teacher load
+    report = compress_and_say(model, plan, None)
+    result = None
+    if args.ft_steps != 0:
+        teacher, _ = load_model(source)
+        result = finetune_and_say(model, teacher, source, args, finetune_texts(args, kind_of(model)))
+    save_compressed(model, plan, report, source, args.out, finetune=result)
+    say(f"wrote {args.out} ({plan.label()})")

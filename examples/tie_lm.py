@@ -1,0 +1,94 @@
+"""Tie a trained language model's two tables (Press & Wolf) and try Liu et al.'s normalised tied
+heads, with the Python API, on a Hugging Face LM or on a model of your own (the LSTM LM of
+examples/lstm_lm.py, wrapped in OwnLM by module name). Every variant gets the same brief
+distillation fine-tune from the original, is exported to ONNX (parity-checked) and benched beside
+the original and its int8 copy: parameters, file size, perplexity, top-1 agreement and KL on the LM
+eval text and on news.
+
+    python examples/tie_lm.py runs/lm/lstm --inits output input mean --out runs/tie/lstm
+    python examples/tie_lm.py runs/lm/gpt2-untied --inits output input mean --out runs/tie/gpt2
+    python examples/tie_lm.py runs/lm/gpt2 --scores dot l2 square distance cosine --out runs/tie/scores
+    python examples/tie_lm.py runs/lm/gpt2 --scores dot l2 square distance cosine --rank 30 --out runs/tie/scores-r30
+
+A model tied already keeps its table (the init is moot); --rank R then compresses the tied table to
+a rank-R factorisation (SVD) that serves both ends, before the fine-tune."""
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import lstm_lm  # examples/lstm_lm.py, beside this script
+from compressor.tying import SCORES
+from converters import LowRankConfig, Plan, compress_, export_onnx, load_model
+from converters.finetune import FinetuneConfig, finetune_
+from converters.kinds import OwnLM, kind_of
+from converters.quantize import quantize_onnx
+from converters.registry import compact_modules
+from converters.tying import INITS, TieConfig
+from eval import bench, markdown_table, write_report
+from eval.corpus import SECOND
+from eval.quality import load_tokenizer
+
+
+def load(path: Path):
+    """The model in `path` (a Hugging Face folder, or one of lstm_lm.py's wrapped by module name)."""
+    if (path / lstm_lm.CONFIG_FILE).is_file():
+        return OwnLM(lstm_lm.load(path), embedding="embedding", head="decoder")
+    return load_model(path)[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", type=Path, help="a trained LM: a Hugging Face folder or an lstm_lm.py folder")
+    p.add_argument("--inits", nargs="+", choices=INITS, default=["output"], help="what the shared table starts from")
+    p.add_argument("--scores", nargs="+", choices=SCORES, default=["dot"], help="the tied head's scores to try")
+    p.add_argument("--rank", type=int, default=None, help="compress the tied table to this rank (SVD) first")
+    p.add_argument("--seconds", type=float, default=180.0, help="fine-tune time per variant (default: 180)")
+    p.add_argument("--eval-passages", type=int, default=None, help="held-out passages per text (default: all)")
+    p.add_argument("--runs", type=int, default=10, help="timed runs per latency setting (default: 10)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the ONNX files and the report")
+    args = p.parse_args(argv)
+
+    original = load(args.model)
+    kind = kind_of(original)
+    tokenizer = load_tokenizer(args.model)
+    texts, where = kind.graph.passages(None, "finetune", minimum=2)
+    held = min(64, len(texts) // 10)
+    train, val = texts[:-held], texts[-held:]
+    cfg = FinetuneConfig(seconds=args.seconds, trainable="all", layer_weight=0.0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    variants = [("original", export_onnx(original, args.out / "original.onnx").path)]
+    vocab = original.get_input_embeddings().num_embeddings
+    int8 = quantize_onnx(variants[0][1], args.out / "original-int8.onnx", vocab)
+    variants.append(("original-int8", int8.path))
+    entries = (("embeddings", LowRankConfig(rank=args.rank, whiten=False, weighted=False)),) if args.rank else ()
+    for init in args.inits:
+        for score in args.scores:
+            model = copy.deepcopy(original)
+            plan = Plan(entries, tie=TieConfig(init, score))
+            compress_(model, plan)
+            name = plan.label() + (f"-r{args.rank}" if args.rank else "")
+            report = finetune_(model, original, tokenizer, train, val, cfg, tuple(compact_modules().values()))
+            print(f"{name}: {report.steps} steps in {report.seconds:.0f} s on {where}", file=sys.stderr)
+            variants.append((name, export_onnx(model, args.out / f"{name}.onnx").path))
+    eval_texts, eval_where = kind.graph.passages(None, "eval")
+    second, second_where = kind.graph.passages(None, SECOND)
+    n = args.eval_passages
+    result = bench(
+        variants,
+        tokenizer_dir=args.model,
+        eval_texts=eval_texts[:n],
+        eval_text=eval_where,
+        second_texts=second[:n],
+        second_text=second_where,
+        model=str(args.model),
+        runs=args.runs,
+    )
+    write_report(result, args.out / "report.json")
+    print(markdown_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""compressor tie on tiny LMs: an untied model comes back tied and fine-tuned, its checkpoint holds
+one table and exports with parity; a tied one gets a new score; bad input is one sentence, exit
+status 2, nothing written."""
+
+import pytest
+from safetensors import safe_open
+
+from compressor.tied_logits import TiedLogits
+from converters.checkpoint import load_model, read_meta
+from converters.cli import main
+from tests.conftest import WORDS, write_tiny_lm
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def untied_dir(tmp_path_factory):
+    return write_tiny_lm(tmp_path_factory.mktemp("untied") / "gpt2", "gpt2", tied=False, seed=2)
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    lines = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 12)) for i in range(1, 40)]
+    path = tmp_path_factory.mktemp("text") / "text.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_tie_ties_finetunes_and_saves_one_table(untied_dir, text, tmp_path, capsys):
+    out = tmp_path / "tied"
+    code, _, err = run_cli(capsys, "tie", untied_dir, "--init", "mean", "--steps", 3, "--data", text, "--out", out)
+    assert code == 0, err
+    assert "fine-tune on" in err and "3 steps" in err
+    model, _ = load_model(out)
+    assert isinstance(model.get_output_embeddings(), TiedLogits)
+    assert read_meta(out)["plan"]["tie"] == {"init": "mean", "score": "dot"}
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        tables = [k for k in f.keys() if f.get_slice(k).get_shape()[0] == model.config.vocab_size]
+    assert tables == ["transformer.wte.weight"]
+    code, _, err = run_cli(capsys, "export", out, "--out", tmp_path / "tied.onnx")
+    assert code == 0, err
+
+
+def test_tie_rescores_a_tied_model(tiny_gpt2_dir, text, tmp_path, capsys):
+    out = tmp_path / "cosine"
+    code, _, err = run_cli(capsys, "tie", tiny_gpt2_dir, "--score", "cosine", "--steps", 0, "--out", out)
+    assert code == 0, err
+    assert load_model(out)[0].get_output_embeddings().score == "cosine"
+
+
+@pytest.mark.parametrize(
+    "model, extra, says",
+    [
+        ("bert", [], "no output projection to tie"),
+        ("untied", ["--score", "euclid"], "invalid choice"),
+        ("untied", ["--temperature", "-1"], "temperature must be positive"),
+    ],
+)
+def test_bad_input_is_one_sentence_and_writes_nothing(
+    tiny_bert_dir, untied_dir, tmp_path, capsys, model, extra, says
+):
+    out = tmp_path / "out"
+    path = {"bert": tiny_bert_dir, "untied": untied_dir}[model]
+    try:
+        code, _, err = run_cli(capsys, "tie", path, *extra, "--out", out)
+    except SystemExit as e:  # argparse's own refusal
+        code, err = e.code, capsys.readouterr().err
+    assert code == 2 and says in err, err
+    assert not out.exists()
