@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import lstm_lm  # examples/lstm_lm.py, beside this script
+
 from compressor.tying import SCORES
 from converters import LowRankConfig, Plan, compress_, export_onnx, load_model
 from converters.finetune import FinetuneConfig, finetune_
