@@ -20,6 +20,7 @@ from pathlib import Path
 
 import lstm_lm  # examples/lstm_lm.py, beside this script
 
+from compressor.tied_logits import TiedLogits
 from compressor.tying import SCORES
 from converters import LowRankConfig, Plan, compress_, export_onnx, load_model
 from converters.finetune import FinetuneConfig, finetune_
@@ -64,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     int8 = quantize_onnx(variants[0][1], args.out / "original-int8.onnx", vocab)
     variants.append(("original-int8", int8.path))
     entries = (("embeddings", LowRankConfig(rank=args.rank, whiten=False, weighted=False)),) if args.rank else ()
-    for init in args.inits:
+    tied = isinstance(original.get_output_embeddings(), TiedLogits)
+    for init in [None] if tied else args.inits:  # a tied model keeps its table: no init to choose
         for score in args.scores:
             model = copy.deepcopy(original)
             plan = Plan(entries, tie=TieConfig(init, score))
             compress_(model, plan)
-            name = plan.label() + (f"-r{args.rank}" if args.rank else "")
+            name = plan.label()
             report = finetune_(model, original, tokenizer, train, val, cfg, tuple(compact_modules().values()))
             print(f"{name}: {report.steps} steps in {report.seconds:.0f} s on {where}", file=sys.stderr)
             variants.append((name, export_onnx(model, args.out / f"{name}.onnx").path))

@@ -112,6 +112,24 @@ def tiny_bert_dir(tmp_path_factory) -> Path:
     return write_tiny_bert(tmp_path_factory.mktemp("tiny") / "bert")
 
 
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of the command line given `argv`."""
+    from converters.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="session")
+def lm_text(tmp_path_factory) -> Path:
+    """Passages of WORDS, one a line, for the LM commands' calibration, fine-tune and eval text."""
+    lines = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 12)) for i in range(1, 40)]
+    path = tmp_path_factory.mktemp("lm") / "text.txt"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 @pytest.fixture(scope="session")
 def eval_text_file(tmp_path_factory) -> Path:
     lines = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 9)) for i in range(1, 25)]

@@ -9,12 +9,7 @@ import torch
 
 from converters.cli import main
 from converters.export import export_embedding_onnx
-
-
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.conftest import run_cli
 
 
 def test_compress_export_bench(tiny_bert_dir, eval_text_file, tmp_path, capsys):

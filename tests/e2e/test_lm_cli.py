@@ -3,24 +3,7 @@ bad input that belongs to language models answered in one sentence."""
 
 import json
 
-import pytest
-
-from converters.cli import main
-from tests.conftest import WORDS, write_tiny_lm
-
-
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-@pytest.fixture(scope="module")
-def lm_text(tmp_path_factory):
-    lines = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 12)) for i in range(1, 40)]
-    path = tmp_path_factory.mktemp("lm") / "text.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+from tests.conftest import run_cli, write_tiny_lm
 
 
 def test_run_on_a_tied_lm_compresses_the_table_once_and_reports_perplexity(

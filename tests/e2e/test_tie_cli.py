@@ -7,14 +7,7 @@ from safetensors import safe_open
 
 from compressor.tied_logits import TiedLogits
 from converters.checkpoint import load_model, read_meta
-from converters.cli import main
-from tests.conftest import WORDS, write_tiny_lm
-
-
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.conftest import run_cli, write_tiny_lm
 
 
 @pytest.fixture(scope="module")
@@ -22,17 +15,9 @@ def untied_dir(tmp_path_factory):
     return write_tiny_lm(tmp_path_factory.mktemp("untied") / "gpt2", "gpt2", tied=False, seed=2)
 
 
-@pytest.fixture(scope="module")
-def text(tmp_path_factory):
-    lines = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 12)) for i in range(1, 40)]
-    path = tmp_path_factory.mktemp("text") / "text.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def test_tie_ties_finetunes_and_saves_one_table(untied_dir, text, tmp_path, capsys):
+def test_tie_ties_finetunes_and_saves_one_table(untied_dir, lm_text, tmp_path, capsys):
     out = tmp_path / "tied"
-    code, _, err = run_cli(capsys, "tie", untied_dir, "--init", "mean", "--steps", 3, "--data", text, "--out", out)
+    code, _, err = run_cli(capsys, "tie", untied_dir, "--init", "mean", "--steps", 3, "--data", lm_text, "--out", out)
     assert code == 0, err
     assert "fine-tune on" in err and "3 steps" in err
     model, _ = load_model(out)
@@ -46,7 +31,7 @@ def test_tie_ties_finetunes_and_saves_one_table(untied_dir, text, tmp_path, caps
     assert code == 0, err
 
 
-def test_tie_rescores_a_tied_model(tiny_gpt2_dir, text, tmp_path, capsys):
+def test_tie_rescores_a_tied_model(tiny_gpt2_dir, lm_text, tmp_path, capsys):
     out = tmp_path / "cosine"
     code, _, err = run_cli(capsys, "tie", tiny_gpt2_dir, "--score", "cosine", "--steps", 0, "--out", out)
     assert code == 0, err
