@@ -1,9 +1,9 @@
 """Tie a trained language model's two tables (Press & Wolf) and try Liu et al.'s normalised tied
 heads, with the Python API, on a Hugging Face LM or on a model of your own (the LSTM LM of
 examples/lstm_lm.py, wrapped in OwnLM by module name). Every variant gets the same brief
-distillation fine-tune from the original, is exported to ONNX (parity-checked) and benched beside
-the original and its int8 copy: parameters, file size, perplexity, top-1 agreement and KL on the LM
-eval text and on news.
+distillation fine-tune from the original (a step budget, so that a busy machine changes its time,
+not its result), is exported to ONNX (parity-checked) and benched beside the original and its int8
+copy: parameters, file size, perplexity, top-1 agreement and KL on the LM eval text and on news.
 
     python examples/tie_lm.py runs/lm/lstm --inits output input mean --out runs/tie/lstm
     python examples/tie_lm.py runs/lm/gpt2-untied --inits output input mean --out runs/tie/gpt2
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inits", nargs="+", choices=INITS, default=["output"], help="what the shared table starts from")
     p.add_argument("--scores", nargs="+", choices=SCORES, default=["dot"], help="the tied head's scores to try")
     p.add_argument("--rank", type=int, default=None, help="compress the tied table to this rank (SVD) first")
-    p.add_argument("--seconds", type=float, default=180.0, help="fine-tune time per variant (default: 180)")
+    p.add_argument("--steps", type=int, default=300, help="fine-tune steps per variant (default: 300)")
     p.add_argument("--eval-passages", type=int, default=None, help="held-out passages per text (default: all)")
     p.add_argument("--runs", type=int, default=10, help="timed runs per latency setting (default: 10)")
     p.add_argument("--out", type=Path, required=True, help="folder for the ONNX files and the report")
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     texts, where = kind.graph.passages(None, "finetune", minimum=2)
     held = min(64, len(texts) // 10)
     train, val = texts[:-held], texts[-held:]
-    cfg = FinetuneConfig(seconds=args.seconds, trainable="all", layer_weight=0.0)
+    cfg = FinetuneConfig(steps=args.steps, seconds=None, trainable="all", layer_weight=0.0)
     args.out.mkdir(parents=True, exist_ok=True)
     variants = [("original", export_onnx(original, args.out / "original.onnx").path)]
     vocab = original.get_input_embeddings().num_embeddings
