@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
@@ -15,6 +16,7 @@ from eval.quality import encode_passages, load_tokenizer
 __all__ = ["bench", "parity_of"]
 
 PARITY_KEY = "compressor.parity_max_abs"
+LATENCY_INPUT = "the eval text's first batch × seq tokens, in windows of seq"
 
 
 def parity_of(path: str | Path) -> float | None:
@@ -41,7 +43,8 @@ def bench(
     quality against variants[0] (the metrics of the graphs' kind) on `eval_texts` and, when
     given, on `second_texts` (named `second_text`), parity, the Pareto fronts it is on
     (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch,
-    sequence); latency uses `settings` (default: latency.SETTINGS)."""
+    sequence) of random ids; latency uses `settings` (default: latency.SETTINGS) on the eval text's
+    tokens, the ids a model meets (a cached head with a computed tail costs what its text holds)."""
     if (second_texts is None) != (second_text is None):
         raise CompressorError("bench takes the second text's passages and its name together, or neither")
     settings = SETTINGS if settings is None else settings
@@ -55,7 +58,9 @@ def bench(
     tokenizer = load_tokenizer(tokenizer_dir)
     texts = {"quality": eval_texts, **({} if second_texts is None else {"quality_second_text": second_texts})}
     batches = {key: encode_passages(tokenizer, passages) for key, passages in texts.items()}
-    vocab = tokenizer.vocab_size  # latency and RSS inputs draw ids from [0, vocab)
+    vocab = tokenizer.vocab_size  # peak RSS inputs draw ids from [0, vocab)
+    encoded = tokenizer(eval_texts, truncation=True, max_length=128)["input_ids"]  # as the quality sees them
+    stream = np.array([i for ids in encoded for i in ids if i < vocab], dtype=np.int64)
     references = {}  # quality key → what variants[0] gives on its text
     rows = []
     for name, path in tqdm(variants, desc="bench: size, memory, quality", disable=not progress):
@@ -77,10 +82,11 @@ def bench(
                 "parity_max_abs": parity_of(path),
             }
         )
-    latencies = measure_latency([p for _, p in variants], vocab, settings, runs, progress=progress)
+    paths, stream = [p for _, p in variants], stream if len(stream) else None
+    latencies = measure_latency(paths, vocab, settings, runs, progress=progress, stream=stream)
     for row, latency in zip(rows, latencies):
         row["latency_ms"] = latency
-    report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages"}
+    report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages", "latency_input": LATENCY_INPUT}
     if second_texts is not None:
         report["second_text"] = f"{second_text}, {len(second_texts)} passages"
     report = {**report, "variants": rows}

@@ -1,5 +1,5 @@
-"""Latency of an ONNX encoder under ONNX Runtime on the CPU: warm-up runs, then timed runs;
-p50 and p90 per (batch, sequence, threads)."""
+"""Latency of an ONNX graph under ONNX Runtime on the CPU: warm-up runs, then timed runs;
+p50 and p90 per (batch, sequence, threads), on windows of a text's tokens or on random ids."""
 
 import time
 
@@ -7,7 +7,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from eval.graph import make_session
-from eval.probe import random_batch
+from eval.probe import random_batch, text_batch
 
 __all__ = ["SETTINGS", "latency_key", "time_side_by_side", "measure_latency"]
 
@@ -46,8 +46,12 @@ def time_side_by_side(sessions, feed: dict, runs: int = 50, warmup: int = 5, per
     return [_percentiles(times) for times in samples]
 
 
-def measure_latency(paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5, progress: bool = False):
-    """For each model, {"b1_s16_t1": {"p50": ms, "p90": ms}, …}, timed side by side."""
+def measure_latency(
+    paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup: int = 5, progress: bool = False, stream=None
+):
+    """For each model, {"b1_s16_t1": {"p50": ms, "p90": ms}, …}, timed side by side on the first
+    batch × seq ids of the token `stream` (eval.probe.text_batch), or on random ids in [0, vocab)
+    without one."""
     out = [{} for _ in paths]
     bar = tqdm(total=len(settings), desc=f"latency of {len(paths)} models, taking turns", disable=not progress)
     for threads in sorted({t for _, _, t in settings}):
@@ -55,7 +59,8 @@ def measure_latency(paths, vocab: int, settings=SETTINGS, runs: int = 50, warmup
         for batch, seq, t in settings:
             if t != threads:
                 continue
-            timings = time_side_by_side(sessions, random_batch(batch, seq, vocab), runs, warmup)
+            feed = random_batch(batch, seq, vocab) if stream is None else text_batch(stream, batch, seq)
+            timings = time_side_by_side(sessions, feed, runs, warmup)
             for result, timing in zip(out, timings):
                 result[latency_key(batch, seq, threads)] = timing
             bar.update()

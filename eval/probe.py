@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["session_options", "random_batch", "peak_rss_bytes"]
+__all__ = ["session_options", "random_batch", "text_batch", "peak_rss_bytes"]
 
 
 def session_options(threads: int = 1, arena: bool = True, optimized_path: Path | None = None):
@@ -35,6 +35,16 @@ def random_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, n
     """Random ids in [0, vocab) and a full attention mask, int64."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, vocab, size=(batch, seq), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def text_batch(stream: np.ndarray, batch: int, seq: int) -> dict[str, np.ndarray]:
+    """The first batch × seq ids of a token stream (repeated when it is shorter), as `batch`
+    consecutive windows of `seq`, and a full attention mask, int64: the ids a model meets in text,
+    for graphs whose cost depends on which tokens come (a cached head and a computed tail)."""
+    if len(stream) == 0:
+        raise ValueError("a token stream to cut windows from must hold at least one token")
+    ids = np.resize(np.asarray(stream, dtype=np.int64), batch * seq).reshape(batch, seq)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
 

@@ -54,6 +54,8 @@ def markdown_table(report: dict) -> str:
     title = f"# compressor report\n\nmodel: `{report['model']}`  \nquality measured on: {report['eval_text']}"
     if "second_text" in report:
         title += f"  \nand (2nd) on: {report['second_text']}"
+    if "latency_input" in report:
+        title += f"  \nlatency on: {report['latency_input']}"
     fronts = " or ".join(f"{what} ({label})" for label, what in FRONTS.values())
     title += f"  \nfront: no other variant is as good in {front_quality(report)} and in {fronts}, and better in one\n\n"
     return title + "\n".join(rows) + "\n"

@@ -12,6 +12,7 @@ from eval.corpus import SECOND, passages, read_passages
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.latency import latency_key, measure_latency
 from eval.memory import peak_rss
+from eval.probe import text_batch
 from eval.quality import cosine_mean, recall_at_k
 from eval.report import write_report
 
@@ -65,6 +66,25 @@ def test_latency_has_the_contract_keys(tiny_onnx):
     lat = second
     assert set(lat) == {latency_key(1, 16, 1), latency_key(2, 8, 2)} == {"b1_s16_t1", "b2_s8_t2"}
     assert all(0 < v["p50"] <= v["p90"] for v in lat.values())
+
+
+def test_text_batches_are_consecutive_windows_of_the_stream():
+    stream = np.arange(10, 40)
+    feed = text_batch(stream, 2, 8)
+    assert feed["input_ids"].dtype == np.int64 and feed["attention_mask"].tolist() == [[1] * 8] * 2
+    assert feed["input_ids"].tolist() == [list(range(10, 18)), list(range(18, 26))]
+    short = text_batch(np.array([3, 4, 5]), 2, 4)["input_ids"]  # repeated to fill the batch
+    assert short.tolist() == [[3, 4, 5, 3], [4, 5, 3, 4]]
+    with pytest.raises(ValueError, match="at least one token"):
+        text_batch(np.array([], dtype=np.int64), 1, 4)
+
+
+def test_latency_runs_on_the_token_stream_it_is_given(tiny_onnx):
+    settings = dict(vocab=100, settings=((2, 8, 1),), runs=2, warmup=1)
+    (lat,) = measure_latency([tiny_onnx], **settings, stream=np.arange(5))
+    assert 0 < lat["b2_s8_t1"]["p50"] <= lat["b2_s8_t1"]["p90"]
+    with pytest.raises(Exception, match="out of|bounds|indices"):  # the stream's ids, not random ones, are fed
+        measure_latency([tiny_onnx], **settings, stream=np.array([10**6]))
 
 
 def test_peak_rss_counts_the_model(tiny_onnx):
@@ -134,6 +154,7 @@ def test_bench_report_follows_the_contract(tiny_onnx, other_onnx, tiny_bert_dir,
     assert "| same |" in table
     assert "| recall_at_10 | cosine_mean (2nd) | recall_at_10 (2nd) |" in table
     assert f"(2nd) on: {report['second_text']}" in table
+    assert report["latency_input"] in table and "eval text" in report["latency_input"]
 
 
 def test_bench_takes_the_second_text_with_its_name(tiny_onnx, tiny_bert_dir):
