@@ -3,8 +3,10 @@ logits = h Wᵀ, computed through whatever holds W (a dense nn.Embedding, or a c
 factors through its own `logits`), so that the table is stored once and never formed; optionally
 rescored by the row norms (compressor.tying: Liu et al.'s normalised variants) and with a bias.
 
-`matmul_t(x, w)` is x wᵀ exported as one ONNX Gemm with transB = 1: the exporter would otherwise fold
-wᵀ into a second, transposed copy of the weight (the known pitfall of tied weights in ONNX)."""
+`matmul_t(x, w)` is x wᵀ exported as ONNX Runtime's FusedMatMul(x, w, transB=1): the exporter would
+otherwise fold wᵀ into a second, transposed copy of the weight (the known pitfall of tied weights in
+ONNX). A Gemm with transB stores it once too, but takes 2-D input only, and the Reshape back to
+(batch, seq, V) costs a copy of the logits at the peak (64 MB at (8, 128) for a 16,384-token table)."""
 
 import torch
 from torch import Tensor, nn
@@ -14,8 +16,8 @@ from compressor.tying import SCORES, normalised_lookup, row_norms, tied_scores
 __all__ = ["matmul_t", "table_logits", "TiedLogits"]
 
 
-class _GemmTransB(torch.autograd.Function):
-    """x (N, D), w (V, D) → x wᵀ (N, V); in ONNX Gemm(x, w, transB=1), w kept as stored."""
+class _MatMulTransB(torch.autograd.Function):
+    """x (..., D), w (V, D) → x wᵀ (..., V); in ONNX FusedMatMul(x, w, transB=1), w kept as stored."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor) -> Tensor:
@@ -23,15 +25,14 @@ class _GemmTransB(torch.autograd.Function):
 
     @staticmethod
     def symbolic(g, x, w):
-        return g.op("Gemm", x, w, transB_i=1)
+        return g.op("com.microsoft::FusedMatMul", x, w, transB_i=1)
 
 
 def matmul_t(x: Tensor, w: Tensor) -> Tensor:
-    """x (..., D) @ wᵀ, w (V, D) → (..., V); one Gemm over the flattened rows when exported."""
+    """x (..., D) @ wᵀ, w (V, D) → (..., V); one FusedMatMul with transB when exported."""
     if not torch.onnx.is_in_onnx_export():
         return torch.matmul(x, w.T)
-    rows = _GemmTransB.apply(x.reshape(-1, x.shape[-1]), w)  # (N, V)
-    return rows.reshape(*x.shape[:-1], w.shape[0])
+    return _MatMulTransB.apply(x, w)
 
 
 def table_logits(table: nn.Module, h: Tensor) -> Tensor:

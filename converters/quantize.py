@@ -43,7 +43,7 @@ __all__ = [
     "QuantizeResult",
     "quantize_onnx",
     "is_quantized",
-    "gemm_as_matmul",
+    "tied_products_as_matmul",
 ]
 
 SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "mixed")
@@ -97,24 +97,28 @@ def _parity(fp32: Path, quantized: Path, vocab: int) -> tuple[float, float]:
     return worst, (diff2 / max(ref2, 1e-30)) ** 0.5
 
 
-def gemm_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """In place: each Gemm(x, W, transB=1) of a weight, no bias (a tied head's x Wᵀ, stored once for
-    fp32: compressor.tied_logits), becomes MatMul(x, Wᵀ) on a transposed copy of W, which the
-    quantizers take as they take any MatMul weight (W itself stays for the Gathers that read it)."""
+def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """In place: each x Wᵀ of a weight W stored once — FusedMatMul(x, W, transB=1) (a tied head:
+    compressor.tied_logits) or Gemm(x, W, transB=1), no bias — becomes MatMul(x, Wᵀ) on a transposed
+    copy of W, which the quantizers take as they take any MatMul weight (W itself stays for the
+    Gathers that read it)."""
     graph = proto.graph
     weights = {init.name: init for init in graph.initializer}
     transposed: dict[str, str] = {}
     for node in graph.node:
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        plain = attrs.get("alpha", 1.0) == 1.0 and not attrs.get("transA", 0) and attrs.get("transB", 0) == 1
-        if node.op_type != "Gemm" or len(node.input) != 2 or not plain or node.input[1] not in weights:
+        plain = attrs.get("alpha", 1.0) == 1.0 and attrs.get("transB", 0) == 1
+        plain = plain and not any(attrs.get(a, 0) for a in ("transA", "transBatchA", "transBatchB"))
+        if node.op_type not in ("Gemm", "FusedMatMul") or len(node.input) != 2 or not plain:
             continue
         name = node.input[1]
+        if name not in weights:
+            continue
         if name not in transposed:
             transposed[name] = f"{name}_transposed"
             data = onnx.numpy_helper.to_array(weights[name]).T.copy()
             graph.initializer.append(onnx.numpy_helper.from_array(data, transposed[name]))
-        node.op_type = "MatMul"
+        node.op_type, node.domain = "MatMul", ""
         node.input[1] = transposed[name]
         del node.attribute[:]
     used = {i for node in graph.node for i in node.input}
@@ -157,7 +161,7 @@ def quantize_onnx(
         raise CompressorError(f"{str(src)!r} is already quantized; quantize its fp32 graph instead")
     with atomic_file(dst, needed=file_bytes(src) // 3) as tmp, tempfile.TemporaryDirectory() as work:
         plain = Path(work) / "plain.onnx"  # without the fp32 parity of the metadata
-        proto = gemm_as_matmul(onnx.load(str(src)))
+        proto = tied_products_as_matmul(onnx.load(str(src)))
         del proto.metadata_props[:]
         if scheme in SMOOTHING:
             proto = smooth(proto, activation_absmax(proto, calibration), SMOOTHING[scheme])

@@ -65,7 +65,7 @@ class _Tied(nn.Module):
     "make", [lambda: nn.Embedding(101, 12), lambda: LowRankEmbedding.from_weight(TABLE.float(), 5)], ids=["dense", "lr"]
 )
 def test_an_exported_tied_head_stores_each_weight_once(tmp_path, make):
-    """The exporter folds Wᵀ into a second, transposed initializer unless the head is a Gemm with transB."""
+    """The exporter folds Wᵀ into a second, transposed initializer unless the head is a FusedMatMul with transB."""
     model = _Tied(make()).eval()
     path = tmp_path / "tied.onnx"
     ids = torch.tensor([[1, 2, 3]])
@@ -74,7 +74,7 @@ def test_an_exported_tied_head_stores_each_weight_once(tmp_path, make):
     sizes = sorted(tuple(i.dims) for i in graph.initializer if len(i.dims) == 2)
     expected = sorted(tuple(p.shape) for p in model.parameters())
     assert sizes == expected
-    assert any(n.op_type == "Gemm" for n in graph.node)
+    assert any(n.op_type == "FusedMatMul" for n in graph.node)
 
 
 def test_matmul_t_outside_export_is_a_plain_product():

@@ -50,20 +50,20 @@ def test_a_graph_off_its_fp32_output_is_refused_and_not_written(tiny_bert_dir, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
-def test_a_tied_head_gemm_becomes_a_matmul_the_quantizer_takes(tiny_llama_dir, tmp_path):
-    """A tied LM's head is Gemm(h, W, transB=1) in fp32 (W stored once); before quantizing it is
-    MatMul(h, Wᵀ), exact in fp32, and comes out int8 like every other weight."""
+def test_a_tied_head_becomes_a_matmul_the_quantizer_takes(tiny_llama_dir, tmp_path):
+    """A tied LM's head is FusedMatMul(h, W, transB=1) in fp32 (W stored once); before quantizing it
+    is MatMul(h, Wᵀ), exact in fp32, and comes out int8 like every other weight."""
     import onnxruntime as ort
 
     from converters.export import sample_inputs
-    from converters.quantize import gemm_as_matmul
+    from converters.quantize import tied_products_as_matmul
 
     model, _ = load_model(tiny_llama_dir)
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
     proto = onnx.load(str(fp32))
-    assert [n.op_type for n in proto.graph.node].count("Gemm") == 1
-    rewritten = gemm_as_matmul(onnx.load(str(fp32)))
-    assert "Gemm" not in {n.op_type for n in rewritten.graph.node}
+    assert [n.op_type for n in proto.graph.node].count("FusedMatMul") == 1
+    rewritten = tied_products_as_matmul(onnx.load(str(fp32)))
+    assert "FusedMatMul" not in {n.op_type for n in rewritten.graph.node}
     vocab, dim = model.get_input_embeddings().weight.shape
     shapes = sorted(tuple(i.dims) for i in rewritten.graph.initializer if vocab in i.dims)
     assert shapes == [(dim, vocab), (vocab, dim)]  # the table for the Gather, its transpose for the MatMul
