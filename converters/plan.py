@@ -7,7 +7,7 @@ blocks), "ffn" (the other linear layers of the body), "linear" (both), "all" (ev
 "head" (a language model's output projection, when it is not tied to the input embedding). The
 first entry that matches a module wins.
 
-A plan may also tie the model first ("tie": {"init": "output", "score": "dot"}, converters.tying):
+A plan may also tie the model first ("tie": {"init": "input", "score": "dot"}, converters.tying):
 the entries then compress the tied table, which serves both ends.
 """
 

@@ -1,6 +1,7 @@
 """Tying a trained model's output projection to its input table (Press & Wolf): one V × D matrix
-serves both ends, initialised from the output projection (the paper finds the tied table resembles
-it), the input table, or their mean; for an encoder–decoder with one vocabulary, three ways (the
+serves both ends, initialised from the input table (by default: on the LMs of BENCHMARKS.md it
+kept more than the output projection, which the paper finds the tied table resembles), the output
+projection, or their mean; for an encoder–decoder with one vocabulary, three ways (the
 encoder's input too). Then the tied head's score: plain, or one of Liu et al.'s normalised variants
 (compressor.tying). A switch of either changes the model: the converter (`compressor tie`) follows
 it with a distillation fine-tune from the untied original."""
@@ -25,7 +26,7 @@ class TieConfig:
     """init: output | input | mean, or None to leave the model's tying as it is and set the score only;
     score: dot | l2 | square | distance | cosine, the tied head's (compressor.tying)."""
 
-    init: str | None = "output"
+    init: str | None = "input"
     score: str = "dot"
 
     def __post_init__(self):
@@ -104,7 +105,7 @@ def set_score_(model: nn.Module, score: str) -> None:
     model.set_output_embeddings(TiedLogits(table, score, head.bias))
 
 
-def tie_encoder_decoder_(model: nn.Module, init: str = "output") -> None:
+def tie_encoder_decoder_(model: nn.Module, init: str = "input") -> None:
     """In place, three-way tying of a Hugging Face encoder–decoder: the encoder's input table, the
     decoder's input table and the output projection become one matrix (started from `init`: the
     output projection, the decoder's input table, or the mean of the three)."""

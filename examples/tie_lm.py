@@ -43,7 +43,7 @@ def load(path: Path):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", type=Path, help="a trained LM: a Hugging Face folder or an lstm_lm.py folder")
-    p.add_argument("--inits", nargs="+", choices=INITS, default=["output"], help="what the shared table starts from")
+    p.add_argument("--inits", nargs="+", choices=INITS, default=["input"], help="what the shared table starts from")
     p.add_argument("--scores", nargs="+", choices=SCORES, default=["dot"], help="the tied head's scores to try")
     p.add_argument("--rank", type=int, default=None, help="compress the tied table to this rank (SVD) first")
     p.add_argument("--steps", type=int, default=300, help="fine-tune steps per variant (default: 300)")

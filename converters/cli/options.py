@@ -154,8 +154,9 @@ def finetune_options(p: argparse.ArgumentParser, run: bool, defaults: FinetuneCo
         f"--{prefix}time",
         dest="ft_time",
         type=float,
-        default=None if run else 300.0,
-        help="fine-tune: stop after this many seconds" + (" (default: no fine-tune)" if run else " (default: 300)"),
+        default=None if run else defaults.seconds,
+        help="fine-tune: stop after this many seconds"
+        + (" (default: no fine-tune)" if run else f" (default: {defaults.seconds:g})"),
     )
     p.add_argument(
         "--data",
