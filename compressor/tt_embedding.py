@@ -151,7 +151,7 @@ class TTEmbedding(CompactEmbedding):
     def logits(self, h: Tensor) -> Tensor:
         """h Wᵀ through the cores, never forming W: h (N, D') is cut into (d_1, …, d_d) and contracted
         with G_1, …, G_d in turn, T[n, (i_1…i_k), r_k, rest] = Σ_{r_{k−1}, a} T[n, (i_1…i_{k−1}), r_{k−1}, a,
-        rest] G_k[i_k, r_{k−1}, a, r_k], one Gemm per core: N Σ_k (Π_{j<k} v_j) r_{k−1} d_k v_k r_k
+        rest] G_k[i_k, r_{k−1}, a, r_k], one matrix product per core: N Σ_k (Π_{j<k} v_j) r_{k−1} d_k v_k r_k
         (Π_{j>k} d_j) multiply-adds, which beats the dense N V D only at small ranks."""
         padded_dim = math.prod(self.spec.col_dims)
         if padded_dim > self.embedding_dim:
