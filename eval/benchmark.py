@@ -86,7 +86,8 @@ def bench(
     latencies = measure_latency(paths, vocab, settings, runs, progress=progress, stream=stream)
     for row, latency in zip(rows, latencies):
         row["latency_ms"] = latency
-    report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages", "latency_input": LATENCY_INPUT}
+    fed = LATENCY_INPUT if stream is not None else "random ids (the eval text holds no token)"
+    report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages", "latency_input": fed}
     if second_texts is not None:
         report["second_text"] = f"{second_text}, {len(second_texts)} passages"
     report = {**report, "variants": rows}
