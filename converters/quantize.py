@@ -116,7 +116,7 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
             continue
         if name not in transposed:
             transposed[name] = f"{name}_transposed"
-            data = onnx.numpy_helper.to_array(weights[name]).T.copy()
+            data = np.swapaxes(onnx.numpy_helper.to_array(weights[name]), -1, -2).copy()  # transB: the last two axes
             graph.initializer.append(onnx.numpy_helper.from_array(data, transposed[name]))
         node.op_type, node.domain = "MatMul", ""
         node.input[1] = transposed[name]
