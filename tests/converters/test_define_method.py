@@ -202,7 +202,9 @@ def test_run_measures_each_form_side_by_side(tiny_bert_dir, tmp_path, capsys, ev
     assert rows[name]["params"] < rows[f"{name}-hybrid"]["params"] < rows[f"{name}-cache"]["params"]
     assert rows[f"{name}-hybrid"]["export_form"] == {"define_export": "hybrid", "define_head": 16}
     assert all(rows[n]["parity_max_abs"] <= 1e-4 for n in list(rows)[2:])
-    assert rows[f"{name}-cache"]["quality"]["cosine_mean"] == pytest.approx(rows[name]["quality"]["cosine_mean"])
+    assert rows[f"{name}-cache"]["quality"]["cosine_mean"] == pytest.approx(
+        rows[name]["quality"]["cosine_mean"], abs=1e-5
+    )
 
 
 @pytest.mark.parametrize(

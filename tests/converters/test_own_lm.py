@@ -43,7 +43,7 @@ def test_it_round_trips_through_its_own_save_and_load(tmp_path):
         model = lstm(60, tied)
         lstm_lm.save(model, tmp_path)
         again = lstm_lm.load(tmp_path)
-        torch.testing.assert_close(again(IDS), model(IDS))
+        torch.testing.assert_close(again(IDS), model(IDS), rtol=1e-4, atol=1e-5)
         assert (again.decoder.weight is again.embedding.weight) == tied
 
 
@@ -59,7 +59,7 @@ def test_a_natively_tied_one_computes_its_logits_through_the_one_table(tmp_path)
     before = model(IDS)
     kind_of(model).tie_(model)
     assert isinstance(model.module.decoder, TiedLogits) and model.module.decoder.bias is not None
-    torch.testing.assert_close(model(IDS), before)
+    torch.testing.assert_close(model(IDS), before, rtol=1e-4, atol=1e-5)
 
 
 def test_tied_compressed_finetuned_and_exported_by_module_name(tiny_gpt2_dir, tmp_path):
