@@ -8,6 +8,7 @@ at the layer output y of the model kind's random probes zᵀo of its output o, c
 is the Hessian of the kind's loss at o (an encoder: 1 − cos of the pooled embedding), so that
 δyᵀ F δy ≈ 2 × the loss an error δy adds."""
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -22,8 +23,8 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from converters.kinds import kind_of
-from eval.atomic import atomic_file, cache_dir
-from eval.quality import encode_passages
+from files.atomic import atomic_file, cache_dir
+from texts.tokens import encode_passages
 
 __all__ = ["Calibration", "calibrate", "cached_calibration", "default_cache_dir", "token_counts", "MIN_CALIB_TOKENS"]
 
@@ -51,6 +52,11 @@ class Calibration:
         if name not in self.sensitivities:
             raise CompressorError(f"calibration has no output sensitivity for {name!r}; calibrate with sensitivity")
         return self.sensitivities[name]
+
+    def with_prior(self, prior: Tensor, weight: float) -> "Calibration":
+        """A copy whose counts are (1 − weight) c + weight N p (float64; N = Σ c): texts.prior's blend."""
+        counts = self.counts.to(torch.float64)
+        return dataclasses.replace(self, counts=(1 - weight) * counts + weight * counts.sum() * prior)
 
     def head_tokens(self, k: int) -> Tensor:
         """The k most frequent token ids, special tokens always among them."""

@@ -18,7 +18,7 @@ from converters.loading import TOKENIZER_FILES, resolve_model_dir
 from converters.plan import Plan
 from converters.registry import compact_modules
 from converters.tying import set_score_
-from eval.atomic import atomic_dir, tensor_bytes
+from files.atomic import atomic_dir, tensor_bytes
 
 __all__ = ["CHECKPOINT_META", "CHECKPOINT_VERSION", "save_compressed", "load_model", "is_compressed_dir", "read_meta"]
 

@@ -22,8 +22,8 @@ from converters.compress import set_submodule
 from converters.kinds import kind_of
 from converters.plan import Plan, match_plan
 from converters.registry import ExportForms, export_forms, method_of
-from eval.atomic import atomic_file, tensor_bytes
 from eval.benchmark import PARITY_KEY
+from files.atomic import atomic_file, tensor_bytes
 
 __all__ = [
     "LookupGraph",

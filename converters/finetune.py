@@ -8,7 +8,7 @@ alongside on each batch (a broad text is never seen twice in a budget, so nothin
 
 Batches are drawn at random from the text's windows, a share of them weighted towards rare tokens
 (window i weighs Σ over its distinct tokens t of 1 / count(t)), and optionally completed with token
-sequences drawn from a general-English prior (converters.prior), so that tokens the text lacks are
+sequences drawn from a general-English prior (texts.prior), so that tokens the text lacks are
 trained too. AdamW: compressed tables at `lr`, compressed linear layers at `linear_lr` (factors of
 a linear layer want a step ~10× smaller than a table's rows), the other parameters (trainable
 "all") at `rest_lr`; the rate warms up, then decays linearly to 0 at the end of the step or time

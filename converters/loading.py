@@ -67,7 +67,7 @@ def check_vocabulary(path: Path) -> None:
         return  # the loader says what is wrong with the config
     if not any((path / name).is_file() for name in TOKENIZER_FILES) or not isinstance(rows, int):
         return
-    from eval.quality import load_tokenizer
+    from texts.tokens import load_tokenizer
 
     try:
         tokens = len(load_tokenizer(path))

@@ -27,7 +27,7 @@ from converters.tying import TieConfig
 __all__ = ["Plan", "PLAN_VERSION", "WIDTHS", "TARGET_KEYWORDS", "match_plan", "input_embedding_name"]
 
 PLAN_VERSION = 1
-WIDTHS = ("fp32", "int8", "int4")  # what a mixed budget may give a module (converters.mixed)
+WIDTHS = ("fp32", "int8", "int4")  # what a mixed budget may give a module (converters.quantization.mixed)
 
 
 @dataclass(frozen=True)

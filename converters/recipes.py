@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from compressor.errors import CompressorError
-from converters.quantize import SCHEMES
+from converters.quantization.quantize import SCHEMES
 from converters.registry import methods
 
 # converters.cli is imported inside the functions below, so that a command may import this module.

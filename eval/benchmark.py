@@ -11,7 +11,7 @@ from eval.kinds import graph_kind
 from eval.latency import SETTINGS, measure_latency
 from eval.memory import peak_rss
 from eval.pareto import mark_pareto_
-from eval.quality import encode_passages, load_tokenizer
+from texts.tokens import encode_passages, load_tokenizer
 
 __all__ = ["bench", "parity_of"]
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from compressor.errors import CompressorError
-from eval.corpus import HELD_OUT, lm_passages, passages
 from eval.graph import load_graph
 from eval.quality import NextTokens, cosine_mean, mean_pool, next_token_quality, next_tokens, recall_at_k
+from texts.corpus import HELD_OUT, lm_passages, passages
 
 __all__ = ["GraphKind", "ENCODER", "CAUSAL_LM", "GRAPH_KINDS", "graph_kind"]
 
@@ -66,7 +66,7 @@ class EncoderGraphKind(GraphKind):
 
 class CausalLMGraphKind(GraphKind):
     def passages(self, path: str | Path | None, split: str, minimum: int = 1) -> tuple[list[str], str]:
-        """A user's file, else the default text's split as a language model sees it (eval.corpus.lm_passages:
+        """A user's file, else the default text's split as a language model sees it (texts.corpus.lm_passages:
         the fine-tune split is the quarter of the default one that the project's own LMs never trained on)."""
         if path is not None or split != "finetune":
             return super().passages(path, split, minimum)

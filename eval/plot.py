@@ -5,8 +5,8 @@ variant a labelled point, the original and its int8 graph marked apart, the fron
 from pathlib import Path
 
 from compressor.errors import CompressorError
-from eval.atomic import atomic_file
 from eval.pareto import COSTS, LATENCY, front_quality, measured_points, pareto_front
+from files.atomic import atomic_file
 
 __all__ = ["plot_front"]
 

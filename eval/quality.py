@@ -1,16 +1,12 @@
-"""Agreement of a compressed model with the original, and the helpers every package shares to
-get there: the tokenizer, tokenised batches of passages, mean pooling over real tokens, the
+"""Agreement of a compressed model with the original: mean pooling over real tokens, the
 encoder's metrics (mean cosine of sentence embeddings, recall@10 of each passage's neighbours) and
 a language model's (perplexity, top-1 agreement and mean KL of next-token predictions)."""
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 __all__ = [
-    "load_tokenizer",
-    "encode_passages",
     "mean_pool",
     "cosine_mean",
     "recall_at_k",
@@ -19,36 +15,6 @@ __all__ = [
     "next_tokens",
     "next_token_quality",
 ]
-
-
-def load_tokenizer(tokenizer_dir: str | Path):
-    """The tokenizer saved in a model directory, offline; one without a padding token (GPT-2's,
-    Llama's) pads with its end-of-text token, which the attention mask hides."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
-    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def encode_passages(tokenizer, texts: list[str], max_length: int = 128, batch: int = 32, tensors: str = "np"):
-    """Tokenised batches [{"input_ids", "attention_mask"}], int64, each padded to its longest;
-    numpy arrays, or torch tensors with tensors="pt"."""
-    batches = []
-    for start in range(0, len(texts), batch):
-        enc = tokenizer(
-            texts[start : start + batch],
-            padding=True,
-            truncation=True,
-            max_length=max_length,
-            return_tensors=tensors,
-        )
-        batches.append({k: enc[k] if tensors == "pt" else enc[k].astype(np.int64) for k in _FEEDS})
-    return batches
-
-
-_FEEDS = ("input_ids", "attention_mask")
 
 
 def mean_pool(hidden, mask):

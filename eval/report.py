@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
-from eval.atomic import atomic_file
 from eval.pareto import LATENCY, front_quality, pareto_flags
+from files.atomic import atomic_file
 
 __all__ = ["write_report", "markdown_table"]
 

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from converters import Plan, TTConfig, compress_, export_onnx, load_model, save_compressed
-from eval import bench, default_passages, markdown_table, write_report
+from eval import bench, markdown_table, write_report
+from texts.corpus import default_passages
 
 
 @dataclass

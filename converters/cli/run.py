@@ -27,9 +27,9 @@ from converters.cli.steps import (
 )
 from converters.cli.variants import Variants, output_folder
 from converters.export import check_export_forms
-from converters.int4 import check_int4_options
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
+from converters.quantization.int4 import check_int4_options
 from converters.recipes import DEFAULT_RECIPE, with_default_recipe
 from converters.registry import default_method
 

@@ -17,15 +17,15 @@ from converters.calibration import Calibration, cached_calibration, default_cach
 from converters.checkpoint import is_compressed_dir, load_model
 from converters.compress import CompressionReport, compress_
 from converters.finetune import FinetuneConfig, finetune_
-from converters.int4 import INT4_BLOCK
 from converters.kinds import KINDS, ModelKind, kind_of
 from converters.plan import WIDTHS, Plan, match_plan
-from converters.prior import check_prior, check_wordfreq, token_prior, with_prior
-from converters.quantize import CALIBRATED, CALIBRATION_PASSAGES
+from converters.quantization.int4 import INT4_BLOCK
+from converters.quantization.quantize import CALIBRATED, CALIBRATION_PASSAGES
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
-from eval.atomic import check_writable
-from eval.corpus import SECOND, read_passages
-from eval.quality import encode_passages, load_tokenizer
+from files.atomic import check_writable
+from texts.corpus import SECOND, read_passages
+from texts.prior import check_prior, check_wordfreq, token_prior
+from texts.tokens import encode_passages, load_tokenizer
 
 __all__ = [
     "say",
@@ -157,7 +157,7 @@ def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensit
         f"token frequencies: the calibration counts ({seen:,} distinct tokens) blended with {args.freq_prior}'s "
         f"English word frequencies ({int((prior > 0).sum()):,} tokens) at weight {args.prior_weight:g}"
     )
-    return with_prior(calib, prior, args.prior_weight)
+    return calib.with_prior(prior, args.prior_weight)
 
 
 def _check_budget(args: argparse.Namespace) -> None:

@@ -17,9 +17,9 @@ from converters.cli.export import token_frequencies
 from converters.cli.options import export_form_values
 from converters.cli.steps import compress_and_say, finetune_and_say, plans_and_calibration, say
 from converters.export import export_form_rows, export_onnx, in_export_form
-from converters.int4 import INT4_ACCURACY, INT4_BLOCK
 from converters.loading import DEFAULT_MODEL_NAME
-from converters.quantize import PLANNED, quantize_onnx
+from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK
+from converters.quantization.quantize import PLANNED, quantize_onnx
 from eval.benchmark import bench
 from eval.pareto import front_quality
 from eval.plot import plot_front

@@ -13,7 +13,7 @@ from converters.kinds.encoder import ENCODER
 from converters.methods.lowrank import LowRankConfig
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
-from eval.quality import load_tokenizer
+from texts.tokens import load_tokenizer
 
 TEXTS = [f"the value {i} of list and dict is a string in python module" * (1 + i % 3) for i in range(24)]
 LINEAR = ["encoder.layer.0.attention.self.query", "encoder.layer.1.output.dense"]

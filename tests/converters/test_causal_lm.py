@@ -23,8 +23,8 @@ from converters.kinds.causal_lm import CAUSAL_LM
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan, match_plan
 from converters.registry import compact_modules
-from eval.quality import load_tokenizer
 from tests.conftest import write_tiny_lm
+from texts.tokens import load_tokenizer
 
 TEXTS = [f"the {w} value of a list is a string in python module {i}" for i, w in enumerate("abcdefgh" * 4)]
 

@@ -20,7 +20,7 @@ from converters.compress import compress_
 from converters.export import export_onnx, in_export_form
 from converters.methods.define import DefineConfig
 from converters.plan import Plan
-from eval.quality import load_tokenizer
+from texts.tokens import load_tokenizer
 
 TEXTS = [f"the value {i} of list and dict is a string in python module" * (1 + i % 3) for i in range(24)]
 SHAPE = dict(n=8, k=32, layers=2, max_groups=2)  # widths 8 → 20 → 32 on the tiny BERT's 48-wide table

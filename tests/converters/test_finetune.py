@@ -12,7 +12,7 @@ from converters.methods.lowrank import LowRankConfig
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
 from converters.registry import compact_modules
-from eval.quality import load_tokenizer
+from texts.tokens import load_tokenizer
 
 TEXTS = [f"the {w} value of a list is a string in python module number {i}" for i, w in enumerate("abcdefgh" * 4)]
 COMPACT = tuple(compact_modules().values())

@@ -10,11 +10,11 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.export import export_onnx, sample_inputs
-from converters.int4 import EIGHT_BIT_SHARE, eight_bit_layers, layer_losses, quantize_4bit
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan
-from converters.quantize import REL_TOL, is_quantized, quantize_onnx
-from converters.smoothing import activation_absmax, smooth
+from converters.quantization.int4 import EIGHT_BIT_SHARE, eight_bit_layers, layer_losses, quantize_4bit
+from converters.quantization.quantize import REL_TOL, is_quantized, quantize_onnx
+from converters.quantization.smoothing import activation_absmax, smooth
 from eval.graph import make_session
 from eval.kinds import ENCODER
 

@@ -23,10 +23,10 @@ from converters.compress import compress_
 from converters.methods.lowrank import LowRankConfig
 from converters.methods.phm import PHMConfig
 from converters.methods.tt import TTConfig
-from eval.quality import load_tokenizer
 from tests.conftest import write_tiny_bert
 from tests.converters.test_calibration import ALL_LINEAR as LINEAR
 from tests.converters.test_calibration import TEXTS
+from texts.tokens import load_tokenizer
 
 KRON = ["encoder.layer.0.intermediate.dense", "encoder.layer.0.output.dense"]  # exact 2-term Kronecker sums at n = 4
 THIN = [f"encoder.layer.1.attention.self.{p}" for p in ("query", "key", "value")]  # exact rank 4

@@ -17,14 +17,14 @@ from converters.compress import compress_
 from converters.export import export_onnx
 from converters.methods.lowrank import LowRankConfig
 from converters.methods.phm import PHMConfig
-from converters.mixed import WIDTHS, bytes_per_weight, module_nodes, quantization_error, quantize_mixed
 from converters.plan import Plan
-from converters.quantize import REL_TOL, quantize_onnx
-from eval.quality import load_tokenizer
+from converters.quantization.mixed import WIDTHS, bytes_per_weight, module_nodes, quantization_error, quantize_mixed
+from converters.quantization.quantize import REL_TOL, quantize_onnx
 from tests.converters.test_calibration import ALL_LINEAR as LINEAR
 from tests.converters.test_calibration import TEXTS
 from tests.converters.test_mixed_budget import predicted, weights
 from tests.e2e.test_cli import run_cli
+from texts.tokens import load_tokenizer
 
 WORD = "embeddings.word_embeddings"
 

@@ -20,7 +20,7 @@ from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan, match_plan
 from converters.registry import compact_modules
 from converters.tying import TieConfig, tie_
-from eval.quality import load_tokenizer
+from texts.tokens import load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 import lstm_lm  # noqa: E402

@@ -21,7 +21,7 @@ from converters.methods.lowrank import LowRankConfig
 from converters.methods.phm import PHMConfig
 from converters.plan import Plan
 from eval.graph import optimized_initializer_bytes
-from eval.quality import load_tokenizer
+from texts.tokens import load_tokenizer
 
 TEXTS = [f"the value {i} of list and dict is a string in python module" * (1 + i % 3) for i in range(24)]
 FFN = [f"encoder.layer.{i}.{part}" for i in range(2) for part in ("intermediate.dense", "output.dense")]

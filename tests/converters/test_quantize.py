@@ -5,14 +5,14 @@ import numpy as np
 import onnx
 import pytest
 
-import converters.quantize as quantize
+import converters.quantization.quantize as quantize
 from compressor.errors import CompressorError, ExportParityError
 from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.export import export_onnx
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
-from converters.quantize import REL_TOL, is_quantized, quantize_onnx
+from converters.quantization.quantize import REL_TOL, is_quantized, quantize_onnx
 
 
 @pytest.mark.parametrize("plan", [None, Plan((("embeddings", TTConfig(rank=4)),))])
@@ -56,7 +56,7 @@ def test_a_tied_head_becomes_a_matmul_the_quantizer_takes(tiny_llama_dir, tmp_pa
     import onnxruntime as ort
 
     from converters.export import sample_inputs
-    from converters.quantize import tied_products_as_matmul
+    from converters.quantization.quantize import tied_products_as_matmul
 
     model, _ = load_model(tiny_llama_dir)
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path

@@ -8,7 +8,7 @@ import pytest
 
 from compressor.errors import CompressorError
 from converters.cli.steps import plans_from_args
-from converters.quantize import SCHEMES
+from converters.quantization.quantize import SCHEMES
 from converters.recipes import DEFAULT_RECIPES, QUANTIZE_CHOICES, Recipe, load_recipes, parse_recipes
 
 VALID = {

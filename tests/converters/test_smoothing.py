@@ -8,8 +8,8 @@ import pytest
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantize import REL_TOL, is_quantized, quantize_onnx
-from converters.smoothing import activation_absmax, smooth, smoothable
+from converters.quantization.quantize import REL_TOL, is_quantized, quantize_onnx
+from converters.quantization.smoothing import activation_absmax, smooth, smoothable
 from eval.graph import make_session
 
 

@@ -261,7 +261,7 @@ def test_rank_too_large_is_clamped_and_said(tiny_bert_dir, tmp_path, capsys):
 
 
 def test_export_quantized_and_an_unknown_scheme(tiny_bert_dir, tmp_path, capsys):
-    from converters.quantize import is_quantized
+    from converters.quantization.quantize import is_quantized
 
     code, _, err = run_cli(capsys, "export", tiny_bert_dir, "--quantize", "int8", "--out", tmp_path / "q.onnx")
     assert code == 0 and "relative error" in err, err
@@ -273,7 +273,7 @@ def test_export_quantized_and_an_unknown_scheme(tiny_bert_dir, tmp_path, capsys)
 
 def test_export_int4_aware_and_a_bad_block_size(tiny_bert_dir, tmp_path, capsys, monkeypatch):
     import converters.cli.export as export_command
-    from converters.quantize import is_quantized
+    from converters.quantization.quantize import is_quantized
 
     out = tmp_path / "q.onnx"
     code, _, err = run_cli(

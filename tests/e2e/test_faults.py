@@ -10,7 +10,7 @@ import pytest
 
 import converters.checkpoint as checkpoint
 import converters.export as export
-import eval.atomic as atomic
+import files.atomic as atomic
 from converters.cli import main
 
 

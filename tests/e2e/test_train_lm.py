@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from eval.corpus import lm_passages
+from texts.corpus import lm_passages
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"
 

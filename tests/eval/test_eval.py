@@ -8,13 +8,13 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx
 from eval.benchmark import bench, parity_of
-from eval.corpus import SECOND, passages, read_passages
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.latency import latency_key, measure_latency
 from eval.memory import peak_rss
 from eval.probe import text_batch
 from eval.quality import cosine_mean, recall_at_k
 from eval.report import write_report
+from texts.corpus import SECOND, passages, read_passages
 
 
 @pytest.fixture(scope="module")

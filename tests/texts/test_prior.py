@@ -10,8 +10,8 @@ from converters.calibration import Calibration
 from converters.checkpoint import load_model
 from converters.cli import build_parser
 from converters.cli.steps import check_method_options, finetune_config
-from converters.prior import check_prior, token_prior, with_prior
-from eval.quality import load_tokenizer
+from texts.prior import check_prior, token_prior
+from texts.tokens import load_tokenizer
 
 CODE_WORDS = ["def", "class", "return", "import", "while", "loop", "dict", "list"]
 
@@ -39,20 +39,20 @@ def test_the_prior_is_a_distribution_led_by_the_commonest_english_words(tokenize
 def test_the_blend_keeps_the_total_and_weighs_unseen_tokens(tokenizer):
     calib = code_only_calibration(tokenizer)
     prior = token_prior(tokenizer, tokenizer.vocab_size)
-    blended = with_prior(calib, prior, 0.25)
+    blended = calib.with_prior(prior, 0.25)
     n = calib.counts.sum().to(torch.float64)
     assert torch.allclose(blended.counts, 0.75 * calib.counts + 0.25 * n * prior, atol=1e-6)
     assert float(blended.counts.sum()) == pytest.approx(float(n))
     the = tokenizer.convert_tokens_to_ids("the")
     assert calib.counts[the] == 0 and blended.counts[the] > 0  # never seen, still weighed
-    assert torch.equal(with_prior(calib, prior, 0.0).counts, calib.counts.to(torch.float64))
+    assert torch.equal(calib.with_prior(prior, 0.0).counts, calib.counts.to(torch.float64))
 
 
 def test_the_head_holds_the_commonest_english_tokens_the_calibration_text_lacks(tokenizer):
     calib = code_only_calibration(tokenizer)
     prior = token_prior(tokenizer, tokenizer.vocab_size)
     specials = len(tokenizer.all_special_ids)
-    head = set(with_prior(calib, prior, 0.5).head_tokens(specials + 60).tolist())
+    head = set(calib.with_prior(prior, 0.5).head_tokens(specials + 60).tolist())
     common = tokenizer.convert_tokens_to_ids(["the", "of", "and", "to", "a", "in"])
     assert set(common) <= head
     assert not set(common) & set(calib.head_tokens(specials + 60).tolist())  # the counts alone miss them

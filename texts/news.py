@@ -1,4 +1,4 @@
-"""The second held-out text, unlike the fit text (pydoc's topics and docstrings, eval.corpus) in
+"""The second held-out text, unlike the fit text (pydoc's topics and docstrings, texts.corpus) in
 genre: the Lee corpus of news articles (300 Australian news stories, one a line), which gensim ships
 as test data; read from gensim's folder without importing it, cut into passages of whole sentences."""
 

@@ -2,8 +2,8 @@
 default text, in three disjoint splits. Its eval split is paragraph i of the English reference
 documentation that ships with CPython (`pydoc_data.topics`) for i % 5 == 0; the fit text (calib and
 finetune splits) is pydoc's other paragraphs and the docstring paragraphs of the standard library,
-numpy, scipy and matplotlib (eval.docstrings), several MB, built once and cached. The second held-out
-text, unlike both in genre, is news (eval.news)."""
+numpy, scipy and matplotlib (texts.docstrings), several MB, built once and cached. The second held-out
+text, unlike both in genre, is news (texts.news)."""
 
 import functools
 import hashlib
@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 from compressor.errors import CompressorError
-from eval.atomic import atomic_file, cache_dir
-from eval.docstrings import Source, docstring_paragraphs, docstring_sources, paragraphs
-from eval.news import all_news_passages, news_passages
+from files.atomic import atomic_file, cache_dir
+from texts.docstrings import Source, docstring_paragraphs, docstring_sources, paragraphs
+from texts.news import all_news_passages, news_passages
 
 __all__ = ["SPLITS", "SECOND", "HELD_OUT", "LM_TRAIN", "default_passages", "lm_passages", "read_passages", "passages"]
 
 SPLITS = ("eval", "calib", "finetune")  # pydoc's paragraph i: eval if i % 5 == 0, calib if 1, else finetune
-SECOND = "second"  # the second held-out text: by default news articles (eval.news)
+SECOND = "second"  # the second held-out text: by default news articles (texts.news)
 HELD_OUT = ("eval", SECOND)  # the texts quality is measured on
 FIT = ("calib", "finetune")  # the splits of the fit text
 LM_TRAIN = "train"  # the language models the project trains itself (examples/train_lm.py) learn from this split

@@ -33,7 +33,8 @@ from torch import nn
 from compressor.budget import Point
 from compressor.dense import dense_weight
 from compressor.errors import CompressorError
-from converters.int4 import (
+from converters.plan import WIDTHS
+from converters.quantization.int4 import (
     INT4_ACCURACY,
     INT4_BLOCK,
     matmul_weights,
@@ -43,7 +44,6 @@ from converters.int4 import (
     quiet_quantizer,
     table_gathers,
 )
-from converters.plan import WIDTHS
 
 __all__ = ["WIDTHS", "bytes_per_weight", "quantization_error", "widened", "module_nodes", "quantize_mixed"]
 

@@ -5,18 +5,17 @@ every token of it; blended with the calibration counts c (N = Σ c tokens) as
 
     c' = (1 − λ) c + λ N p,
 
-so a token the calibration text never holds still weighs λ N p, and c' sums to N as c does."""
+so a token the calibration text never holds still weighs λ N p, and c' sums to N as c does
+(`converters.calibration.Calibration.with_prior`)."""
 
-import dataclasses
 import importlib.util
 
 import torch
 from torch import Tensor
 
 from compressor.errors import CompressorError
-from converters.calibration import Calibration
 
-__all__ = ["PRIORS", "PRIOR_WEIGHT", "PRIOR_WORDS", "check_prior", "check_wordfreq", "token_prior", "with_prior"]
+__all__ = ["PRIORS", "PRIOR_WEIGHT", "PRIOR_WORDS", "check_prior", "check_wordfreq", "token_prior"]
 
 PRIORS = ("wordfreq", "none")
 PRIOR_WEIGHT = 0.5  # λ: measured in BENCHMARKS.md ("A general-English prior")
@@ -54,10 +53,3 @@ def token_prior(tokenizer, vocab: int, words: int = PRIOR_WORDS) -> Tensor:
     if not prior.sum() > 0:
         raise CompressorError("the tokenizer maps no English word into the model's vocabulary: no prior to blend")
     return prior / prior.sum()
-
-
-def with_prior(calibration: Calibration, prior: Tensor, weight: float) -> Calibration:
-    """A copy of `calibration` whose counts are (1 − weight) c + weight N p (float64)."""
-    counts = calibration.counts.to(torch.float64)
-    blended = (1 - weight) * counts + weight * counts.sum() * prior
-    return dataclasses.replace(calibration, counts=blended)

@@ -1,8 +1,8 @@
 """Quantization stacked on any exported graph (DESIGN §2.6) with ONNX Runtime's own tools: int8 is
 `quantize_dynamic` with per-channel int8 weights (MatMul weights, factor matrices, TT cores and
 tables behind a Gather alike), the one line every user knows; int8-aware first smooths the graph's
-activation outliers into its weights from calibration batches (converters.smoothing, exact in
-fp32), then quantizes the same way. int4 and int4-aware are 4-bit weights (converters.int4):
+activation outliers into its weights from calibration batches (converters.quantization.smoothing, exact in
+fp32), then quantizes the same way. int4 and int4-aware are 4-bit weights (converters.quantization.int4):
 block-wise MatMulNBits and GatherBlockQuantized, int4-aware after smoothing at its own α. A
 quantized graph is checked against its own fp32 graph: the relative error ‖y_q − y‖ / ‖y‖ of the
 output on inputs the exporter never saw must stay under REL_TOL of its width."""
@@ -16,7 +16,7 @@ import onnx
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
-from converters.int4 import (
+from converters.quantization.int4 import (
     INT4_ACCURACY,
     INT4_AWARE_ALPHA,
     INT4_BLOCK,
@@ -27,12 +27,12 @@ from converters.int4 import (
     quantize_4bit,
     quiet_quantizer,
 )
-from converters.mixed import quantize_mixed
-from converters.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
-from eval.atomic import atomic_file
+from converters.quantization.mixed import quantize_mixed
+from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
+from files.atomic import atomic_file
 
 __all__ = [
     "SCHEMES",
@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "mixed")
-PLANNED = ("mixed",)  # the schemes whose widths a compressed model's plan chose (converters.mixed)
+PLANNED = ("mixed",)  # the schemes whose widths a compressed model's plan chose (converters.quantization.mixed)
 CALIBRATED = ("int8-aware", "int4-aware")  # the schemes that need calibration batches
 SMOOTHING = {"int8-aware": SMOOTH_ALPHA, "int4-aware": INT4_AWARE_ALPHA}  # scheme → SmoothQuant's α
 # Passages of the calibration text the aware schemes read: the maxima it takes grow with the text (on
@@ -147,7 +147,7 @@ def quantize_onnx(
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
     `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
-    `accuracy_level`: of the 4-bit schemes (converters.int4); `widths`: module → width, for mixed."""
+    `accuracy_level`: of the 4-bit schemes (converters.quantization.int4); `widths`: module → width, for mixed."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if scheme.startswith("int4") or scheme in PLANNED:

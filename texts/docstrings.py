@@ -1,4 +1,4 @@
-"""Docstring paragraphs for the default fit text (eval.corpus): the docstrings of the modules,
+"""Docstring paragraphs for the default fit text (texts.corpus): the docstrings of the modules,
 classes and functions in the .py files of the standard library and of the installed numpy, scipy
 and matplotlib, read with `ast` (nothing is imported), split into paragraphs."""
 

@@ -5,9 +5,9 @@ import pytest
 from compressor.errors import CompressorError
 from converters.cli import build_parser
 from converters.cli.steps import eval_texts, second_texts
-from eval.corpus import default_passages
 from eval.kinds import ENCODER
-from eval.news import SECOND_PASSAGES, news_passages
+from texts.corpus import default_passages
+from texts.news import SECOND_PASSAGES, news_passages
 
 
 def bench_args(*options):

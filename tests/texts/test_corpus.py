@@ -9,10 +9,10 @@ import re
 import pytest
 
 from compressor.errors import CompressorError
-from eval import corpus, news
-from eval.corpus import FIT, SECOND, SPLITS, default_passages, passages
-from eval.docstrings import Source, docstring_sources
-from eval.news import PASSAGE_WORDS, SECOND_PASSAGES, all_news_passages, news_passages
+from texts import corpus, news
+from texts.corpus import FIT, SECOND, SPLITS, default_passages, passages
+from texts.docstrings import Source, docstring_sources
+from texts.news import PASSAGE_WORDS, SECOND_PASSAGES, all_news_passages, news_passages
 
 
 @pytest.fixture(scope="module")
