@@ -43,7 +43,7 @@ WORDS = [
 ]
 
 
-def write_tiny_bert(path: Path, seed: int = 0) -> Path:
+def write_tiny_bert(path: Path, seed: int = 0, hidden: int = 48, intermediate: int = 96) -> Path:
     from transformers import BertConfig, BertModel, BertTokenizer
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -54,10 +54,10 @@ def write_tiny_bert(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     config = BertConfig(
         vocab_size=len(vocab),
-        hidden_size=48,
+        hidden_size=hidden,
         num_hidden_layers=2,
         num_attention_heads=4,
-        intermediate_size=96,
+        intermediate_size=intermediate,
         max_position_embeddings=160,  # room for the (8, 128) batch of the memory probe
     )
     BertModel(config).eval().save_pretrained(path)

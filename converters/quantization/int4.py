@@ -47,6 +47,7 @@ __all__ = [
     "quantize_tables",
     "layer_losses",
     "eight_bit_layers",
+    "four_bit_codes",
     "name_nodes",
     "matmul_weights",
     "table_gathers",
@@ -211,12 +212,18 @@ def layer_losses(
     return losses
 
 
+def four_bit_codes(model: onnx.ModelProto) -> float:
+    """Bytes of the 4-bit codes of the graph's MatMul weights and tables, scales aside: half a byte a weight."""
+    sizes = [k * n for k, n in matmul_weights(model.graph).values()]
+    tables = {n.input[0] for n in model.graph.node if n.name in table_gathers(model.graph)}
+    return (sum(sizes) + sum(int(np.prod(i.dims)) for i in model.graph.initializer if i.name in tables)) / 2
+
+
 def eight_bit_layers(model: onnx.ModelProto, losses: dict[str, float], share: float = EIGHT_BIT_SHARE) -> list[str]:
     """The MatMuls to keep in 8 bits: by loss per added byte (K·N/2 each), largest first, while the
     added bytes stay within `share` of the graph's 4-bit codes (its MatMul weights and tables)."""
     sizes = {name: k * n for name, (k, n) in matmul_weights(model.graph).items()}
-    tables = {n.input[0] for n in model.graph.node if n.name in table_gathers(model.graph)}
-    codes = (sum(sizes.values()) + sum(int(np.prod(i.dims)) for i in model.graph.initializer if i.name in tables)) / 2
+    codes = four_bit_codes(model)
     chosen, spent = [], 0.0
     for name in sorted(losses, key=lambda n: losses[n] / sizes[n], reverse=True):
         if spent + sizes[name] / 2 <= share * codes:

@@ -16,6 +16,7 @@ import onnx
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
+from converters.quantization.correction import CORRECTION_SHARE, correct, input_grams
 from converters.quantization.int4 import (
     INT4_ACCURACY,
     INT4_AWARE_ALPHA,
@@ -23,7 +24,9 @@ from converters.quantization.int4 import (
     SENSITIVITY_BATCHES,
     check_int4_options,
     eight_bit_layers,
+    four_bit_codes,
     layer_losses,
+    name_nodes,
     quantize_4bit,
     quiet_quantizer,
 )
@@ -46,10 +49,10 @@ __all__ = [
     "tied_products_as_matmul",
 ]
 
-SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "mixed")
+SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "int4-corrected", "mixed")
 PLANNED = ("mixed",)  # the schemes whose widths a compressed model's plan chose (converters.quantization.mixed)
-CALIBRATED = ("int8-aware", "int4-aware")  # the schemes that need calibration batches
-SMOOTHING = {"int8-aware": SMOOTH_ALPHA, "int4-aware": INT4_AWARE_ALPHA}  # scheme → SmoothQuant's α
+CALIBRATED = ("int8-aware", "int4-aware", "int4-corrected")  # the schemes that need calibration batches
+SMOOTHING = {"int8-aware": SMOOTH_ALPHA, "int4-aware": INT4_AWARE_ALPHA, "int4-corrected": INT4_AWARE_ALPHA}  # α
 # Passages of the calibration text the aware schemes read: the maxima it takes grow with the text (on
 # all-MiniLM-L6-v2, 256 pydoc passages: recall@10 0.936; all 292: 0.943).
 CALIBRATION_PASSAGES = 1024
@@ -74,6 +77,7 @@ class QuantizeResult:
     parity_max_abs: float  # against the fp32 graph
     parity_rel: float  # ‖y_q − y‖ / ‖y‖ against the fp32 graph
     eight_bit: tuple[str, ...] = ()  # int4-aware: the MatMul nodes kept in 8 bits
+    corrections: dict | None = None  # int4-corrected: MatMul output → its rank and errors (correction.Correction)
 
 
 def is_quantized(path: Path) -> bool:
@@ -128,6 +132,22 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
+def _corrected(proto, calibration, kind, block, accuracy_level, share):
+    """int4-aware's rounding of `proto` (smoothed) without 8-bit layers, then each layer's rounding error
+    corrected at the rank one byte budget (`share` of the 4-bit codes) gives it."""
+    if not 0 < share < 1:
+        raise CompressorError(f"the corrections' share of the 4-bit bytes lies in (0, 1), got {share!r}")
+    name_nodes(proto.graph)
+    losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], kind, block, accuracy_level)
+    outputs = {node.name: node.output[0] for node in proto.graph.node}
+    quantized = quantize_4bit(proto, block, accuracy_level, aware=True)
+    grams = input_grams(proto, calibration)
+    corrected, corrections = correct(
+        quantized, proto, grams, {outputs[n]: loss for n, loss in losses.items()}, int(share * four_bit_codes(proto))
+    )
+    return corrected, {out: c.to_dict() for out, c in corrections.items()}
+
+
 def _int8(plain: Path, out: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -144,10 +164,13 @@ def quantize_onnx(
     block: int = INT4_BLOCK,
     accuracy_level: int = INT4_ACCURACY,
     widths: dict[str, str] | None = None,
+    correction: float = CORRECTION_SHARE,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
     `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
-    `accuracy_level`: of the 4-bit schemes (converters.quantization.int4); `widths`: module → width, for mixed."""
+    `accuracy_level`: of the 4-bit schemes (converters.quantization.int4); `widths`: module → width,
+    for mixed; `correction`: the bytes int4-corrected's low-rank corrections may add, a share of the
+    4-bit codes (converters.quantization.correction)."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if scheme.startswith("int4") or scheme in PLANNED:
@@ -169,7 +192,11 @@ def quantize_onnx(
         if scheme == "int4-aware":
             losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))
-        if scheme == "mixed":
+        corrections = None
+        if scheme == "int4-corrected":
+            corrected, corrections = _corrected(proto, calibration, graph_kind(src), block, accuracy_level, correction)
+            onnx.save_model(corrected, str(tmp))
+        elif scheme == "mixed":
             onnx.save_model(quantize_mixed(proto, widths, block, accuracy_level), str(tmp))
         elif width == "int4":
             onnx.save_model(quantize_4bit(proto, block, accuracy_level, scheme in CALIBRATED, eight_bit), str(tmp))
@@ -185,4 +212,4 @@ def quantize_onnx(
         proto = onnx.load(str(tmp))
         onnx.helper.set_model_props(proto, {PARITY_KEY: repr(worst), "compressor.parity_rel": repr(rel)})
         onnx.save_model(proto, str(tmp))
-    return QuantizeResult(dst, worst, rel, eight_bit)
+    return QuantizeResult(dst, worst, rel, eight_bit, corrections)

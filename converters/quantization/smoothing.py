@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from eval.graph import make_session
 
-__all__ = ["SMOOTH_ALPHA", "smoothable", "activation_absmax", "smooth"]
+__all__ = ["SMOOTH_ALPHA", "smoothable", "probe_activations", "activation_absmax", "smooth"]
 
 # Measured on all-MiniLM-L6-v2 (pydoc calib split → eval split recall@10 after int8): α 0.5 0.872,
 # 0.65 0.936, 0.75 0.940, 0.8 0.943, 0.85 0.941, 0.9 0.940; plain dynamic int8 0.906.
@@ -41,10 +41,8 @@ def smoothable(graph: onnx.GraphProto) -> dict[str, list[int]]:
     return groups
 
 
-def activation_absmax(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """max |x_j| per channel (last axis) of every smoothable activation over the batches `feeds`."""
-    outputs = {o.name for o in model.graph.output}
-    names = [n for n in smoothable(model.graph) if n not in outputs]
+def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict[str, np.ndarray]]):
+    """For each batch of `feeds`, {name: value} of the graph's intermediate tensors `names`."""
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
     probe.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
@@ -52,9 +50,17 @@ def activation_absmax(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]
         path = Path(work) / "probe.onnx"
         onnx.save_model(probe, str(path))
         session = make_session(path, threads=2)
-    absmax: dict[str, np.ndarray] = {}
     for feed in feeds:
-        for name, x in zip(names, session.run(names, feed)):
+        yield dict(zip(names, session.run(names, feed)))
+
+
+def activation_absmax(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """max |x_j| per channel (last axis) of every smoothable activation over the batches `feeds`."""
+    outputs = {o.name for o in model.graph.output}
+    names = [n for n in smoothable(model.graph) if n not in outputs]
+    absmax: dict[str, np.ndarray] = {}
+    for values in probe_activations(model, names, feeds):
+        for name, x in values.items():
             peak = np.abs(x).reshape(-1, x.shape[-1]).max(axis=0)
             absmax[name] = np.maximum(absmax[name], peak) if name in absmax else peak
     return absmax

@@ -1,0 +1,229 @@
+"""Low rank on the rounding error (LQER, QERA): round first, then spend a small rank on what the
+rounding lost. A MatMul's weight W (K × N, y = x W) rounded to Q (MatMulNBits) leaves E = W − Q;
+with the layer's input Gram G = Σ xᵀx over calibration tokens, the rank-r L R that minimises the
+output error Σ ‖x (E − L R)‖² = tr((E − L R)ᵀ G (E − L R)) is the truncated SVD of Cᵀ E mapped
+back, C Cᵀ = G + λI (QERA's closed form; `compressor.lowrank.whitened_factors`). The graph then
+computes y = MatMulNBits(x) + (x L) R, L and R themselves 8-bit MatMulNBits, and each layer's
+error is measured again after L and R are rounded.
+
+Ranks come from one byte budget over the layers (`correction_ranks`): a layer's loss at rank r is
+its measured loss in 4 bits (`int4.layer_losses`: the whole graph's output with that layer alone
+rounded) times the share of its output error energy the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²; the
+greedy of `compressor.budget.allocate` buys the largest drop in loss per byte first."""
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from compressor.budget import Point, allocate, tail_error
+from compressor.errors import CompressorError
+from compressor.lowrank import whitened_factors
+from converters.quantization.int4 import quiet_quantizer
+from converters.quantization.smoothing import probe_activations
+
+__all__ = [
+    "CORRECTION_SHARE",
+    "RANK_STEP",
+    "Correction",
+    "dequantize_nbits",
+    "input_grams",
+    "error_factors",
+    "correction_bytes",
+    "correction_ranks",
+    "correct",
+]
+
+# The bytes the corrections may add, a share of the graph's 4-bit codes (BENCHMARKS.md, "Low rank on
+# the rounding error").
+CORRECTION_SHARE = 0.1
+RANK_STEP = 16  # ranks offered: multiples of 16, the smallest block ONNX Runtime's 8-bit kernels take
+FACTOR_BITS = 8
+FACTOR_BLOCK = {"left": 64, "right": 16}  # L (K × r) blocks along K; R (r × N) along r, a multiple of 16
+
+
+@dataclass(frozen=True)
+class Correction:
+    """One corrected layer: its rank, and its relative output error √(tr(Δᵀ G Δ) / tr(Wᵀ G W)) with
+    Δ = W − Q alone, with the fp32 factors, and with the factors rounded as stored."""
+
+    rank: int
+    error_rounded: float
+    error_corrected: float
+    error_stored: float
+
+    def to_dict(self) -> dict:
+        return {
+            "rank": self.rank,
+            "rel_output_error": {
+                "rounded": self.error_rounded,
+                "corrected": self.error_corrected,
+                "factors_rounded": self.error_stored,
+            },
+        }
+
+
+def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
+    """Codes packed little-endian within each byte, `8 // bits` to a byte, unpacked along the last axis."""
+    per = 8 // bits
+    codes = np.stack([(packed.astype(np.int64) >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=-1)
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
+
+
+def dequantize_nbits(graph: onnx.GraphProto, node: onnx.NodeProto) -> np.ndarray:
+    """The weight Q (K × N, float64) a MatMulNBits node multiplies by: codes B (N, blocks, block·bits/8),
+    one scale per block, zero points packed like the codes (2^(bits−1) when absent): scale · (q − z)."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+    inits = {i.name: i for i in graph.initializer if i.name in node.input}
+    blocks = -(-k // block)
+    codes = _unpack(numpy_helper.to_array(inits[node.input[1]]), bits).reshape(n, blocks, block)
+    scales = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(n, blocks)
+    if len(node.input) > 3 and node.input[3]:
+        zero = _unpack(numpy_helper.to_array(inits[node.input[3]]).reshape(n, -1), bits)[:, :blocks]
+    else:
+        zero = np.full((n, blocks), 1 << (bits - 1))
+    weight = (codes - zero[..., None]) * scales[..., None]
+    return weight.reshape(n, blocks * block)[:, :k].T
+
+
+def _weights(graph: onnx.GraphProto) -> dict[str, str]:
+    """Output name → weight name of each MatMul with a constant 2-D weight."""
+    shapes = {i.name for i in graph.initializer if len(i.dims) == 2}
+    return {n.output[0]: n.input[1] for n in graph.node if n.op_type == "MatMul" and n.input[1] in shapes}
+
+
+def input_grams(model: onnx.ModelProto, feeds: list[dict]) -> dict[str, torch.Tensor]:
+    """Output name → Σ xᵀx (float64) of the input of each MatMul with a constant weight, over the
+    real tokens of `feeds` (an attention mask, when the batch has one, drops the padding)."""
+    matmuls = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in _weights(model.graph)}
+    grams: dict[str, torch.Tensor] = {}
+    for feed, values in zip(feeds, probe_activations(model, sorted(set(matmuls.values())), feeds)):
+        mask = feed.get("attention_mask")
+        for out, name in matmuls.items():
+            x = values[name].reshape(-1, values[name].shape[-1]).astype(np.float64)
+            if mask is not None and mask.size == len(x):
+                x = x[mask.reshape(-1).astype(bool)]
+            gram = torch.from_numpy(x.T @ x)
+            grams[out] = grams[out] + gram if out in grams else gram
+    return grams
+
+
+def error_factors(error: np.ndarray, gram: torch.Tensor, rank: int) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
+    """(L, R, σ): L (K × r) and R (r × N) float32 with L R the rank-r fit of `error` (K × N) in the
+    output metric of `gram` (K × K), and every singular value σ of the whitened error."""
+    f = whitened_factors(torch.from_numpy(np.asarray(error, dtype=np.float64).T), gram, rank)  # Eᵀ ≈ up down
+    return f.down.T.numpy().astype(np.float32), f.up.T.numpy().astype(np.float32), f.spectrum
+
+
+def correction_bytes(k: int, n: int, rank: int) -> int:
+    """Bytes of L (K × r) and R (r × N) in 8 bits with one fp32 scale per block."""
+    left = rank * k + 4 * rank * -(-k // FACTOR_BLOCK["left"])
+    right = rank * n + 4 * n * -(-rank // FACTOR_BLOCK["right"])
+    return left + right
+
+
+def _max_rank(k: int, n: int) -> int:
+    """The largest rank offered: its factors cost less than the 4 more bits a weight would take."""
+    rank = 0
+    while rank + RANK_STEP <= min(k, n) and correction_bytes(k, n, rank + RANK_STEP) < k * n // 2:
+        rank += RANK_STEP
+    return rank
+
+
+def correction_ranks(
+    spectra: dict[str, torch.Tensor], losses: dict[str, float], shapes: dict[str, tuple[int, int]], budget: int
+) -> dict[str, int]:
+    """Layer → rank under `budget` bytes (module docstring); 0 where a correction does not pay."""
+    points = {
+        name: [
+            Point(r, correction_bytes(*shapes[name], r), losses[name] * tail_error(spectrum, r if r else 0))
+            for r in range(0, _max_rank(*shapes[name]) + 1, RANK_STEP)
+        ]
+        for name, spectrum in spectra.items()
+    }
+    return {name: size or 0 for name, size in allocate(points, budget, unit="bytes").ranks.items()}
+
+
+def _relative_error(delta: np.ndarray, weight: np.ndarray, gram: np.ndarray) -> float:
+    return float(np.sqrt(np.einsum("kn,kl,ln->", delta, gram, delta) / np.einsum("kn,kl,ln->", weight, gram, weight)))
+
+
+def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]]) -> onnx.ModelProto:
+    """The factor MatMuls `nodes` (side → node names) in 8-bit MatMulNBits, each side at its block."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    for side, names in nodes.items():
+        if not names:
+            continue
+        block = FACTOR_BLOCK[side]
+        config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True, bits=FACTOR_BITS)
+        others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in names]
+        quantizer = MatMulNBitsQuantizer(model, block_size=block, nodes_to_exclude=others, algo_config=config)
+        with quiet_quantizer():
+            quantizer.process()
+        model = quantizer.model.model
+    return model
+
+
+def correct(
+    quantized: onnx.ModelProto,
+    fp32: onnx.ModelProto,
+    grams: dict[str, torch.Tensor],
+    losses: dict[str, float],
+    budget: int,
+) -> tuple[onnx.ModelProto, dict[str, Correction]]:
+    """A copy of `quantized` (the graph `fp32` with its MatMuls in MatMulNBits) in which the layers the
+    budget chose compute MatMulNBits(x) + (x L) R; `grams`, `losses` and the returned corrections are
+    keyed by each MatMul's output name."""
+    model = copy.deepcopy(quantized)
+    graph = model.graph
+    initializers = {i.name: i for i in fp32.graph.initializer}
+    weights = {
+        out: numpy_helper.to_array(initializers[w]).astype(np.float64) for out, w in _weights(fp32.graph).items()
+    }
+    rounded = {n.output[0]: n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] in weights}
+    missing = sorted(set(rounded) - set(grams))
+    if missing:
+        raise CompressorError(f"no calibration statistics for the layers {', '.join(missing[:3])}")
+    errors = {out: weights[out] - dequantize_nbits(graph, node) for out, node in rounded.items()}
+    spectra = {out: error_factors(errors[out], grams[out], 1)[2] for out in rounded}
+    shapes = {out: weights[out].shape for out in rounded}
+    ranks = correction_ranks(spectra, {out: losses.get(out, 0.0) for out in rounded}, shapes, budget)
+    added: dict[str, list[onnx.NodeProto]] = {}
+    fitted: dict[str, np.ndarray] = {}
+    for out, rank in ranks.items():
+        if not rank:
+            continue
+        left, right, _ = error_factors(errors[out], grams[out], rank)
+        fitted[out] = left.astype(np.float64) @ right
+        node = rounded[out]
+        node.output[0] = f"{out}_rounded"
+        graph.initializer.extend(
+            [numpy_helper.from_array(left, f"{out}_L"), numpy_helper.from_array(right, f"{out}_R")]
+        )
+        added[node.name] = [
+            helper.make_node("MatMul", [node.input[0], f"{out}_L"], [f"{out}_xL"], name=f"{out}_correction_left"),
+            helper.make_node("MatMul", [f"{out}_xL", f"{out}_R"], [f"{out}_xLR"], name=f"{out}_correction_right"),
+            helper.make_node("Add", [f"{out}_rounded", f"{out}_xLR"], [out], name=f"{out}_corrected"),
+        ]
+    nodes = [m for n in graph.node for m in [n, *added.get(n.name, [])]]  # each correction after its layer
+    del graph.node[:]
+    graph.node.extend(nodes)
+    sides = {side: [f"{out}_correction_{side}" for out in fitted] for side in FACTOR_BLOCK}
+    model = _quantize_factors(model, sides)
+    stored = {n.output[0]: n for n in model.graph.node if n.op_type == "MatMulNBits"}
+    report = {}
+    for out, low in fitted.items():
+        gram, w = grams[out].numpy(), weights[out]
+        kept = dequantize_nbits(model.graph, stored[f"{out}_xL"]) @ dequantize_nbits(model.graph, stored[f"{out}_xLR"])
+        report[out] = Correction(
+            ranks[out],
+            _relative_error(errors[out], w, gram),
+            _relative_error(errors[out] - low, w, gram),
+            _relative_error(errors[out] - kept, w, gram),
+        )
+    return model, report

@@ -1,0 +1,117 @@
+"""Low rank on the rounding error (int4-corrected): the reader of MatMulNBits' codes gives the weight
+ONNX Runtime multiplies by; the output-metric fit restores the error at full rank and beats a plain
+SVD of it at equal rank; the budget is never overspent; the corrected graph holds 8-bit factors and
+every corrected layer's output error falls, also after the factors are rounded."""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from compressor.budget import tail_error
+from converters.checkpoint import load_model
+from converters.export import export_onnx, sample_inputs
+from converters.quantization.correction import (
+    correction_bytes,
+    correction_ranks,
+    dequantize_nbits,
+    error_factors,
+)
+from converters.quantization.int4 import four_bit_codes, quantize_4bit
+from converters.quantization.quantize import REL_TOL, quantize_onnx
+from eval.graph import make_session
+from tests.conftest import write_tiny_bert
+
+RNG = np.random.default_rng(0)
+
+
+def _matmul(k=64, n=48):
+    weight = RNG.standard_normal((k, n)).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", n])
+    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
+    graph = helper.make_graph([node], "g", [x], [y], [numpy_helper.from_array(weight, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), weight
+
+
+@pytest.mark.parametrize("aware", [False, True])
+def test_the_reader_gives_the_weight_onnx_runtime_multiplies_by(tmp_path, aware):
+    model, weight = _matmul()
+    quantized = quantize_4bit(model, block=16, accuracy_level=0, aware=aware)
+    (node,) = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
+    q = dequantize_nbits(quantized.graph, node)
+    onnx.save_model(quantized, str(tmp_path / "q.onnx"))
+    x = RNG.standard_normal((5, 64)).astype(np.float32)
+    (y,) = make_session(tmp_path / "q.onnx").run(None, {"x": x})
+    assert np.abs(y - x @ q).max() <= 1e-4 * np.abs(y).max()
+    assert 0.01 < np.abs(q - weight).max() < 0.5  # rounded, not the weight itself
+
+
+def _anisotropic_gram(k=64, tokens=400):
+    x = RNG.standard_normal((tokens, k)) * np.geomspace(10, 0.1, k)  # a few channels carry most
+    return x, torch.from_numpy(x.T @ x)
+
+
+def test_at_full_rank_the_correction_restores_the_error():
+    error = RNG.standard_normal((64, 48)) * 0.1
+    _, gram = _anisotropic_gram()
+    left, right, spectrum = error_factors(error, gram, 48)
+    assert left.shape == (64, 48) and right.shape == (48, 48) and spectrum.shape == (48,)
+    assert np.abs(left.astype(np.float64) @ right - error).max() <= 1e-5
+
+
+def test_the_output_metric_fit_leaves_less_output_error_than_a_plain_svd():
+    error = RNG.standard_normal((64, 48)) * 0.1
+    x, gram = _anisotropic_gram()
+    for rank in (4, 8, 16):
+        left, right, spectrum = error_factors(error, gram, rank)
+        u, s, vh = np.linalg.svd(error, full_matrices=False)
+        plain = (u[:, :rank] * s[:rank]) @ vh[:rank]
+        ours = np.linalg.norm(x @ (error - left.astype(np.float64) @ right))
+        assert ours < 0.95 * np.linalg.norm(x @ (error - plain))
+        # the spectrum predicts the output error the rank leaves
+        assert ours**2 == pytest.approx(tail_error(spectrum, rank, relative=False), rel=1e-3)
+
+
+def test_the_ranks_never_spend_more_than_the_budget():
+    shapes = {"a": (384, 384), "b": (384, 1536), "c": (1536, 384)}
+    spectra = {n: torch.linspace(1, 0.01, min(s)) ** (i + 1) for i, (n, s) in enumerate(shapes.items())}
+    losses = {"a": 1.0, "b": 0.3, "c": 3.0}
+    for budget in (0, 20_000, 50_000, 200_000):
+        ranks = correction_ranks(spectra, losses, shapes, budget)
+        assert sum(correction_bytes(*shapes[n], r) for n, r in ranks.items() if r) <= budget
+        assert all(
+            r % 16 == 0 and correction_bytes(*shapes[n], r) < shapes[n][0] * shapes[n][1] // 2 for n, r in ranks.items()
+        )
+    assert ranks["c"] > 0  # the layer that loses most gets a rank first
+
+
+def test_a_corrected_graph_holds_8_bit_factors_and_lowers_each_layer_error(tmp_path):
+    # layers of 128 and 256: a rank-16 correction in 8 bits costs less than the 4 bits it saves
+    model, _ = load_model(write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256))
+    fp32 = export_onnx(model, tmp_path / "m.onnx").path
+    vocab = model.get_input_embeddings().num_embeddings
+    names = ("input_ids", "attention_mask")
+    feeds = [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
+    result = quantize_onnx(fp32, tmp_path / "c.onnx", vocab, "int4-corrected", feeds, block=16, correction=0.3)
+    assert 0 < result.parity_rel <= REL_TOL["int4"]
+    assert result.corrections, "a 30% budget buys at least one correction"
+    for layer in result.corrections.values():
+        errors = layer["rel_output_error"]
+        assert errors["corrected"] < errors["rounded"] and errors["factors_rounded"] < errors["rounded"]
+        assert errors["factors_rounded"] <= 1.05 * errors["corrected"] + 1e-6  # 8 bits keep the factors
+    graph = onnx.load(str(result.path)).graph
+    factors = [n for n in graph.node if n.op_type == "MatMulNBits" and "_correction_" in n.name]
+    assert len(factors) == 2 * len(result.corrections)
+    assert all(helper.get_attribute_value(a) == 8 for n in factors for a in n.attribute if a.name == "bits")
+    plain = [i for i in graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) == 2 and min(i.dims) > 1]
+    assert not [i.name for i in plain if i.name.endswith(("_L", "_R"))]  # no fp32 factor left
+    added = sum(correction_bytes(*_shape(graph, n), layer["rank"]) for n, layer in result.corrections.items())
+    assert added <= 0.3 * four_bit_codes(onnx.load(str(fp32)))
+
+
+def _shape(graph, out):
+    node = next(n for n in graph.node if n.output[0] == f"{out}_rounded")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return attrs["K"], attrs["N"]
