@@ -1,6 +1,12 @@
-"""A compressed checkpoint: compressor.json (plan, compact module specs, source), model.safetensors,
-and the source's config and tokenizer files. Loading rebuilds the structure, then the weights;
-nothing is decomposed again."""
+"""A compressed checkpoint: compressor.json (plan, compact module specs, source), the weights in
+compressed.safetensors, and the source's config and tokenizer files. Loading rebuilds the structure,
+then the weights; nothing is decomposed again.
+
+The weights are not named model.safetensors so that `transformers` and `sentence-transformers`, which
+know nothing of the compact modules, refuse the folder (no weights file of theirs) instead of building
+the source's dense structure and initialising its missing table at random with only a warning
+(cosine 0.001 to the original's embeddings). `load_model` loads it; so does a version-1 checkpoint,
+whose weights were model.safetensors."""
 
 import json
 import shutil
@@ -20,10 +26,20 @@ from converters.registry import compact_modules
 from converters.tying import set_score_
 from files.atomic import atomic_dir, tensor_bytes
 
-__all__ = ["CHECKPOINT_META", "CHECKPOINT_VERSION", "save_compressed", "load_model", "is_compressed_dir", "read_meta"]
+__all__ = [
+    "CHECKPOINT_META",
+    "CHECKPOINT_VERSION",
+    "CHECKPOINT_WEIGHTS",
+    "save_compressed",
+    "load_model",
+    "is_compressed_dir",
+    "read_meta",
+]
 
 CHECKPOINT_META = "compressor.json"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+CHECKPOINT_WEIGHTS = "compressed.safetensors"
+WEIGHTS_OF_VERSION = {1: "model.safetensors", 2: CHECKPOINT_WEIGHTS}  # versions load_model reads
 
 
 def is_compressed_dir(path: Path) -> bool:
@@ -60,7 +76,7 @@ def save_compressed(
         for name in TOKENIZER_FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, tmp / name)
-        save_safetensors(model, str(tmp / "model.safetensors"))
+        save_safetensors(model, str(tmp / CHECKPOINT_WEIGHTS))
         (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
     return Path(out_dir)
 
@@ -73,7 +89,7 @@ def read_meta(path: Path) -> dict:
         raise CompressorError(f"{str(path)!r} is not a compressed checkpoint: it has no {CHECKPOINT_META}") from None
     except json.JSONDecodeError as e:
         raise CompressorError(f"{Path(path) / CHECKPOINT_META} is not valid JSON: {e}") from None
-    if meta.get("version") != CHECKPOINT_VERSION:
+    if meta.get("version") not in WEIGHTS_OF_VERSION:
         raise CompressorError(f"{path} was written by an unknown checkpoint version {meta.get('version')!r}")
     return meta
 
@@ -95,14 +111,15 @@ def _load_compressed(path: Path) -> nn.Module:
     tie = meta["plan"].get("tie")
     if tie is not None:
         set_score_(model, tie["score"])
+    weights = path / WEIGHTS_OF_VERSION[meta["version"]]
     try:
-        missing, unexpected = load_safetensors(model, str(path / "model.safetensors"), strict=False)
+        missing, unexpected = load_safetensors(model, str(weights), strict=False)
     except (RuntimeError, SafetensorError, FileNotFoundError) as e:
         first = str(e).strip().splitlines()[0]
-        raise ShapeError(f"weights in {path / 'model.safetensors'} do not fit the model: {first}") from None
+        raise ShapeError(f"weights in {weights} do not fit the model: {first}") from None
     if missing or unexpected:
         raise ShapeError(
-            f"weights in {path / 'model.safetensors'} do not fit the model: "
+            f"weights in {weights} do not fit the model: "
             f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
         )
     return model.eval()

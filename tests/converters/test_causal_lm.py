@@ -14,7 +14,7 @@ from compressor.lowrank_embedding import LowRankEmbedding
 from compressor.lowrank_linear import LowRankLinear
 from compressor.tied_logits import TiedLogits
 from compressor.tt_embedding import TTEmbedding
-from converters.checkpoint import load_model, save_compressed
+from converters.checkpoint import CHECKPOINT_WEIGHTS, load_model, save_compressed
 from converters.compress import compress_, set_submodule
 from converters.export import export_onnx
 from converters.finetune import FinetuneConfig, finetune_
@@ -88,7 +88,7 @@ def test_the_compressed_table_is_stored_once_in_the_checkpoint_and_the_onnx_grap
     plan = Plan((("embeddings", LowRankConfig.of_kind("plain", rank=6, keep=None)),))
     report = compress_(model, plan, progress=False)
     save_compressed(model, plan, report, source, tmp_path / "ckpt")
-    with safe_open(str(tmp_path / "ckpt" / "model.safetensors"), framework="pt") as f:
+    with safe_open(str(tmp_path / "ckpt" / CHECKPOINT_WEIGHTS), framework="pt") as f:
         keys = list(f.keys())
     assert sum(k.endswith("codes") for k in keys) == 1 and not any(k.startswith("lm_head") for k in keys)
     loaded, _ = load_model(tmp_path / "ckpt")

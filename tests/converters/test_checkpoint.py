@@ -1,10 +1,12 @@
+import json
+
 import pytest
 import torch
 
 import converters.checkpoint as checkpoint
 from compressor.errors import CompressorError, ShapeError
 from compressor.tt_embedding import TTEmbedding
-from converters.checkpoint import load_model, save_compressed
+from converters.checkpoint import CHECKPOINT_WEIGHTS, load_model, save_compressed
 from converters.compress import compress_
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
@@ -36,7 +38,7 @@ def test_checkpoint_holds_plan_and_tokenizer(compressed):
     names = {p.name for p in path.iterdir()}
     assert {
         "compressor.json",
-        "model.safetensors",
+        CHECKPOINT_WEIGHTS,
         "config.json",
         "tokenizer_config.json",
         "tokenizer.json",
@@ -60,10 +62,10 @@ def test_weights_that_do_not_fit_raise(compressed):
     _, path = compressed
     from safetensors.torch import load_file, save_file
 
-    weights = load_file(path / "model.safetensors")
+    weights = load_file(path / CHECKPOINT_WEIGHTS)
     key = next(k for k in weights if "cores.0" in k)
     weights[key] = torch.zeros(3, 3)
-    save_file(weights, path / "model.safetensors")
+    save_file(weights, path / CHECKPOINT_WEIGHTS)
     with pytest.raises(ShapeError, match="do not fit"):
         load_model(path)
 
@@ -77,3 +79,23 @@ def test_a_path_that_is_not_a_model_raises(tmp_path, make):
         path.write_text("hello")
     with pytest.raises(CompressorError, match="does not exist|not a model directory"):
         load_model(path)
+
+
+def test_transformers_refuses_a_compressed_checkpoint_instead_of_a_random_table(compressed):
+    # AutoModel would build the dense source model and draw its missing word table at random
+    from transformers import AutoModel
+
+    _, path = compressed
+    with pytest.raises(OSError, match="no file named"):
+        AutoModel.from_pretrained(path)
+
+
+def test_a_version_1_checkpoint_still_loads(compressed):
+    model, path = compressed
+    meta = json.loads((path / "compressor.json").read_text())
+    (path / "compressor.json").write_text(json.dumps({**meta, "version": 1}))
+    (path / CHECKPOINT_WEIGHTS).rename(path / "model.safetensors")
+    loaded, _ = load_model(path)
+    ids = torch.randint(0, 100, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(model(ids).last_hidden_state, loaded(ids).last_hidden_state)

@@ -6,7 +6,7 @@ import pytest
 from safetensors import safe_open
 
 from compressor.tied_logits import TiedLogits
-from converters.checkpoint import load_model, read_meta
+from converters.checkpoint import CHECKPOINT_WEIGHTS, load_model, read_meta
 from tests.conftest import run_cli, write_tiny_lm
 
 
@@ -23,7 +23,7 @@ def test_tie_ties_finetunes_and_saves_one_table(untied_dir, lm_text, tmp_path, c
     model, _ = load_model(out)
     assert isinstance(model.get_output_embeddings(), TiedLogits)
     assert read_meta(out)["plan"]["tie"] == {"init": "mean", "score": "dot"}
-    with safe_open(str(out / "model.safetensors"), "pt") as f:
+    with safe_open(str(out / CHECKPOINT_WEIGHTS), "pt") as f:
         names = list(f.keys())  # noqa: SIM118 (a safetensors handle is no dict)
         tables = [k for k in names if f.get_slice(k).get_shape()[0] == model.config.vocab_size]
     assert tables == ["transformer.wte.weight"]
