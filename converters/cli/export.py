@@ -17,6 +17,7 @@ from converters.cli.steps import check_outputs, quantize_calibration, say
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
+from converters.quantization.correction import check_correction_share
 from converters.quantization.int4 import check_int4_options
 from converters.quantization.quantize import PLANNED, quantize_onnx
 from texts.prior import check_prior, token_prior
@@ -67,6 +68,7 @@ def run(args) -> None:
     (form, _), *_ = export_form_rows(values)
     out = args.out or stem.with_name(f"{stem.name}{form}{suffix}.onnx")
     check_int4_options(args.block_size, args.accuracy_level)
+    check_correction_share(args.correction_share)
     if args.quantize in PLANNED:
         raise CompressorError(
             f"--quantize {args.quantize} takes each layer's width from a byte budget: use compressor run --budget SIZE "
@@ -85,7 +87,16 @@ def run(args) -> None:
         return
     with tempfile.TemporaryDirectory() as work:
         fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=args.opset)
-        result = quantize_onnx(fp32.path, out, vocab, args.quantize, batches, args.block_size, args.accuracy_level)
+        result = quantize_onnx(
+            fp32.path,
+            out,
+            vocab,
+            args.quantize,
+            batches,
+            args.block_size,
+            args.accuracy_level,
+            correction=args.correction_share,
+        )
     say(
         f"wrote {result.path} ({args.quantize}; against its fp32 graph, whose parity with PyTorch is "
         f"{fp32.parity_max_abs:.2e}: relative error {result.parity_rel:.3f}, max |Δ| {result.parity_max_abs:.2e})"

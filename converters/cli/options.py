@@ -7,6 +7,7 @@ from pathlib import Path
 from compressor.errors import CompressorError
 from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
+from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.quantization.quantize import CALIBRATION_PASSAGES, SCHEMES
 from converters.registry import Option, default_method, export_forms, methods
@@ -249,7 +250,9 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         "after moving activation outliers into the weights (SmoothQuant, from the calibration text); int4: 4-bit "
         "weights in blocks (MatMulNBits, GatherBlockQuantized), round to nearest; int4-aware: the same after "
         "SmoothQuant, k-quant for the linear layers and asymmetric blocks for the tables, and 8 bits for the layers "
-        "that lose most per byte; mixed (run, with --budget SIZE): each layer's rank and width (fp32, int8, int4) "
+        "that lose most per byte; int4-corrected: int4-aware's rounding of every layer, then a low-rank correction of "
+        "each linear layer's rounding error in its output metric (QERA), 8-bit factors, ranks from one byte budget "
+        "(--correction-share); mixed (run, with --budget SIZE): each layer's rank and width (fp32, int8, int4) "
         "chosen together under the byte budget (default: off)",
     )
     p.add_argument(
@@ -257,6 +260,13 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         type=int,
         default=INT4_BLOCK,
         help=f"int4 schemes: weights per block sharing one scale, a power of two ≥ 16 (default: {INT4_BLOCK})",
+    )
+    p.add_argument(
+        "--correction-share",
+        type=float,
+        default=CORRECTION_SHARE,
+        help="int4-corrected: the bytes the low-rank corrections may add, a share of the 4-bit codes, in (0, 1) "
+        f"(default: {CORRECTION_SHARE})",
     )
     p.add_argument(
         "--accuracy-level",

@@ -29,6 +29,7 @@ from converters.cli.variants import Variants, output_folder
 from converters.export import check_export_forms
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
+from converters.quantization.correction import check_correction_share
 from converters.quantization.int4 import check_int4_options
 from converters.recipes import DEFAULT_RECIPE, with_default_recipe
 from converters.registry import default_method
@@ -61,6 +62,7 @@ def run(args) -> None:
     args.method = args.method or default_method().name
     check_runs(args.runs)
     check_int4_options(args.block_size, args.accuracy_level)
+    check_correction_share(args.correction_share)
     check_outputs(args, output_folder=args.out)
     check_method_options(args)
     source = resolve_model_dir(args.model)
@@ -87,7 +89,7 @@ def _run(args, texts, second, ft_texts, schemes: list[str], batches) -> None:
     plans = check_plans(args, original)  # every plan against the model's modules, before the original is exported
     check_export_forms(export_form_values(args), original, plans)
     vocab = original.get_input_embeddings().num_embeddings
-    variants = Variants(args.out, vocab, batches, args.block_size, args.accuracy_level)
+    variants = Variants(args.out, vocab, batches, args.block_size, args.accuracy_level, args.correction_share)
     variants.add_original(original, schemes)
     variants.add_compressed(args, original, source, ft_texts, schemes)
     variants.bench_and_report(args, source, texts, second)

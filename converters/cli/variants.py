@@ -18,6 +18,7 @@ from converters.cli.options import export_form_values
 from converters.cli.steps import compress_and_say, finetune_and_say, plans_and_calibration, say
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.loading import DEFAULT_MODEL_NAME
+from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK
 from converters.quantization.quantize import PLANNED, quantize_onnx
 from eval.benchmark import bench
@@ -47,11 +48,19 @@ class Variants:
     """(name, ONNX path) of each graph to measure, and what made it, in order."""
 
     def __init__(
-        self, out: Path, vocab: int, batches: list[dict] | None, block: int = INT4_BLOCK, accuracy: int = INT4_ACCURACY
+        self,
+        out: Path,
+        vocab: int,
+        batches: list[dict] | None,
+        block: int = INT4_BLOCK,
+        accuracy: int = INT4_ACCURACY,
+        correction: float = CORRECTION_SHARE,
     ):
-        """`batches`: calibration inputs of the aware schemes; `block`, `accuracy`: of the int4 ones."""
+        """`batches`: calibration inputs of the aware schemes; `block`, `accuracy`: of the int4 ones;
+        `correction`: int4-corrected's share of the 4-bit bytes for its corrections."""
         self.out, self.vocab, self.batches = Path(out), vocab, batches
         self.int4 = {"block": block, "accuracy_level": accuracy}
+        self.correction = correction
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
@@ -78,6 +87,7 @@ class Variants:
                     self.batches,
                     **self.int4,
                     widths=widths,
+                    correction=self.correction,
                 )
             except ExportParityError as e:  # the other rows still get measured
                 say(f"warning: no {name}-{scheme} row: {e}")
@@ -86,6 +96,8 @@ class Variants:
             quantization = {"scheme": scheme, "parity_rel_to_fp32": result.parity_rel}
             if scheme.startswith("int4") or scheme in PLANNED:
                 quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
+            if result.corrections is not None:
+                quantization.update(correction_share=self.correction, corrections=result.corrections)
             self.details.append({**detail, "quantization": quantization})
 
     def _free(self, name: str) -> str:

@@ -27,7 +27,9 @@ from converters.quantization.smoothing import probe_activations
 
 __all__ = [
     "CORRECTION_SHARE",
+    "GRAM_BATCHES",
     "RANK_STEP",
+    "check_correction_share",
     "Correction",
     "dequantize_nbits",
     "input_grams",
@@ -40,9 +42,15 @@ __all__ = [
 # The bytes the corrections may add, a share of the graph's 4-bit codes (BENCHMARKS.md, "Low rank on
 # the rounding error").
 CORRECTION_SHARE = 0.1
+GRAM_BATCHES = 8  # calibration batches the input Grams sum over (256 passages at the default batch)
 RANK_STEP = 16  # ranks offered: multiples of 16, the smallest block ONNX Runtime's 8-bit kernels take
 FACTOR_BITS = 8
 FACTOR_BLOCK = {"left": 64, "right": 16}  # L (K × r) blocks along K; R (r × N) along r, a multiple of 16
+
+
+def check_correction_share(share: float) -> None:
+    if not 0 < share < 1:
+        raise CompressorError(f"--correction-share is a share of the 4-bit bytes in (0, 1), got {share!r}")
 
 
 @dataclass(frozen=True)
@@ -98,18 +106,20 @@ def _weights(graph: onnx.GraphProto) -> dict[str, str]:
 
 def input_grams(model: onnx.ModelProto, feeds: list[dict]) -> dict[str, torch.Tensor]:
     """Output name → Σ xᵀx (float64) of the input of each MatMul with a constant weight, over the
-    real tokens of `feeds` (an attention mask, when the batch has one, drops the padding)."""
+    real tokens of the first GRAM_BATCHES of `feeds` (an attention mask, when the batch has one,
+    drops the padding); MatMuls that share an input share its Gram."""
     matmuls = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in _weights(model.graph)}
-    grams: dict[str, torch.Tensor] = {}
+    feeds = feeds[:GRAM_BATCHES]
+    inputs: dict[str, torch.Tensor] = {}
     for feed, values in zip(feeds, probe_activations(model, sorted(set(matmuls.values())), feeds)):
         mask = feed.get("attention_mask")
-        for out, name in matmuls.items():
-            x = values[name].reshape(-1, values[name].shape[-1]).astype(np.float64)
+        for name, value in values.items():
+            x = value.reshape(-1, value.shape[-1])
             if mask is not None and mask.size == len(x):
                 x = x[mask.reshape(-1).astype(bool)]
-            gram = torch.from_numpy(x.T @ x)
-            grams[out] = grams[out] + gram if out in grams else gram
-    return grams
+            gram = torch.from_numpy(x.T @ x).double()  # fp32 products, summed over batches in fp64
+            inputs[name] = inputs[name] + gram if name in inputs else gram
+    return {out: inputs[name] for out, name in matmuls.items()}
 
 
 def error_factors(error: np.ndarray, gram: torch.Tensor, rank: int) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
@@ -149,7 +159,8 @@ def correction_ranks(
 
 
 def _relative_error(delta: np.ndarray, weight: np.ndarray, gram: np.ndarray) -> float:
-    return float(np.sqrt(np.einsum("kn,kl,ln->", delta, gram, delta) / np.einsum("kn,kl,ln->", weight, gram, weight)))
+    """√(tr(Δᵀ G Δ) / tr(Wᵀ G W)): the output error Δ leaves, relative to the output."""
+    return float(np.sqrt(np.sum((gram @ delta) * delta) / np.sum((gram @ weight) * weight)))
 
 
 def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]]) -> onnx.ModelProto:

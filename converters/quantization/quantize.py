@@ -16,7 +16,7 @@ import onnx
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
-from converters.quantization.correction import CORRECTION_SHARE, correct, input_grams
+from converters.quantization.correction import CORRECTION_SHARE, check_correction_share, correct, input_grams
 from converters.quantization.int4 import (
     INT4_ACCURACY,
     INT4_AWARE_ALPHA,
@@ -135,8 +135,6 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
 def _corrected(proto, calibration, kind, block, accuracy_level, share):
     """int4-aware's rounding of `proto` (smoothed) without 8-bit layers, then each layer's rounding error
     corrected at the rank one byte budget (`share` of the 4-bit codes) gives it."""
-    if not 0 < share < 1:
-        raise CompressorError(f"the corrections' share of the 4-bit bytes lies in (0, 1), got {share!r}")
     name_nodes(proto.graph)
     losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], kind, block, accuracy_level)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
@@ -175,6 +173,7 @@ def quantize_onnx(
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if scheme.startswith("int4") or scheme in PLANNED:
         check_int4_options(block, accuracy_level)
+    check_correction_share(correction)
     if scheme in PLANNED and not widths:
         raise CompressorError(f"{scheme} quantizes each module at the width a byte budget chose; this model has none")
     if scheme in CALIBRATED and not calibration:

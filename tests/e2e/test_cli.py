@@ -286,3 +286,19 @@ def test_export_int4_aware_and_a_bad_block_size(tiny_bert_dir, tmp_path, capsys,
     )
     assert code == 2 and "power of two, at least 16" in err and err.count("\n") == 1, err
     assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.parametrize("command", ["export", "run"])
+def test_a_correction_share_outside_0_1_is_refused_before_the_work(
+    command, tiny_bert_dir, tmp_path, capsys, monkeypatch
+):
+    import converters.cli.export as export_command
+    import converters.cli.run as run_command
+
+    monkeypatch.setattr(export_command, "load_model", lambda *a: pytest.fail("loaded a model for a bad share"))
+    monkeypatch.setattr(run_command, "resolve_model_dir", lambda *a: pytest.fail("read a model for a bad share"))
+    out = tmp_path / ("x.onnx" if command == "export" else "run")
+    argv = (command, tiny_bert_dir, "--quantize", "int4-corrected", "--correction-share", 1.5, "--out", out)
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and "--correction-share is a share of the 4-bit bytes in (0, 1), got 1.5" in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err and not out.exists()
