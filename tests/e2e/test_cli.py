@@ -9,7 +9,7 @@ import torch
 
 from converters.cli import main
 from converters.export import export_embedding_onnx
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_tiny_bert
 
 
 def test_compress_export_bench(tiny_bert_dir, eval_text_file, tmp_path, capsys):
@@ -302,3 +302,23 @@ def test_a_correction_share_outside_0_1_is_refused_before_the_work(
     code, _, err = run_cli(capsys, *argv)
     assert code == 2 and "--correction-share is a share of the 4-bit bytes in (0, 1), got 1.5" in err, err
     assert err.count("error:") == 1 and "Traceback" not in err and not out.exists()
+
+
+def test_run_int4_corrected_reports_each_correction(tmp_path, eval_text_file, capsys, monkeypatch):
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
+    wide = write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256)  # a rank-16 correction pays
+    out_dir = tmp_path / "run"
+    argv = ("run", wide, "--method", "lowrank", "--targets", "ffn", "--quantize", "int4-corrected")
+    common = ("--calib", eval_text_file, "--eval-text", eval_text_file, "--second-text", "none", "--runs", 2)
+    code, _, err = run_cli(capsys, *argv, "--correction-share", 0.3, *common, "--out", out_dir)
+    assert code == 0, err
+    rows = {v["name"]: v for v in json.loads((out_dir / "report.json").read_text())["variants"]}
+    assert [n for n in rows if n.endswith("-int4-corrected")] == [
+        "original-int4-corrected",
+        f"{list(rows)[2]}-int4-corrected",
+    ]
+    quantization = rows["original-int4-corrected"]["quantization"]
+    assert quantization["correction_share"] == 0.3 and quantization["corrections"]
+    for layer in quantization["corrections"].values():
+        assert layer["rank"] % 16 == 0 and 0 < layer["rank"] <= 128
+        assert layer["rel_output_error"]["factors_rounded"] < layer["rel_output_error"]["rounded"]
