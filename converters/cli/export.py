@@ -99,5 +99,6 @@ def run(args) -> None:
         )
     say(
         f"wrote {result.path} ({args.quantize}; against its fp32 graph, whose parity with PyTorch is "
-        f"{fp32.parity_max_abs:.2e}: relative error {result.parity_rel:.3f}, max |Δ| {result.parity_max_abs:.2e})"
+        f"{fp32.parity_max_abs:.2e}: relative error {result.parity_rel:.3f}, max |Δ| {result.parity_max_abs:.2e}, on "
+        f"{result.parity_input})"
     )

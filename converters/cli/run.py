@@ -25,7 +25,7 @@ from converters.cli.steps import (
     say,
     second_texts,
 )
-from converters.cli.variants import Variants, output_folder
+from converters.cli.variants import ORIGINAL_SCHEMES, Variants, output_folder
 from converters.export import check_export_forms
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
@@ -70,7 +70,7 @@ def run(args) -> None:
     check_kind_options(args, kind)
     texts, second = eval_texts(args, kind.graph), second_texts(args, kind.graph)
     schemes = list(dict.fromkeys(args.quantize or []))
-    batches = quantize_calibration(args, schemes, kind.graph, source)
+    batches = quantize_calibration(args, [*ORIGINAL_SCHEMES, *schemes], kind.graph, source)
     fine_tune = args.ft_steps is not None or args.ft_time is not None
     if fine_tune:
         finetune_config(args)  # a bad budget or text fails now, not after the compression

@@ -126,12 +126,15 @@ def calib_texts(args, kind_graph, most: int | None = None) -> tuple[list[str], s
 
 
 def quantize_calibration(args, schemes: list[str], kind_graph, source: Path) -> list[dict] | None:
-    """The graph's input batches of the calibration text, when a scheme in `schemes` needs them."""
-    if not set(schemes) & set(CALIBRATED):
+    """The graph's input batches of the calibration text, when `schemes` holds any: the aware schemes
+    calibrate on them, and every quantized graph is judged against its fp32 graph on them (text, not
+    random ids: random ids make activations no text makes)."""
+    if not schemes:
         return None
     texts, where = calib_texts(args, kind_graph, CALIBRATION_PASSAGES)
     aware = ", ".join(s for s in schemes if s in CALIBRATED)
-    say(f"{aware}: activation ranges from {len(texts)} passages of {where}")
+    if aware:
+        say(f"{aware}: activation ranges from {len(texts)} passages of {where}")
     return encode_passages(load_tokenizer(source), texts)
 
 

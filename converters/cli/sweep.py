@@ -20,7 +20,7 @@ from converters.cli.steps import (
     say,
     second_texts,
 )
-from converters.cli.variants import Variants, output_folder
+from converters.cli.variants import ORIGINAL_SCHEMES, Variants, output_folder
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.recipes import load_recipes
@@ -75,7 +75,7 @@ def run(args) -> None:
         check_kind_options(space, kind)
     texts, second = eval_texts(args, kind.graph), second_texts(args, kind.graph)
     schemes = list(dict.fromkeys(s for space in spaces for s in space.quantize or []))
-    batches = quantize_calibration(args, schemes, kind.graph, source)
+    batches = quantize_calibration(args, [*ORIGINAL_SCHEMES, *schemes], kind.graph, source)
     ft_texts = finetune_texts(args, kind) if any(_fine_tunes(s) for s in spaces) else None
     with output_folder(args.out):
         original, source = load_original(args.model)

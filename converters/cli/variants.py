@@ -93,7 +93,11 @@ class Variants:
                 say(f"warning: no {name}-{scheme} row: {e}")
                 continue
             self.graphs.append((f"{name}-{scheme}", result.path))
-            quantization = {"scheme": scheme, "parity_rel_to_fp32": result.parity_rel}
+            quantization = {
+                "scheme": scheme,
+                "parity_rel_to_fp32": result.parity_rel,
+                "parity_input": result.parity_input,
+            }
             if scheme.startswith("int4") or scheme in PLANNED:
                 quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
             if result.corrections is not None:

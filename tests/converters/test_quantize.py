@@ -44,7 +44,7 @@ def test_a_quantized_graph_is_not_quantized_again(tiny_bert_dir, tmp_path):
 def test_a_graph_off_its_fp32_output_is_refused_and_not_written(tiny_bert_dir, tmp_path, monkeypatch):
     model, _ = load_model(tiny_bert_dir)
     fp32 = export_onnx(model, tmp_path / "m.onnx").path
-    monkeypatch.setattr(quantize, "_parity", lambda *args: (3.0, 0.9))
+    monkeypatch.setattr(quantize, "_parity", lambda *args: (3.0, 0.9, "random ids"))
     with pytest.raises(ExportParityError, match="relative"):
         quantize_onnx(fp32, tmp_path / "bad.onnx", 100)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
@@ -75,3 +75,22 @@ def test_a_tied_head_becomes_a_matmul_the_quantizer_takes(tiny_llama_dir, tmp_pa
     result = quantize_onnx(fp32, tmp_path / "lm-int8.onnx", vocab)
     assert result.parity_rel <= REL_TOL["int8"]
     assert "MatMulInteger" in {n.op_type for n in onnx.load(str(result.path)).graph.node}
+
+
+def test_the_gate_judges_on_text_when_the_caller_has_it(tiny_bert_dir, tmp_path):
+    # random ids make activations no text makes: the gate reads the text's real tokens, padding left out
+    from eval.graph import make_session
+    from texts.tokens import encode_passages, load_tokenizer
+
+    model, _ = load_model(tiny_bert_dir)
+    fp32 = export_onnx(model, tmp_path / "m.onnx").path
+    vocab = model.get_input_embeddings().num_embeddings
+    passages = ["the cat sat on the mat", "a b c", "one two three four five six seven"] * 4
+    text = encode_passages(load_tokenizer(tiny_bert_dir), passages)
+    result = quantize_onnx(fp32, tmp_path / "t.onnx", vocab, calibration=text)
+    assert result.parity_input == f"{len(passages)} passages of text"
+    ys = [make_session(p).run(None, feed)[0] for p in (fp32, result.path) for feed in text[:1]]
+    mask = text[0]["attention_mask"].astype(bool)
+    diff = ys[1][mask] - ys[0][mask]
+    assert result.parity_rel == pytest.approx(np.linalg.norm(diff) / np.linalg.norm(ys[0][mask]), rel=1e-3)
+    assert quantize_onnx(fp32, tmp_path / "r.onnx", vocab).parity_input == "random ids"
