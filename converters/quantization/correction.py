@@ -36,6 +36,9 @@ __all__ = [
     "error_factors",
     "correction_bytes",
     "correction_ranks",
+    "add_corrections",
+    "corrected_layers",
+    "store_factors",
     "correct",
 ]
 
@@ -180,22 +183,25 @@ def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]]) -> on
     return model
 
 
-def correct(
+def _float64_weights(fp32: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Output name → the constant weight (K × N, float64) of each MatMul of the fp32 graph."""
+    initializers = {i.name: i for i in fp32.graph.initializer}
+    return {out: numpy_helper.to_array(initializers[w]).astype(np.float64) for out, w in _weights(fp32.graph).items()}
+
+
+def add_corrections(
     quantized: onnx.ModelProto,
     fp32: onnx.ModelProto,
     grams: dict[str, torch.Tensor],
     losses: dict[str, float],
     budget: int,
-) -> tuple[onnx.ModelProto, dict[str, Correction]]:
+) -> onnx.ModelProto:
     """A copy of `quantized` (the graph `fp32` with its MatMuls in MatMulNBits) in which the layers the
-    budget chose compute MatMulNBits(x) + (x L) R; `grams`, `losses` and the returned corrections are
-    keyed by each MatMul's output name."""
+    budget chose compute MatMulNBits(x) + (x L) R, with L and R fp32 initializers OUT_L and OUT_R
+    (OUT: the MatMul's output name, by which `grams` and `losses` are keyed too)."""
     model = copy.deepcopy(quantized)
     graph = model.graph
-    initializers = {i.name: i for i in fp32.graph.initializer}
-    weights = {
-        out: numpy_helper.to_array(initializers[w]).astype(np.float64) for out, w in _weights(fp32.graph).items()
-    }
+    weights = _float64_weights(fp32)
     rounded = {n.output[0]: n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] in weights}
     missing = sorted(set(rounded) - set(grams))
     if missing:
@@ -205,12 +211,10 @@ def correct(
     shapes = {out: weights[out].shape for out in rounded}
     ranks = correction_ranks(spectra, {out: losses.get(out, 0.0) for out in rounded}, shapes, budget)
     added: dict[str, list[onnx.NodeProto]] = {}
-    fitted: dict[str, np.ndarray] = {}
     for out, rank in ranks.items():
         if not rank:
             continue
         left, right, _ = error_factors(errors[out], grams[out], rank)
-        fitted[out] = left.astype(np.float64) @ right
         node = rounded[out]
         node.output[0] = f"{out}_rounded"
         graph.initializer.extend(
@@ -224,17 +228,51 @@ def correct(
     nodes = [m for n in graph.node for m in [n, *added.get(n.name, [])]]  # each correction after its layer
     del graph.node[:]
     graph.node.extend(nodes)
-    sides = {side: [f"{out}_correction_{side}" for out in fitted] for side in FACTOR_BLOCK}
+    return model
+
+
+def corrected_layers(model: onnx.ModelProto) -> list[str]:
+    """The output names of the layers `add_corrections` corrected in `model`."""
+    return [n.output[0] for n in model.graph.node if n.name.endswith("_corrected") and n.op_type == "Add"]
+
+
+def store_factors(
+    model: onnx.ModelProto, fp32: onnx.ModelProto, grams: dict[str, torch.Tensor]
+) -> tuple[onnx.ModelProto, dict[str, Correction]]:
+    """`model` (from add_corrections, its factors fitted or trained) with L and R in 8-bit MatMulNBits,
+    and each corrected layer's output errors: rounded alone, with the fp32 factors, as stored."""
+    weights = _float64_weights(fp32)
+    layers = corrected_layers(model)
+    inits = {i.name: i for i in model.graph.initializer}
+    rounded = {n.output[0]: n for n in model.graph.node if n.op_type == "MatMulNBits"}
+    errors = {out: weights[out] - dequantize_nbits(model.graph, rounded[f"{out}_rounded"]) for out in layers}
+    fitted = {
+        out: numpy_helper.to_array(inits[f"{out}_L"]).astype(np.float64) @ numpy_helper.to_array(inits[f"{out}_R"])
+        for out in layers
+    }
+    ranks = {out: int(inits[f"{out}_R"].dims[0]) for out in layers}
+    sides = {side: [f"{out}_correction_{side}" for out in layers] for side in FACTOR_BLOCK}
     model = _quantize_factors(model, sides)
     stored = {n.output[0]: n for n in model.graph.node if n.op_type == "MatMulNBits"}
     report = {}
-    for out, low in fitted.items():
+    for out in layers:
         gram, w = grams[out].numpy(), weights[out]
         kept = dequantize_nbits(model.graph, stored[f"{out}_xL"]) @ dequantize_nbits(model.graph, stored[f"{out}_xLR"])
         report[out] = Correction(
             ranks[out],
             _relative_error(errors[out], w, gram),
-            _relative_error(errors[out] - low, w, gram),
+            _relative_error(errors[out] - fitted[out], w, gram),
             _relative_error(errors[out] - kept, w, gram),
         )
     return model, report
+
+
+def correct(
+    quantized: onnx.ModelProto,
+    fp32: onnx.ModelProto,
+    grams: dict[str, torch.Tensor],
+    losses: dict[str, float],
+    budget: int,
+) -> tuple[onnx.ModelProto, dict[str, Correction]]:
+    """`add_corrections`, then `store_factors`: the corrected graph with 8-bit factors, and its report."""
+    return store_factors(add_corrections(quantized, fp32, grams, losses, budget), fp32, grams)
