@@ -16,7 +16,13 @@ import onnx
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
-from converters.quantization.correction import CORRECTION_SHARE, check_correction_share, correct, input_grams
+from converters.quantization.correction import (
+    CORRECTION_SHARE,
+    add_corrections,
+    check_correction_share,
+    input_grams,
+    store_factors,
+)
 from converters.quantization.int4 import (
     INT4_ACCURACY,
     INT4_AWARE_ALPHA,
@@ -49,10 +55,12 @@ __all__ = [
     "tied_products_as_matmul",
 ]
 
-SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "int4-corrected", "mixed")
+SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "int4-corrected", "int4-trained", "mixed")
 PLANNED = ("mixed",)  # the schemes whose widths a compressed model's plan chose (converters.quantization.mixed)
-CALIBRATED = ("int8-aware", "int4-aware", "int4-corrected")  # the schemes that need calibration batches
-SMOOTHING = {"int8-aware": SMOOTH_ALPHA, "int4-aware": INT4_AWARE_ALPHA, "int4-corrected": INT4_AWARE_ALPHA}  # α
+CORRECTED = ("int4-corrected", "int4-trained")  # low rank on the rounding error (converters.quantization.correction)
+TRAINED = ("int4-trained",)  # the schemes whose corrections a fine-tune trains (converters.quantization.training)
+CALIBRATED = ("int8-aware", "int4-aware", *CORRECTED)  # the schemes that need calibration batches
+SMOOTHING = {"int8-aware": SMOOTH_ALPHA, "int4-aware": INT4_AWARE_ALPHA, **dict.fromkeys(CORRECTED, INT4_AWARE_ALPHA)}
 # Passages of the calibration text the aware schemes read: the maxima it takes grow with the text (on
 # all-MiniLM-L6-v2, 256 pydoc passages: recall@10 0.936; all 292: 0.943).
 CALIBRATION_PASSAGES = 1024
@@ -146,17 +154,21 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def _corrected(proto, calibration, kind, block, accuracy_level, share):
-    """int4-aware's rounding of `proto` (smoothed) without 8-bit layers, then each layer's rounding error
-    corrected at the rank one byte budget (`share` of the 4-bit codes) gives it."""
+def _corrected(exported, proto, calibration, kind, block, accuracy_level, share, train):
+    """int4-aware's rounding of `proto` (the smoothed graph of `exported`) without 8-bit layers, then each
+    layer's rounding error corrected at the rank one byte budget (`share` of the 4-bit codes) gives it;
+    `train` (None: the closed-form fit kept) then trains the corrections."""
     name_nodes(proto.graph)
     losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], kind, block, accuracy_level)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
     quantized = quantize_4bit(proto, block, accuracy_level, aware=True)
     grams = input_grams(proto, calibration)
-    corrected, corrections = correct(
+    corrected = add_corrections(
         quantized, proto, grams, {outputs[n]: loss for n, loss in losses.items()}, int(share * four_bit_codes(proto))
     )
+    if train is not None:
+        corrected = train(exported, proto, corrected)
+    corrected, corrections = store_factors(corrected, proto, grams)
     return corrected, {out: c.to_dict() for out, c in corrections.items()}
 
 
@@ -177,12 +189,15 @@ def quantize_onnx(
     accuracy_level: int = INT4_ACCURACY,
     widths: dict[str, str] | None = None,
     correction: float = CORRECTION_SHARE,
+    train=None,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
     `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
     `accuracy_level`: of the 4-bit schemes (converters.quantization.int4); `widths`: module → width,
     for mixed; `correction`: the bytes int4-corrected's low-rank corrections may add, a share of the
-    4-bit codes (converters.quantization.correction)."""
+    4-bit codes (converters.quantization.correction); `train`: for int4-trained, (exported fp32 graph,
+    its smoothed graph, the corrected graph with fp32 factors) → that graph with trained factors
+    (converters.quantization.training.trainer)."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if scheme.startswith("int4") or scheme in PLANNED:
@@ -192,6 +207,8 @@ def quantize_onnx(
         raise CompressorError(f"{scheme} quantizes each module at the width a byte budget chose; this model has none")
     if scheme in CALIBRATED and not calibration:
         raise CompressorError(f"{scheme} needs calibration batches")
+    if (scheme in TRAINED) != (train is not None):
+        raise CompressorError(f"a trainer of the corrections goes with {' or '.join(TRAINED)}, not with {scheme}")
     src, dst = Path(src), Path(dst)
     if is_quantized(src):
         raise CompressorError(f"{str(src)!r} is already quantized; quantize its fp32 graph instead")
@@ -199,6 +216,7 @@ def quantize_onnx(
         plain = Path(work) / "plain.onnx"  # without the fp32 parity of the metadata
         proto = tied_products_as_matmul(onnx.load(str(src)))
         del proto.metadata_props[:]
+        exported = proto
         if scheme in SMOOTHING:
             proto = smooth(proto, activation_absmax(proto, calibration), SMOOTHING[scheme])
         width, eight_bit = scheme.split("-")[0], ()
@@ -206,8 +224,11 @@ def quantize_onnx(
             losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))
         corrections = None
-        if scheme == "int4-corrected":
-            corrected, corrections = _corrected(proto, calibration, graph_kind(src), block, accuracy_level, correction)
+        if scheme in CORRECTED:
+            kind = graph_kind(src)
+            corrected, corrections = _corrected(
+                exported, proto, calibration, kind, block, accuracy_level, correction, train
+            )
             onnx.save_model(corrected, str(tmp))
         elif scheme == "mixed":
             onnx.save_model(quantize_mixed(proto, widths, block, accuracy_level), str(tmp))

@@ -1,0 +1,174 @@
+"""Train through the rounding (int4-trained): int4-corrected's graph, its corrections then learnt by
+distillation against the fp32 model with every weight held as the graph rounds it.
+
+The student is the PyTorch model with each rounded weight replaced by what ONNX Runtime multiplies by
+or gathers: a MatMulNBits weight Q_s read back from its codes (correction.dequantize_nbits), a
+GatherBlockQuantized table read back by running that node over every row. SmoothQuant scaled each
+weight row k by s_k (and divided the activation by it), so the unsmoothed Q = Q_s / s row-wise, s read
+from the smoothed and unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`.
+Modules are found by value: the exported fp32 graph holds each weight as the module holds it (a
+Linear's Wᵀ, a Conv1D's W, an Embedding's table), and a weight two modules hold is refused. After the
+fine-tune (the corrections and their layers' biases trained, all else frozen) the factors go back as
+L = s·A, R = B and the biases into their Add, and `correction.store_factors` rounds them to 8 bits."""
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnx import helper, numpy_helper
+from torch import nn
+
+from compressor.corrected_linear import CorrectedLinear
+from compressor.errors import CompressorError
+from converters.quantization.correction import _weights, corrected_layers, dequantize_nbits
+
+__all__ = [
+    "CORRECTION_SECONDS",
+    "CORRECTION_LR",
+    "Links",
+    "student_of",
+    "write_back",
+    "dequantize_table",
+    "trainer",
+]
+
+# The fine-tune of int4-trained (BENCHMARKS.md, "Train through the rounding").
+CORRECTION_SECONDS = 240.0
+CORRECTION_LR = 2e-4
+
+
+class Links(dict):
+    """Output name of each corrected MatMul → (module name, s (K,), bias initializer name or None)."""
+
+
+def _held_weights(model: nn.Module) -> dict[bytes, str]:
+    """The bytes of each weight as the exported graph holds it → the module holding it."""
+    held: dict[bytes, list[str]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            value = module.weight.detach().T
+        elif isinstance(module, nn.Embedding) or type(module).__name__ == "Conv1D":
+            value = module.weight.detach()
+        else:
+            continue
+        held.setdefault(value.contiguous().numpy().astype(np.float32).tobytes(), []).append(name)
+    return {key: names[0] for key, names in held.items() if len(names) == 1}
+
+
+def _module_of(held: dict[bytes, str], weight: np.ndarray, what: str) -> str:
+    name = held.get(np.ascontiguousarray(weight, dtype=np.float32).tobytes())
+    if name is None:
+        raise CompressorError(
+            f"int4-trained needs each rounded weight to be one module's; {what} is no single module's weight "
+            "(a table shared with a tied head, a fused projection): use int4-corrected"
+        )
+    return name
+
+
+def dequantize_table(model: onnx.ModelProto, node: onnx.NodeProto, rows: int) -> np.ndarray:
+    """The table (rows × D, float32) a GatherBlockQuantized node gathers from, by running it on every row."""
+    inits = {i.name: i for i in model.graph.initializer}
+    ids = helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [rows])
+    out = helper.make_tensor_value_info("rows", onnx.TensorProto.FLOAT, None)
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    gather = helper.make_node(
+        node.op_type, [node.input[0], "ids", *node.input[2:]], ["rows"], domain=node.domain, **attrs
+    )
+    graph = helper.make_graph([gather], "table", [ids], [out], [inits[i] for i in node.input if i in inits])
+    single = helper.make_model(graph, opset_imports=list(model.opset_import))
+    single.ir_version = model.ir_version
+    session = ort.InferenceSession(single.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, {"ids": np.arange(rows, dtype=np.int64)})[0]
+
+
+def _own_bias(graph: onnx.GraphProto, out: str) -> str | None:
+    """The bias added to the MatMul output `out`, moved (in place) into an initializer of its own,
+    OUT_bias, for the trained values to go into: the exporter may share one initializer between equal
+    biases (through Identity nodes). None when no Add of a constant follows `out`."""
+    inits = {i.name: i for i in graph.initializer}
+    sources = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in inits}
+    for node in graph.node:
+        if node.op_type == "Add" and out in node.input and len(node.input) == 2:
+            k = 1 - list(node.input).index(out)
+            source = sources.get(node.input[k], node.input[k])
+            if source in inits:
+                name = f"{out}_bias"
+                graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(inits[source]), name))
+                node.input[k] = name
+                return name
+    return None
+
+
+def student_of(
+    model: nn.Module, fp32: onnx.ModelProto, smoothed: onnx.ModelProto, corrected: onnx.ModelProto
+) -> tuple[nn.Module, Links]:
+    """`model` (changed in place) holding every weight as `corrected` (add_corrections' graph of the
+    smoothed `smoothed` of the exported `fp32`) holds it, its corrected layers CorrectedLinear; each
+    corrected layer's bias gets an initializer of its own in `corrected` (in place)."""
+    held = _held_weights(model)
+    plain = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
+    scaled = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer}
+    unsmoothed, smoothed_w = _weights(fp32.graph), _weights(smoothed.graph)
+    graph = corrected.graph
+    inits = {i.name: i for i in graph.initializer}
+    rounded = {n.output[0].removesuffix("_rounded"): n for n in graph.node if n.op_type == "MatMulNBits"}
+    corrected_outs = set(corrected_layers(corrected))
+    links = Links()
+    for out, node in rounded.items():
+        if out not in unsmoothed:
+            continue  # a correction's own factor
+        w, w_s = plain[unsmoothed[out]].astype(np.float64), scaled[smoothed_w[out]].astype(np.float64)
+        name = _module_of(held, plain[unsmoothed[out]], f"the weight of {out!r}")
+        s = (w_s * w).sum(1) / np.maximum((w * w).sum(1), 1e-30)  # (K,): W_s = diag(s) W
+        s[(w * w).sum(1) == 0] = 1.0
+        q = torch.from_numpy((dequantize_nbits(graph, node) / s[:, None]).astype(np.float32))  # (K, N) as x q
+        module = model.get_submodule(name)
+        if out not in corrected_outs:
+            module.weight.data = q.T.contiguous() if isinstance(module, nn.Linear) else q
+            continue
+        left = torch.from_numpy((numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None]).astype(np.float32))
+        right = torch.from_numpy(numpy_helper.to_array(inits[f"{out}_R"]).astype(np.float32))
+        bias = _own_bias(graph, out)
+        values = None if bias is None else torch.from_numpy(numpy_helper.to_array(graph.initializer[-1]).copy())
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, CorrectedLinear(q.T, left, right, values))
+        links[out] = (name, s, bias)
+    for node in graph.node:
+        if node.op_type != "GatherBlockQuantized":
+            continue
+        source = next(n for n in fp32.graph.node if n.op_type == "Gather" and n.output[0] == node.output[0])
+        table = plain[source.input[0]]
+        name = _module_of(held, table, f"the table of {node.output[0]!r}")
+        model.get_submodule(name).weight.data = torch.from_numpy(dequantize_table(corrected, node, len(table)))
+    return model, links
+
+
+def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> onnx.ModelProto:
+    """`corrected` (in place) with the trained factors L = s·A, R = B and biases of `student`."""
+    inits = {i.name: i for i in corrected.graph.initializer}
+    for out, (name, s, bias) in links.items():
+        module = student.get_submodule(name)
+        values = {
+            f"{out}_L": module.left.detach().double().numpy() * s[:, None],
+            f"{out}_R": module.right.detach().numpy(),
+            **({} if bias is None else {bias: module.bias.detach().numpy()}),
+        }
+        for key, value in values.items():
+            inits[key].CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=np.float32), key))
+    return corrected
+
+
+def trainer(model: nn.Module, fit: Callable[[nn.Module], None]):
+    """The `train` argument of quantize_onnx for the fp32 graph of `model`: a copy of `model` made a
+    student of the corrected graph, `fit` (a fine-tune of its CorrectedLinear modules) run on it, and
+    its factors written back."""
+
+    def train(fp32: onnx.ModelProto, smoothed: onnx.ModelProto, corrected: onnx.ModelProto) -> onnx.ModelProto:
+        student, links = student_of(copy.deepcopy(model), fp32, smoothed, corrected)
+        fit(student)
+        return write_back(corrected, student, links)
+
+    return train

@@ -1,0 +1,121 @@
+"""Train through the rounding (int4-trained): the PyTorch student holds the weights the quantized graph
+holds (its output equals the graph's), the trained factors go back into the graph exactly, a few
+fine-tune steps raise the agreement with the fp32 model, and the scheme runs end to end."""
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from compressor.corrected_linear import CorrectedLinear
+from compressor.errors import CompressorError
+from converters.checkpoint import load_model
+from converters.export import export_onnx, sample_inputs
+from converters.finetune import FinetuneConfig, finetune_
+from converters.quantization.correction import add_corrections, input_grams
+from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
+from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.smoothing import activation_absmax, smooth
+from converters.quantization.training import student_of, trainer, write_back
+from eval.graph import make_session
+from tests.conftest import WORDS, write_tiny_bert
+from texts.tokens import load_tokenizer
+
+NAMES = ("input_ids", "attention_mask")
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """A tiny BERT wide enough for rank-16 corrections, its fp32 graph, and calibration batches."""
+    path = write_tiny_bert(tmp_path_factory.mktemp("wide") / "bert", hidden=128, intermediate=256)
+    model, _ = load_model(path)
+    fp32 = export_onnx(model, path.parent / "m.onnx").path
+    vocab = model.get_input_embeddings().num_embeddings
+    feeds = [dict(zip(NAMES, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
+    return path, model, fp32, feeds
+
+
+def _corrected(fp32, feeds):
+    """(exported, smoothed, corrected with fp32 factors), MatMulNBits in fp32 compute (accuracy level 0)
+    so that PyTorch and ONNX Runtime multiply the same numbers."""
+    exported = onnx.load(str(fp32))
+    smoothed = smooth(exported, activation_absmax(exported, feeds), 0.5)
+    name_nodes(smoothed.graph)
+    quantized = quantize_4bit(smoothed, block=16, accuracy_level=0, aware=True)
+    losses = {n.output[0]: 1.0 for n in smoothed.graph.node if n.op_type == "MatMul"}
+    budget = int(0.3 * four_bit_codes(smoothed))
+    return exported, smoothed, add_corrections(quantized, smoothed, input_grams(smoothed, feeds), losses, budget)
+
+
+def _run(proto, tmp_path, feed):
+    path = tmp_path / "g.onnx"
+    onnx.save_model(proto, str(path))
+    return make_session(path).run(None, feed)[0]
+
+
+def _torch(model, feed):
+    with torch.no_grad():
+        ids, mask = (torch.from_numpy(feed[n]) for n in NAMES)
+        return model(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
+
+
+def test_the_student_computes_what_the_rounded_graph_computes(wide, tmp_path):
+    _, model, fp32, feeds = wide
+    exported, smoothed, corrected = _corrected(fp32, feeds)
+    student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
+    assert links and all(isinstance(student.get_submodule(name), CorrectedLinear) for name, _, _ in links.values())
+    graph, ours, dense = _run(corrected, tmp_path, feeds[0]), _torch(student, feeds[0]), _torch(model, feeds[0])
+    scale = np.abs(graph).max()
+    assert np.abs(ours - graph).max() <= 1e-4 * scale  # the same rounded weights, tables and corrections
+    assert np.abs(dense - graph).max() >= 1e-2 * scale  # and not the unrounded model's
+
+
+def test_trained_factors_and_biases_go_back_into_the_graph(wide, tmp_path):
+    _, model, fp32, feeds = wide
+    exported, smoothed, corrected = _corrected(fp32, feeds)
+    student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, _, _ in links.values():
+            layer = student.get_submodule(name)
+            for p in (layer.left, layer.right, layer.bias):
+                p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    graph = _run(write_back(corrected, student, links), tmp_path, feeds[1])
+    assert np.abs(_torch(student, feeds[1]) - graph).max() <= 1e-4 * np.abs(graph).max()
+
+
+def test_a_few_steps_through_the_rounding_raise_the_agreement(wide):
+    path, model, fp32, feeds = wide
+    exported, smoothed, corrected = _corrected(fp32, feeds)
+    student, _ = student_of(copy.deepcopy(model), exported, smoothed, corrected)
+    texts = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 12)) for i in range(1, 60)]
+    cfg = FinetuneConfig(steps=30, seconds=None, linear_lr=1e-3, eval_every=10, batch_size=8, warmup_steps=2)
+    report = finetune_(student, model, load_tokenizer(path), texts[:48], texts[48:], cfg, (CorrectedLinear,))
+    corrections = [p for m in student.modules() if isinstance(m, CorrectedLinear) for p in m.parameters()]
+    assert report.trainable_params == sum(p.numel() for p in corrections)  # the factors and their biases alone
+    assert report.best_val_cosine > report.start_val_cosine
+
+
+def test_int4_trained_end_to_end_and_its_refusals(wide, tmp_path):
+    _, model, fp32, feeds = wide
+    vocab = model.get_input_embeddings().num_embeddings
+    seen = []
+    result = quantize_onnx(
+        fp32,
+        tmp_path / "t.onnx",
+        vocab,
+        "int4-trained",
+        feeds,
+        block=16,
+        correction=0.3,
+        train=trainer(model, seen.append),
+    )
+    assert len(seen) == 1 and any(isinstance(m, CorrectedLinear) for m in seen[0].modules())
+    assert 0 < result.parity_rel <= REL_TOL["int4"] and result.corrections
+    with pytest.raises(CompressorError, match="goes with int4-trained"):
+        quantize_onnx(fp32, tmp_path / "x.onnx", vocab, "int4-corrected", feeds, train=trainer(model, seen.append))
+    with pytest.raises(CompressorError, match="goes with int4-trained"):
+        quantize_onnx(fp32, tmp_path / "x.onnx", vocab, "int4-trained", feeds)
+    assert not (tmp_path / "x.onnx").exists()
