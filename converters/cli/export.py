@@ -8,18 +8,20 @@ from converters.calibration import Calibration, token_counts
 from converters.checkpoint import load_model
 from converters.cli.options import (
     calibration_options,
+    data_option,
     export_form_options,
     export_form_values,
     prior_options,
     quantize_option,
 )
-from converters.cli.steps import check_outputs, quantize_calibration, say
+from converters.cli.steps import check_outputs, correction_fit, quantize_calibration, say
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.quantization.correction import check_correction_share
 from converters.quantization.int4 import check_int4_options
 from converters.quantization.quantize import PLANNED, quantize_onnx
+from converters.quantization.training import trainer
 from texts.prior import check_prior, token_prior
 from texts.tokens import load_tokenizer
 
@@ -42,6 +44,7 @@ def add_arguments(p) -> None:
         "default name",
     )
     calibration_options(p)
+    data_option(p)
     export_form_options(p, many=False)
     prior_options(p)
 
@@ -77,7 +80,9 @@ def run(args) -> None:
     check_outputs(args, ONNX_file=out)
     check_prior(args.freq_prior, args.prior_weight)
     graph_kind = kind_for_config(source).graph
-    batches = quantize_calibration(args, [args.quantize] if args.quantize else [], graph_kind, source)
+    schemes = [args.quantize] if args.quantize else []
+    batches = quantize_calibration(args, schemes, graph_kind, source)
+    fit_for = correction_fit(args, schemes, kind_for_config(source), source)
     model, _ = load_model(source)
     vocab = model.get_input_embeddings().num_embeddings
     model = in_export_form(model, values, lambda: token_frequencies(args, source, vocab))
@@ -96,6 +101,7 @@ def run(args) -> None:
             args.block_size,
             args.accuracy_level,
             correction=args.correction_share,
+            train=None if fit_for is None else trainer(model, fit_for(model)),
         )
     say(
         f"wrote {result.path} ({args.quantize}; against its fp32 graph, whose parity with PyTorch is "

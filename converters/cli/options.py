@@ -10,6 +10,7 @@ from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.quantization.quantize import CALIBRATION_PASSAGES, SCHEMES
+from converters.quantization.training import CORRECTION_SECONDS
 from converters.registry import Option, default_method, export_forms, methods
 from texts.news import SECOND_PASSAGES
 from texts.prior import PRIOR_WEIGHT, PRIORS
@@ -159,14 +160,7 @@ def finetune_options(p: argparse.ArgumentParser, run: bool, defaults: FinetuneCo
         help="fine-tune: stop after this many seconds"
         + (" (default: no fine-tune)" if run else f" (default: {defaults.seconds:g})"),
     )
-    p.add_argument(
-        "--data",
-        type=Path,
-        default=None,
-        help="fine-tune text, one passage per line; its last tenth (at most 64) is held out for validation "
-        "(default: the finetune split of the default text: pydoc_data.topics and the docstrings of the standard "
-        "library, numpy, scipy and matplotlib)",
-    )
+    data_option(p)
     p.add_argument(
         "--lr",
         type=float,
@@ -237,6 +231,17 @@ def finetune_options(p: argparse.ArgumentParser, run: bool, defaults: FinetuneCo
     )
 
 
+def data_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="fine-tune text (and int4-trained's), one passage per line; its last tenth (at most 64) is held out "
+        "for validation (default: the finetune split of the default text: pydoc_data.topics and the docstrings "
+        "of the standard library, numpy, scipy and matplotlib)",
+    )
+
+
 def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -> None:
     """--quantize: int8 is ONNX Runtime's dynamic quantization with per-channel weights; int8-aware
     smooths activation outliers into the weights from the calibration text first; int4 and
@@ -252,7 +257,9 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         "SmoothQuant, k-quant for the linear layers and asymmetric blocks for the tables, and 8 bits for the layers "
         "that lose most per byte; int4-corrected: int4-aware's rounding of every layer, then a low-rank correction of "
         "each linear layer's rounding error in its output metric (QERA), 8-bit factors, ranks from one byte budget "
-        "(--correction-share); mixed (run, with --budget SIZE): each layer's rank and width (fp32, int8, int4) "
+        "(--correction-share); int4-trained: int4-corrected, then the corrections (and their layers' biases) trained "
+        "by distillation against the fp32 model with every weight as the graph rounds it (--correction-time); mixed "
+        "(run, with --budget SIZE): each layer's rank and width (fp32, int8, int4) "
         "chosen together under the byte budget (default: off)",
     )
     p.add_argument(
@@ -267,6 +274,14 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         default=CORRECTION_SHARE,
         help="int4-corrected: the bytes the low-rank corrections may add, a share of the 4-bit codes, in (0, 1) "
         f"(default: {CORRECTION_SHARE})",
+    )
+    p.add_argument(
+        "--correction-time",
+        type=float,
+        default=CORRECTION_SECONDS,
+        metavar="SECONDS",
+        help="int4-trained: seconds of the fine-tune that trains the corrections against the fp32 model, on the "
+        f"fine-tune text (--data) (default: {CORRECTION_SECONDS:g})",
     )
     p.add_argument(
         "--accuracy-level",

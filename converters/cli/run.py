@@ -17,6 +17,7 @@ from converters.cli.steps import (
     check_outputs,
     check_plans,
     check_runs,
+    correction_fit,
     eval_texts,
     finetune_config,
     finetune_texts,
@@ -71,6 +72,7 @@ def run(args) -> None:
     texts, second = eval_texts(args, kind.graph), second_texts(args, kind.graph)
     schemes = list(dict.fromkeys(args.quantize or []))
     batches = quantize_calibration(args, [*ORIGINAL_SCHEMES, *schemes], kind.graph, source)
+    fit_for = correction_fit(args, schemes, kind, source)
     fine_tune = args.ft_steps is not None or args.ft_time is not None
     if fine_tune:
         finetune_config(args)  # a bad budget or text fails now, not after the compression
@@ -79,17 +81,18 @@ def run(args) -> None:
             say("--finetune-steps 0: the fine-tune is skipped")
             fine_tune = False
     with output_folder(args.out):
-        _run(args, texts, second, ft_texts if fine_tune else None, schemes, batches)
+        _run(args, texts, second, ft_texts if fine_tune else None, schemes, batches, fit_for)
 
 
-def _run(args, texts, second, ft_texts, schemes: list[str], batches) -> None:
+def _run(args, texts, second, ft_texts, schemes: list[str], batches, fit_for) -> None:
     """Compress, export and bench each variant, and each quantized with `schemes` (calibration
-    `batches` for int8-aware); `ft_texts` None: no fine-tune."""
+    `batches` for int8-aware, `fit_for` for int4-trained); `ft_texts` None: no fine-tune."""
     original, source = load_original(args.model)
     plans = check_plans(args, original)  # every plan against the model's modules, before the original is exported
     check_export_forms(export_form_values(args), original, plans)
     vocab = original.get_input_embeddings().num_embeddings
-    variants = Variants(args.out, vocab, batches, args.block_size, args.accuracy_level, args.correction_share)
+    int4 = (args.block_size, args.accuracy_level, args.correction_share)
+    variants = Variants(args.out, vocab, batches, *int4, fit_for=fit_for)
     variants.add_original(original, schemes)
     variants.add_compressed(args, original, source, ft_texts, schemes)
     variants.bench_and_report(args, source, texts, second)

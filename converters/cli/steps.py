@@ -11,6 +11,7 @@ from pathlib import Path
 
 from torch import nn
 
+from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import CompressorError
 from converters.budget import check_budget_fits, parse_budget, plan_for_budget
 from converters.calibration import Calibration, cached_calibration, default_cache_dir, token_counts
@@ -20,7 +21,8 @@ from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds import KINDS, ModelKind, kind_of
 from converters.plan import WIDTHS, Plan, match_plan
 from converters.quantization.int4 import INT4_BLOCK
-from converters.quantization.quantize import CALIBRATED, CALIBRATION_PASSAGES
+from converters.quantization.quantize import CALIBRATED, CALIBRATION_PASSAGES, TRAINED
+from converters.quantization.training import CORRECTION_LR, CORRECTION_SECONDS
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from files.atomic import check_writable
 from texts.corpus import SECOND, read_passages
@@ -45,6 +47,7 @@ __all__ = [
     "check_kind_options",
     "finetune_texts",
     "finetune_and_say",
+    "correction_fit",
 ]
 
 
@@ -340,7 +343,7 @@ def check_kind_options(args, kind: ModelKind) -> None:
 
 def finetune_texts(args, kind: ModelKind) -> tuple[list[str], list[str], str]:
     """(train, validation, where): the last tenth, at most 64 passages, is held out."""
-    texts, where = kind.graph.passages(args.data, "finetune", minimum=2)
+    texts, where = kind.graph.passages(getattr(args, "data", None), "finetune", minimum=2)
     held = max(1, min(64, len(texts) // 10))
     return texts[:-held], texts[-held:], where
 
@@ -361,3 +364,27 @@ def finetune_and_say(student: nn.Module, teacher: nn.Module, source: Path, args,
         + (f"; {report.stopped}" if report.stopped else "")
     )
     return {"config": dict(vars(cfg)), "data": where, **report.to_dict()}
+
+
+def correction_fit(args, schemes: list[str], kind: ModelKind, source: Path):
+    """For int4-trained: model → the fine-tune of a student of its rounded graph (its CorrectedLinear
+    modules, against `model`) on the fine-tune text, for --correction-time seconds; None when no
+    scheme of `schemes` trains corrections."""
+    if not set(schemes) & set(TRAINED):
+        return None
+    seconds = getattr(args, "correction_time", CORRECTION_SECONDS)
+    cfg = FinetuneConfig(seconds=seconds, linear_lr=CORRECTION_LR)  # a bad time fails now
+    train, val, where = finetune_texts(args, kind)
+    tokenizer = load_tokenizer(source)
+
+    def fit_for(model: nn.Module):
+        def fit(student: nn.Module) -> None:
+            report = finetune_(student, model, tokenizer, train, val, cfg, (CorrectedLinear,))
+            say(
+                f"int4-trained: the corrections trained on {where} for {report.steps} steps in {report.seconds:.0f} "
+                f"s; {kind.agreement_name} {report.start_val_cosine:.4f} → {report.best_val_cosine:.4f}"
+            )
+
+        return fit
+
+    return fit_for

@@ -12,6 +12,7 @@ from converters.cli.steps import (
     check_outputs,
     check_plans,
     check_runs,
+    correction_fit,
     eval_texts,
     finetune_config,
     finetune_texts,
@@ -76,12 +77,14 @@ def run(args) -> None:
     texts, second = eval_texts(args, kind.graph), second_texts(args, kind.graph)
     schemes = list(dict.fromkeys(s for space in spaces for s in space.quantize or []))
     batches = quantize_calibration(args, [*ORIGINAL_SCHEMES, *schemes], kind.graph, source)
+    fit_for = correction_fit(args, schemes, kind, source)
     ft_texts = finetune_texts(args, kind) if any(_fine_tunes(s) for s in spaces) else None
     with output_folder(args.out):
         original, source = load_original(args.model)
         for space in spaces:
             check_plans(space, original)  # every recipe's plan fits the model before anything is exported
-        variants = Variants(args.out, original.get_input_embeddings().num_embeddings, batches)
+        vocab = original.get_input_embeddings().num_embeddings
+        variants = Variants(args.out, vocab, batches, fit_for=fit_for)
         variants.add_original(original, schemes)
         for recipe, space in zip(recipes, spaces):
             say(f"recipe {recipe.name or recipe.method}: {recipe.to_dict()}")

@@ -20,7 +20,8 @@ from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK
-from converters.quantization.quantize import PLANNED, quantize_onnx
+from converters.quantization.quantize import PLANNED, TRAINED, quantize_onnx
+from converters.quantization.training import trainer
 from eval.benchmark import bench
 from eval.pareto import front_quality
 from eval.plot import plot_front
@@ -55,12 +56,14 @@ class Variants:
         block: int = INT4_BLOCK,
         accuracy: int = INT4_ACCURACY,
         correction: float = CORRECTION_SHARE,
+        fit_for=None,
     ):
         """`batches`: calibration inputs of the aware schemes; `block`, `accuracy`: of the int4 ones;
-        `correction`: int4-corrected's share of the 4-bit bytes for its corrections."""
+        `correction`: the corrected schemes' share of the 4-bit bytes for their corrections; `fit_for`:
+        int4-trained's fine-tune of a model's student (steps.correction_fit)."""
         self.out, self.vocab, self.batches = Path(out), vocab, batches
         self.int4 = {"block": block, "accuracy_level": accuracy}
-        self.correction = correction
+        self.correction, self.fit_for = correction, fit_for
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
@@ -88,6 +91,7 @@ class Variants:
                     **self.int4,
                     widths=widths,
                     correction=self.correction,
+                    train=trainer(model, self.fit_for(model)) if scheme in TRAINED else None,
                 )
             except ExportParityError as e:  # the other rows still get measured
                 say(f"warning: no {name}-{scheme} row: {e}")

@@ -313,12 +313,27 @@ def test_run_int4_corrected_reports_each_correction(tmp_path, eval_text_file, ca
     code, _, err = run_cli(capsys, *argv, "--correction-share", 0.3, *common, "--out", out_dir)
     assert code == 0, err
     rows = {v["name"]: v for v in json.loads((out_dir / "report.json").read_text())["variants"]}
-    assert [n for n in rows if n.endswith("-int4-corrected")] == [
-        "original-int4-corrected",
-        f"{list(rows)[2]}-int4-corrected",
-    ]
+    corrected = [n for n in rows if n.endswith("-int4-corrected")]
+    assert corrected[0] == "original-int4-corrected" and corrected[1].startswith("lowrank-") and len(corrected) == 2
     quantization = rows["original-int4-corrected"]["quantization"]
     assert quantization["correction_share"] == 0.3 and quantization["corrections"]
     for layer in quantization["corrections"].values():
         assert layer["rank"] % 16 == 0 and 0 < layer["rank"] <= 128
         assert layer["rel_output_error"]["factors_rounded"] < layer["rel_output_error"]["rounded"]
+
+
+def test_export_int4_trained_and_a_bad_correction_time(tmp_path, eval_text_file, capsys, monkeypatch):
+    import converters.cli.export as export_command
+    from converters.quantization.quantize import is_quantized
+
+    wide = write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256)
+    out = tmp_path / "t.onnx"
+    texts = ("--calib", eval_text_file, "--data", eval_text_file)
+    argv = ("export", wide, "--quantize", "int4-trained", "--correction-share", 0.3, "--block-size", 16, *texts)
+    code, _, err = run_cli(capsys, *argv, "--correction-time", 3, "--out", out)
+    assert code == 0 and is_quantized(out), err
+    assert "int4-trained: the corrections trained on" in err and "on 4 passages of text" not in err, err
+    monkeypatch.setattr(export_command, "load_model", lambda *a: pytest.fail("loaded a model for a bad time"))
+    code, _, err = run_cli(capsys, *argv, "--correction-time", 0, "--out", tmp_path / "x.onnx")
+    assert code == 2 and "time budget must be > 0 seconds" in err and err.count("error:") == 1, err
+    assert not (tmp_path / "x.onnx").exists()
