@@ -22,7 +22,7 @@ from converters.kinds import KINDS, ModelKind, kind_of
 from converters.plan import WIDTHS, Plan, match_plan
 from converters.quantization.int4 import INT4_BLOCK
 from converters.quantization.quantize import CALIBRATED, CALIBRATION_PASSAGES, TRAINED
-from converters.quantization.training import CORRECTION_LR, CORRECTION_SECONDS
+from converters.quantization.training import CORRECTION_LR, CORRECTION_SECONDS, GraphLayerNorm
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from files.atomic import check_writable
 from texts.corpus import SECOND, read_passages
@@ -379,7 +379,7 @@ def correction_fit(args, schemes: list[str], kind: ModelKind, source: Path):
 
     def fit_for(model: nn.Module):
         def fit(student: nn.Module) -> None:
-            report = finetune_(student, model, tokenizer, train, val, cfg, (CorrectedLinear,))
+            report = finetune_(student, model, tokenizer, train, val, cfg, (CorrectedLinear, GraphLayerNorm))
             say(
                 f"int4-trained: the corrections trained on {where} for {report.steps} steps in {report.seconds:.0f} "
                 f"s; {kind.agreement_name} {report.start_val_cosine:.4f} → {report.best_val_cosine:.4f}"

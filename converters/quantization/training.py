@@ -8,11 +8,14 @@ weight row k by s_k (and divided the activation by it), so the unsmoothed Q = Q_
 from the smoothed and unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`.
 Modules are found by value: the exported fp32 graph holds each weight as the module holds it (a
 Linear's Wᵀ, a Conv1D's W, an Embedding's table), and a weight two modules hold is refused. After the
-fine-tune (the corrections and their layers' biases trained, all else frozen) the factors go back as
-L = s·A, R = B and the biases into their Add, and `correction.store_factors` rounds them to 8 bits."""
+fine-tune (the corrections, their layers' biases and the LayerNorms trained, all else frozen) the
+factors go back as L = s·A, R = B, the biases into their Add and the LayerNorms into their
+LayerNormalization (each in an initializer of its own), and `correction.store_factors` rounds the
+factors to 8 bits."""
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -29,6 +32,7 @@ __all__ = [
     "CORRECTION_SECONDS",
     "CORRECTION_LR",
     "Links",
+    "GraphLayerNorm",
     "student_of",
     "write_back",
     "dequantize_table",
@@ -40,8 +44,33 @@ CORRECTION_SECONDS = 240.0
 CORRECTION_LR = 2e-4
 
 
-class Links(dict):
-    """Output name of each corrected MatMul → (module name, s (K,), bias initializer name or None)."""
+@dataclass
+class Links:
+    """What goes back into the graph: output name of each corrected MatMul → (module name, s (K,), bias
+    initializer or None); module name of each LayerNorm → (scale initializer, bias initializer)."""
+
+    layers: dict[str, tuple[str, np.ndarray, str | None]] = field(default_factory=dict)
+    norms: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+class GraphLayerNorm(nn.LayerNorm):
+    """A LayerNorm of the student whose weight and bias go back into the graph's LayerNormalization."""
+
+
+def _own_initializers(graph: onnx.GraphProto, node: onnx.NodeProto, positions: dict[int, str]) -> list[np.ndarray]:
+    """The constant inputs of `node` at `positions` (index → new name), each moved (in place) into an
+    initializer of its own under the new name (the exporter may share one initializer between equal
+    values, through Identity nodes); their values, or [] when one of them is no constant."""
+    inits = {i.name: i for i in graph.initializer}
+    sources = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in inits}
+    found = {k: sources.get(node.input[k], node.input[k]) for k in positions}
+    if not all(name in inits for name in found.values()):
+        return []
+    values = [numpy_helper.to_array(inits[found[k]]).copy() for k in positions]
+    for (k, name), value in zip(positions.items(), values):
+        graph.initializer.append(numpy_helper.from_array(value, name))
+        node.input[k] = name
+    return values
 
 
 def _held_weights(model: nn.Module) -> dict[bytes, str]:
@@ -84,22 +113,48 @@ def dequantize_table(model: onnx.ModelProto, node: onnx.NodeProto, rows: int) ->
     return session.run(None, {"ids": np.arange(rows, dtype=np.int64)})[0]
 
 
-def _own_bias(graph: onnx.GraphProto, out: str) -> str | None:
-    """The bias added to the MatMul output `out`, moved (in place) into an initializer of its own,
-    OUT_bias, for the trained values to go into: the exporter may share one initializer between equal
-    biases (through Identity nodes). None when no Add of a constant follows `out`."""
-    inits = {i.name: i for i in graph.initializer}
-    sources = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in inits}
+def _own_bias(graph: onnx.GraphProto, out: str) -> tuple[str | None, np.ndarray | None]:
+    """(OUT_bias, its value): the constant added to the MatMul output `out`, in an initializer of its own;
+    (None, None) when no Add of a constant follows `out`."""
     for node in graph.node:
         if node.op_type == "Add" and out in node.input and len(node.input) == 2:
             k = 1 - list(node.input).index(out)
-            source = sources.get(node.input[k], node.input[k])
-            if source in inits:
-                name = f"{out}_bias"
-                graph.initializer.append(numpy_helper.from_array(numpy_helper.to_array(inits[source]), name))
-                node.input[k] = name
-                return name
-    return None
+            values = _own_initializers(graph, node, {k: f"{out}_bias"})
+            if values:
+                return f"{out}_bias", values[0]
+    return None, None
+
+
+def _norms_of(model: nn.Module, graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
+    """Each LayerNorm of `model` that one LayerNormalization node of `graph` computes, made a
+    GraphLayerNorm (in place), its scale and bias moved into initializers of their own."""
+    held: dict[bytes, list[str]] = {}
+    for name, m in model.named_modules():
+        if type(m) is nn.LayerNorm and m.weight is not None and m.bias is not None:
+            key = torch.cat([m.weight.detach(), m.bias.detach()]).numpy().astype(np.float32).tobytes()
+            held.setdefault(key, []).append(name)
+    norms = {}
+    for k, node in enumerate(graph.node):
+        if node.op_type != "LayerNormalization" or len(node.input) < 3:
+            continue
+        positions = {1: f"layer_norm_{k}_scale", 2: f"layer_norm_{k}_bias"}
+        inits = {i.name: i for i in graph.initializer}
+        sources = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity"}
+        names = [sources.get(node.input[i], node.input[i]) for i in (1, 2)]
+        if not all(n in inits for n in names):
+            continue
+        key = np.concatenate([numpy_helper.to_array(inits[n]) for n in names]).astype(np.float32).tobytes()
+        if len(held.get(key, [])) != 1:
+            continue  # no single LayerNorm of the model holds these values: left as it is
+        (name,) = held.pop(key)
+        _own_initializers(graph, node, positions)
+        old = model.get_submodule(name)
+        norm = GraphLayerNorm(old.normalized_shape, eps=old.eps)
+        norm.load_state_dict(old.state_dict())
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, norm)
+        norms[name] = (positions[1], positions[2])
+    return norms
 
 
 def student_of(
@@ -116,7 +171,7 @@ def student_of(
     inits = {i.name: i for i in graph.initializer}
     rounded = {n.output[0].removesuffix("_rounded"): n for n in graph.node if n.op_type == "MatMulNBits"}
     corrected_outs = set(corrected_layers(corrected))
-    links = Links()
+    links = Links(norms=_norms_of(model, graph))
     for out, node in rounded.items():
         if out not in unsmoothed:
             continue  # a correction's own factor
@@ -131,11 +186,11 @@ def student_of(
             continue
         left = torch.from_numpy((numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None]).astype(np.float32))
         right = torch.from_numpy(numpy_helper.to_array(inits[f"{out}_R"]).astype(np.float32))
-        bias = _own_bias(graph, out)
-        values = None if bias is None else torch.from_numpy(numpy_helper.to_array(graph.initializer[-1]).copy())
+        bias, value = _own_bias(graph, out)
+        values = None if value is None else torch.from_numpy(value)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, CorrectedLinear(q.T, left, right, values))
-        links[out] = (name, s, bias)
+        links.layers[out] = (name, s, bias)
     for node in graph.node:
         if node.op_type != "GatherBlockQuantized":
             continue
@@ -147,17 +202,20 @@ def student_of(
 
 
 def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> onnx.ModelProto:
-    """`corrected` (in place) with the trained factors L = s·A, R = B and biases of `student`."""
-    inits = {i.name: i for i in corrected.graph.initializer}
-    for out, (name, s, bias) in links.items():
+    """`corrected` (in place) with the trained factors L = s·A, R = B, biases and LayerNorms of `student`."""
+    values = {}
+    for out, (name, s, bias) in links.layers.items():
         module = student.get_submodule(name)
-        values = {
-            f"{out}_L": module.left.detach().double().numpy() * s[:, None],
-            f"{out}_R": module.right.detach().numpy(),
-            **({} if bias is None else {bias: module.bias.detach().numpy()}),
-        }
-        for key, value in values.items():
-            inits[key].CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=np.float32), key))
+        values[f"{out}_L"] = module.left.detach().double().numpy() * s[:, None]
+        values[f"{out}_R"] = module.right.detach().numpy()
+        if bias is not None:
+            values[bias] = module.bias.detach().numpy()
+    for name, (scale, bias) in links.norms.items():
+        module = student.get_submodule(name)
+        values.update({scale: module.weight.detach().numpy(), bias: module.bias.detach().numpy()})
+    inits = {i.name: i for i in corrected.graph.initializer}
+    for key, value in values.items():
+        inits[key].CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=np.float32), key))
     return corrected
 
 

@@ -18,7 +18,7 @@ from converters.quantization.correction import add_corrections, input_grams
 from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.smoothing import activation_absmax, smooth
-from converters.quantization.training import student_of, trainer, write_back
+from converters.quantization.training import GraphLayerNorm, student_of, trainer, write_back
 from eval.graph import make_session
 from tests.conftest import WORDS, write_tiny_bert
 from texts.tokens import load_tokenizer
@@ -31,6 +31,11 @@ def wide(tmp_path_factory):
     """A tiny BERT wide enough for rank-16 corrections, its fp32 graph, and calibration batches."""
     path = write_tiny_bert(tmp_path_factory.mktemp("wide") / "bert", hidden=128, intermediate=256)
     model, _ = load_model(path)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # LayerNorms as training leaves them: each its own values (untrained ones are all equal)
+        for norm in [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]:
+            norm.weight.add_(0.1 * torch.randn(norm.weight.shape, generator=generator))
+            norm.bias.add_(0.1 * torch.randn(norm.bias.shape, generator=generator))
     fp32 = export_onnx(model, path.parent / "m.onnx").path
     vocab = model.get_input_embeddings().num_embeddings
     feeds = [dict(zip(NAMES, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
@@ -65,23 +70,26 @@ def test_the_student_computes_what_the_rounded_graph_computes(wide, tmp_path):
     _, model, fp32, feeds = wide
     exported, smoothed, corrected = _corrected(fp32, feeds)
     student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
-    assert links and all(isinstance(student.get_submodule(name), CorrectedLinear) for name, _, _ in links.values())
+    assert links.layers and all(
+        isinstance(student.get_submodule(n), CorrectedLinear) for n, _, _ in links.layers.values()
+    )
+    assert len(links.norms) == 5  # the embeddings' LayerNorm and two in each of the two layers
     graph, ours, dense = _run(corrected, tmp_path, feeds[0]), _torch(student, feeds[0]), _torch(model, feeds[0])
     scale = np.abs(graph).max()
     assert np.abs(ours - graph).max() <= 1e-4 * scale  # the same rounded weights, tables and corrections
     assert np.abs(dense - graph).max() >= 1e-2 * scale  # and not the unrounded model's
 
 
-def test_trained_factors_and_biases_go_back_into_the_graph(wide, tmp_path):
+def test_trained_factors_biases_and_layer_norms_go_back_into_the_graph(wide, tmp_path):
     _, model, fp32, feeds = wide
     exported, smoothed, corrected = _corrected(fp32, feeds)
     student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for name, _, _ in links.values():
-            layer = student.get_submodule(name)
-            for p in (layer.left, layer.right, layer.bias):
-                p.add_(0.05 * torch.randn(p.shape, generator=generator))
+        layers = [student.get_submodule(name) for name, _, _ in links.layers.values()]
+        norms = [student.get_submodule(name) for name in links.norms]
+        for p in [p for m in layers + norms for p in m.parameters()]:
+            p.add_(0.05 * torch.randn(p.shape, generator=generator))
     graph = _run(write_back(corrected, student, links), tmp_path, feeds[1])
     assert np.abs(_torch(student, feeds[1]) - graph).max() <= 1e-4 * np.abs(graph).max()
 
@@ -92,9 +100,10 @@ def test_a_few_steps_through_the_rounding_raise_the_agreement(wide):
     student, _ = student_of(copy.deepcopy(model), exported, smoothed, corrected)
     texts = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 12)) for i in range(1, 60)]
     cfg = FinetuneConfig(steps=30, seconds=None, linear_lr=1e-3, eval_every=10, batch_size=8, warmup_steps=2)
-    report = finetune_(student, model, load_tokenizer(path), texts[:48], texts[48:], cfg, (CorrectedLinear,))
-    corrections = [p for m in student.modules() if isinstance(m, CorrectedLinear) for p in m.parameters()]
-    assert report.trainable_params == sum(p.numel() for p in corrections)  # the factors and their biases alone
+    trained = (CorrectedLinear, GraphLayerNorm)
+    report = finetune_(student, model, load_tokenizer(path), texts[:48], texts[48:], cfg, trained)
+    corrections = [p for m in student.modules() if isinstance(m, trained) for p in m.parameters()]
+    assert report.trainable_params == sum(p.numel() for p in corrections)  # factors, their biases, LayerNorms
     assert report.best_val_cosine > report.start_val_cosine
 
 
