@@ -1,6 +1,14 @@
 """Typed errors: each message states the rule that was broken, then the value that broke it."""
 
-__all__ = ["CompressorError", "PlanError", "RankError", "ShapeError", "ExportParityError", "OutOfSpaceError"]
+__all__ = [
+    "CompressorError",
+    "PlanError",
+    "RankError",
+    "ShapeError",
+    "ExportParityError",
+    "UnmatchedWeightError",
+    "OutOfSpaceError",
+]
 
 
 class CompressorError(ValueError):
@@ -21,6 +29,10 @@ class ShapeError(CompressorError):
 
 class ExportParityError(CompressorError):
     """ONNX Runtime and PyTorch disagree by more than the tolerance on the same inputs."""
+
+
+class UnmatchedWeightError(CompressorError):
+    """A weight of a graph that no single module of the PyTorch model holds (a student cannot be built)."""
 
 
 class OutOfSpaceError(CompressorError):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from torch import nn
 
-from compressor.errors import CompressorError, ExportParityError
+from compressor.errors import CompressorError, ExportParityError, UnmatchedWeightError
 from converters.checkpoint import save_compressed
 from converters.cli.export import token_frequencies
 from converters.cli.options import export_form_values
@@ -93,7 +93,7 @@ class Variants:
                     correction=self.correction,
                     train=trainer(model, self.fit_for(model)) if scheme in TRAINED else None,
                 )
-            except ExportParityError as e:  # the other rows still get measured
+            except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {name}-{scheme} row: {e}")
                 continue
             self.graphs.append((f"{name}-{scheme}", result.path))

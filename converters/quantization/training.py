@@ -25,7 +25,7 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 from compressor.corrected_linear import CorrectedLinear
-from compressor.errors import CompressorError
+from compressor.errors import UnmatchedWeightError
 from converters.quantization.correction import _weights, corrected_layers, dequantize_nbits
 
 __all__ = [
@@ -90,9 +90,10 @@ def _held_weights(model: nn.Module) -> dict[bytes, str]:
 def _module_of(held: dict[bytes, str], weight: np.ndarray, what: str) -> str:
     name = held.get(np.ascontiguousarray(weight, dtype=np.float32).tobytes())
     if name is None:
-        raise CompressorError(
-            f"int4-trained needs each rounded weight to be one module's; {what} is no single module's weight "
-            "(a table shared with a tied head, a fused projection): use int4-corrected"
+        raise UnmatchedWeightError(
+            f"int4-trained needs each rounded weight to be one nn.Linear's, Conv1D's or nn.Embedding's; {what} is "
+            "no single module's weight (a table shared with a tied head, a compressed layer's factor): use "
+            "int4-corrected there"
         )
     return name
 
