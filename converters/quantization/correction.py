@@ -39,7 +39,6 @@ __all__ = [
     "add_corrections",
     "corrected_layers",
     "store_factors",
-    "correct",
 ]
 
 # The bytes the corrections may add, a share of the graph's 4-bit codes (BENCHMARKS.md, "Low rank on
@@ -265,14 +264,3 @@ def store_factors(
             _relative_error(errors[out] - kept, w, gram),
         )
     return model, report
-
-
-def correct(
-    quantized: onnx.ModelProto,
-    fp32: onnx.ModelProto,
-    grams: dict[str, torch.Tensor],
-    losses: dict[str, float],
-    budget: int,
-) -> tuple[onnx.ModelProto, dict[str, Correction]]:
-    """`add_corrections`, then `store_factors`: the corrected graph with 8-bit factors, and its report."""
-    return store_factors(add_corrections(quantized, fp32, grams, losses, budget), fp32, grams)

@@ -192,11 +192,11 @@ def student_of(
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, CorrectedLinear(q.T, left, right, values))
         links.layers[out] = (name, s, bias)
+    gathers = {n.output[0]: n.input[0] for n in fp32.graph.node if n.op_type == "Gather"}  # output → table
     for node in graph.node:
         if node.op_type != "GatherBlockQuantized":
             continue
-        source = next(n for n in fp32.graph.node if n.op_type == "Gather" and n.output[0] == node.output[0])
-        table = plain[source.input[0]]
+        table = plain.get(gathers.get(node.output[0], ""), np.zeros((0, 0), np.float32))
         name = _module_of(held, table, f"the table of {node.output[0]!r}")
         model.get_submodule(name).weight.data = torch.from_numpy(dequantize_table(corrected, node, len(table)))
     return model, links
