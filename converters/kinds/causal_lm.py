@@ -48,7 +48,18 @@ class CausalLMKind(ModelKind):
         return type(model).__name__.endswith(ARCHITECTURE_ENDS)
 
     def recognises_config(self, config: dict) -> bool:
-        return any(str(a).endswith(ARCHITECTURE_ENDS) for a in config.get("architectures") or ())
+        """By `architectures`; without it, by a `model_type` that transformers builds as a causal LM and
+        not as a masked LM (Llama, Qwen2, GPT-2 … but not BERT, whose type has both)."""
+        architectures = config.get("architectures") or ()
+        if architectures:
+            return any(str(a).endswith(ARCHITECTURE_ENDS) for a in architectures)
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+            MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        )
+
+        model_type = config.get("model_type")
+        return model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     def load(self, path: Path) -> nn.Module:
         from transformers import AutoModelForCausalLM

@@ -1,6 +1,8 @@
 """Causal language models on tiny Llama and GPT-2 models made in the test: the kind, the tied head
 through the compressed table's factors, checkpoints and ONNX holding the table once, KL distillation."""
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -204,3 +206,23 @@ def test_a_fisher_plan_calibrates_and_compresses_a_tiny_lm(tiny_gpt2_dir):
     compress_(model, plan, calib, progress=False)
     assert isinstance(model.get_input_embeddings(), HeadTailEmbedding)
     assert model.get_output_embeddings().embedding is model.get_input_embeddings()
+
+
+@pytest.mark.parametrize(
+    "config, kind",
+    [
+        ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "causal-lm"),
+        ({"architectures": ["BertForMaskedLM"], "model_type": "bert"}, "encoder"),
+        ({"architectures": ["XLMRobertaModel"], "model_type": "xlm-roberta"}, "encoder"),
+        ({"model_type": "llama"}, "causal-lm"),  # no architectures: the type decides
+        ({"model_type": "qwen2"}, "causal-lm"),
+        ({"model_type": "gpt2"}, "causal-lm"),
+        ({"model_type": "bert"}, "encoder"),  # a BertLMHeadModel exists too, but so does a masked LM
+        ({"model_type": "mpnet"}, "encoder"),
+    ],
+)
+def test_the_kind_from_a_config_with_and_without_architectures(tmp_path, config, kind):
+    from converters.kinds import kind_for_config
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert kind_for_config(tmp_path).name == kind
