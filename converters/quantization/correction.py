@@ -31,7 +31,6 @@ __all__ = [
     "RANK_STEP",
     "check_correction_share",
     "Correction",
-    "nbits_levels",
     "dequantize_nbits",
     "input_grams",
     "error_factors",
@@ -84,10 +83,9 @@ def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
     return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
-def nbits_levels(graph: onnx.GraphProto, node: onnx.NodeProto) -> tuple[np.ndarray, np.ndarray, int]:
-    """(levels q − z (N × K, float64), scales (N × blocks, float64), block) of a MatMulNBits node: codes B
-    (N, blocks, block·bits/8), one scale per block, zero points packed like the codes (2^(bits−1) when
-    absent); its weight is Q[k, n] = scale[n, k // block] · level[n, k]."""
+def dequantize_nbits(graph: onnx.GraphProto, node: onnx.NodeProto) -> np.ndarray:
+    """The weight Q (K × N, float64) a MatMulNBits node multiplies by: codes B (N, blocks, block·bits/8),
+    one scale per block, zero points packed like the codes (2^(bits−1) when absent): scale · (q − z)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
     inits = {i.name: i for i in graph.initializer if i.name in node.input}
@@ -98,14 +96,8 @@ def nbits_levels(graph: onnx.GraphProto, node: onnx.NodeProto) -> tuple[np.ndarr
         zero = _unpack(numpy_helper.to_array(inits[node.input[3]]).reshape(n, -1), bits)[:, :blocks]
     else:
         zero = np.full((n, blocks), 1 << (bits - 1))
-    levels = (codes - zero[..., None]).astype(np.float64).reshape(n, blocks * block)[:, :k]
-    return levels, scales, block
-
-
-def dequantize_nbits(graph: onnx.GraphProto, node: onnx.NodeProto) -> np.ndarray:
-    """The weight Q (K × N, float64) a MatMulNBits node multiplies by: scale · (q − z) (nbits_levels)."""
-    levels, scales, block = nbits_levels(graph, node)
-    return (levels * np.repeat(scales, block, axis=1)[:, : levels.shape[1]]).T
+    weight = (codes - zero[..., None]) * scales[..., None]
+    return weight.reshape(n, blocks * block)[:, :k].T
 
 
 def _weights(graph: onnx.GraphProto) -> dict[str, str]:

@@ -1,17 +1,15 @@
-"""Train through the rounding (int4-trained): int4-corrected's graph, then its scales, corrections,
-biases and LayerNorms learnt by distillation against the fp32 model with every weight held as the
-graph rounds it.
+"""Train through the rounding (int4-trained): int4-corrected's graph, its corrections then learnt by
+distillation against the fp32 model with every weight held as the graph rounds it.
 
 The student is the PyTorch model with each rounded weight replaced by what ONNX Runtime multiplies by
-or gathers: each linear layer a `CorrectedLinear` from its MatMulNBits node's levels and scales
-(correction.nbits_levels), un-smoothed (SmoothQuant scaled weight row k by s_k and divided the
-activation by it; s is read from the smoothed and unsmoothed weights), with the correction L/s, R
-where the budget gave one; each GatherBlockQuantized table read back by running that node over every
-row (frozen). Modules are found by value: the exported fp32 graph holds each weight as the module
-holds it (a Linear's Wᵀ, a Conv1D's W, an Embedding's table), and a weight two modules hold is
-refused. After the fine-tune (the gains on the scales, the corrections, the rounded layers' biases
-and the LayerNorms trained, the levels and tables frozen) the scales go back into their MatMulNBits
-node, the factors as L = s·A, R = B, the biases into their Add and the LayerNorms into their
+or gathers: a MatMulNBits weight Q_s read back from its codes (correction.dequantize_nbits), a
+GatherBlockQuantized table read back by running that node over every row. SmoothQuant scaled each
+weight row k by s_k (and divided the activation by it), so the unsmoothed Q = Q_s / s row-wise, s read
+from the smoothed and unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`.
+Modules are found by value: the exported fp32 graph holds each weight as the module holds it (a
+Linear's Wᵀ, a Conv1D's W, an Embedding's table), and a weight two modules hold is refused. After the
+fine-tune (the corrections, their layers' biases and the LayerNorms trained, all else frozen) the
+factors go back as L = s·A, R = B, the biases into their Add and the LayerNorms into their
 LayerNormalization (each in an initializer of its own), and `correction.store_factors` rounds the
 factors to 8 bits."""
 
@@ -28,7 +26,7 @@ from torch import nn
 
 from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import UnmatchedWeightError
-from converters.quantization.correction import _weights, corrected_layers, nbits_levels
+from converters.quantization.correction import _weights, corrected_layers, dequantize_nbits
 
 __all__ = [
     "CORRECTION_SECONDS",
@@ -48,11 +46,10 @@ CORRECTION_LR = 2e-4
 
 @dataclass
 class Links:
-    """What goes back into the graph: output name of each rounded MatMul → (module name, s (K,), its
-    MatMulNBits node's scale initializer, bias initializer or None, corrected); module name of each
-    LayerNorm → (scale initializer, bias initializer)."""
+    """What goes back into the graph: output name of each corrected MatMul → (module name, s (K,), bias
+    initializer or None); module name of each LayerNorm → (scale initializer, bias initializer)."""
 
-    layers: dict[str, tuple[str, np.ndarray, str, str | None, bool]] = field(default_factory=dict)
+    layers: dict[str, tuple[str, np.ndarray, str | None]] = field(default_factory=dict)
     norms: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
@@ -165,9 +162,8 @@ def student_of(
     model: nn.Module, fp32: onnx.ModelProto, smoothed: onnx.ModelProto, corrected: onnx.ModelProto
 ) -> tuple[nn.Module, Links]:
     """`model` (changed in place) holding every weight as `corrected` (add_corrections' graph of the
-    smoothed `smoothed` of the exported `fp32`) holds it: each rounded linear layer a CorrectedLinear
-    (rank 0 where the budget gave it no correction), each table its 4-bit values; each rounded layer's
-    bias moved into an initializer of its own in `corrected` (in place)."""
+    smoothed `smoothed` of the exported `fp32`) holds it, its corrected layers CorrectedLinear; each
+    corrected layer's bias gets an initializer of its own in `corrected` (in place)."""
     held = _held_weights(model)
     plain = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
     scaled = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer}
@@ -184,16 +180,18 @@ def student_of(
         name = _module_of(held, plain[unsmoothed[out]], f"the weight of {out!r}")
         s = (w_s * w).sum(1) / np.maximum((w * w).sum(1), 1e-30)  # (K,): W_s = diag(s) W
         s[(w * w).sum(1) == 0] = 1.0
-        levels, scales, block = nbits_levels(graph, node)  # (N, K), (N, blocks)
-        corrected_layer = out in corrected_outs
-        left = numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None] if corrected_layer else np.zeros((len(s), 0))
-        right = numpy_helper.to_array(inits[f"{out}_R"]) if corrected_layer else np.zeros((0, len(levels)))
+        q = torch.from_numpy((dequantize_nbits(graph, node) / s[:, None]).astype(np.float32))  # (K, N) as x q
+        module = model.get_submodule(name)
+        if out not in corrected_outs:
+            module.weight.data = q.T.contiguous() if isinstance(module, nn.Linear) else q
+            continue
+        left = torch.from_numpy((numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None]).astype(np.float32))
+        right = torch.from_numpy(numpy_helper.to_array(inits[f"{out}_R"]).astype(np.float32))
         bias, value = _own_bias(graph, out)
-        tensors = [torch.from_numpy(np.asarray(a, dtype=np.float32)) for a in (levels, scales, s, left, right)]
-        layer = CorrectedLinear(*tensors[:2], block, *tensors[2:], None if value is None else torch.from_numpy(value))
+        values = None if value is None else torch.from_numpy(value)
         parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, layer)
-        links.layers[out] = (name, s, node.input[2], bias, corrected_layer)
+        setattr(model.get_submodule(parent) if parent else model, leaf, CorrectedLinear(q.T, left, right, values))
+        links.layers[out] = (name, s, bias)
     gathers = {n.output[0]: n.input[0] for n in fp32.graph.node if n.op_type == "Gather"}  # output → table
     for node in graph.node:
         if node.op_type != "GatherBlockQuantized":
@@ -205,15 +203,12 @@ def student_of(
 
 
 def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> onnx.ModelProto:
-    """`corrected` (in place) with what `student` trained: each rounded layer's scales (scales · gain),
-    factors L = s·A, R = B and bias, and the LayerNorms."""
+    """`corrected` (in place) with the trained factors L = s·A, R = B, biases and LayerNorms of `student`."""
     values = {}
-    for out, (name, s, scales, bias, corrected_layer) in links.layers.items():
+    for out, (name, s, bias) in links.layers.items():
         module = student.get_submodule(name)
-        values[scales] = (module.scales * module.gain).detach().numpy()
-        if corrected_layer:
-            values[f"{out}_L"] = module.left.detach().double().numpy() * s[:, None]
-            values[f"{out}_R"] = module.right.detach().numpy()
+        values[f"{out}_L"] = module.left.detach().double().numpy() * s[:, None]
+        values[f"{out}_R"] = module.right.detach().numpy()
         if bias is not None:
             values[bias] = module.bias.detach().numpy()
     for name, (scale, bias) in links.norms.items():
@@ -221,8 +216,7 @@ def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> 
         values.update({scale: module.weight.detach().numpy(), bias: module.bias.detach().numpy()})
     inits = {i.name: i for i in corrected.graph.initializer}
     for key, value in values.items():
-        shape = tuple(inits[key].dims)
-        inits[key].CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=np.float32).reshape(shape), key))
+        inits[key].CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=np.float32), key))
     return corrected
 
 

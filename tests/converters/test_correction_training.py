@@ -71,7 +71,7 @@ def test_the_student_computes_what_the_rounded_graph_computes(wide, tmp_path):
     exported, smoothed, corrected = _corrected(fp32, feeds)
     student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
     assert links.layers and all(
-        isinstance(student.get_submodule(n), CorrectedLinear) for n, *_ in links.layers.values()
+        isinstance(student.get_submodule(n), CorrectedLinear) for n, _, _ in links.layers.values()
     )
     assert len(links.norms) == 5  # the embeddings' LayerNorm and two in each of the two layers
     graph, ours, dense = _run(corrected, tmp_path, feeds[0]), _torch(student, feeds[0]), _torch(model, feeds[0])
@@ -86,7 +86,7 @@ def test_trained_factors_biases_and_layer_norms_go_back_into_the_graph(wide, tmp
     student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        layers = [student.get_submodule(name) for name, *_ in links.layers.values()]
+        layers = [student.get_submodule(name) for name, _, _ in links.layers.values()]
         norms = [student.get_submodule(name) for name in links.norms]
         for p in [p for m in layers + norms for p in m.parameters()]:
             p.add_(0.05 * torch.randn(p.shape, generator=generator))
