@@ -55,8 +55,8 @@ def test_balanced_cores_keep_the_matrix_and_share_one_scale(rows, cols):
     assert torch.allclose(tt_matrix_to_dense(balanced), tt_matrix_to_dense(cores), atol=1e-9)
     rms = torch.stack([c.pow(2).mean().sqrt() for c in balanced])
     assert torch.allclose(rms, rms[0].expand_as(rms), atol=1e-6) and not torch.allclose(
-        cores[0].pow(2).mean(), cores[-1].pow(2).mean()
-    )
+        cores[0].pow(2).mean(), cores[-1].pow(2).mean(), rtol=0.1
+    )  # the SVD's cores were not: its last core holds the scale
 
 
 def test_matches_tensorly_at_equal_ranks():
