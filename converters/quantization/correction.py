@@ -32,6 +32,7 @@ __all__ = [
     "check_correction_share",
     "Correction",
     "dequantize_nbits",
+    "weight_names",
     "input_grams",
     "error_factors",
     "correction_bytes",
@@ -100,7 +101,7 @@ def dequantize_nbits(graph: onnx.GraphProto, node: onnx.NodeProto) -> np.ndarray
     return weight.reshape(n, blocks * block)[:, :k].T
 
 
-def _weights(graph: onnx.GraphProto) -> dict[str, str]:
+def weight_names(graph: onnx.GraphProto) -> dict[str, str]:
     """Output name → weight name of each MatMul with a constant 2-D weight."""
     shapes = {i.name for i in graph.initializer if len(i.dims) == 2}
     return {n.output[0]: n.input[1] for n in graph.node if n.op_type == "MatMul" and n.input[1] in shapes}
@@ -110,7 +111,8 @@ def input_grams(model: onnx.ModelProto, feeds: list[dict]) -> dict[str, torch.Te
     """Output name → Σ xᵀx (float64) of the input of each MatMul with a constant weight, over the
     real tokens of the first GRAM_BATCHES of `feeds` (an attention mask, when the batch has one,
     drops the padding); MatMuls that share an input share its Gram."""
-    matmuls = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in _weights(model.graph)}
+    weighted = weight_names(model.graph)
+    matmuls = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in weighted}
     feeds = feeds[:GRAM_BATCHES]
     inputs: dict[str, torch.Tensor] = {}
     for feed, values in zip(feeds, probe_activations(model, sorted(set(matmuls.values())), feeds)):
@@ -185,7 +187,8 @@ def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]]) -> on
 def _float64_weights(fp32: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Output name → the constant weight (K × N, float64) of each MatMul of the fp32 graph."""
     initializers = {i.name: i for i in fp32.graph.initializer}
-    return {out: numpy_helper.to_array(initializers[w]).astype(np.float64) for out, w in _weights(fp32.graph).items()}
+    names = weight_names(fp32.graph)
+    return {out: numpy_helper.to_array(initializers[w]).astype(np.float64) for out, w in names.items()}
 
 
 def add_corrections(

@@ -26,7 +26,7 @@ from torch import nn
 
 from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import UnmatchedWeightError
-from converters.quantization.correction import _weights, corrected_layers, dequantize_nbits
+from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
 
 __all__ = [
     "CORRECTION_SECONDS",
@@ -167,7 +167,7 @@ def student_of(
     held = _held_weights(model)
     plain = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
     scaled = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer}
-    unsmoothed, smoothed_w = _weights(fp32.graph), _weights(smoothed.graph)
+    unsmoothed, smoothed_w = weight_names(fp32.graph), weight_names(smoothed.graph)
     graph = corrected.graph
     inits = {i.name: i for i in graph.initializer}
     rounded = {n.output[0].removesuffix("_rounded"): n for n in graph.node if n.op_type == "MatMulNBits"}
