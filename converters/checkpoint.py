@@ -9,7 +9,6 @@ the source's dense structure and initialising its missing table at random with o
 whose weights were model.safetensors."""
 
 import json
-import shutil
 from pathlib import Path
 
 from safetensors import SafetensorError
@@ -20,11 +19,12 @@ from torch import nn
 from compressor.errors import CompressorError, PlanError, ShapeError
 from converters.compress import CompressionReport, set_submodule
 from converters.kinds import kind_for_config, kind_named, kind_of
-from converters.loading import TOKENIZER_FILES, resolve_model_dir
+from converters.loading import resolve_model_dir
 from converters.plan import Plan
 from converters.registry import compact_modules
 from converters.tying import set_score_
 from files.atomic import atomic_dir, tensor_bytes
+from files.model_folder import copy_source_files
 
 __all__ = [
     "CHECKPOINT_META",
@@ -73,9 +73,7 @@ def save_compressed(
     }
     with atomic_dir(Path(out_dir), needed=tensor_bytes(model.state_dict().values())) as tmp:
         kind.save_config(model, tmp)
-        for name in TOKENIZER_FILES:
-            if (source / name).is_file():
-                shutil.copy2(source / name, tmp / name)
+        copy_source_files(source, tmp)  # its tokenizer and sentence-transformers files, not its config
         save_safetensors(model, str(tmp / CHECKPOINT_WEIGHTS))
         (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
     return Path(out_dir)

@@ -10,6 +10,7 @@ from pathlib import Path
 from torch import nn
 
 from compressor.errors import CompressorError
+from files.model_folder import lacks_tokenizer
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -17,20 +18,9 @@ __all__ = [
     "resolve_model_dir",
     "load_hf",
     "check_vocabulary",
-    "TOKENIZER_FILES",
 ]
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-    "merges.txt",
-    "vocab.json",
-    "sentencepiece.bpe.model",
-    "spiece.model",
-)
 
 
 def default_model_path() -> Path:
@@ -65,7 +55,7 @@ def check_vocabulary(path: Path) -> None:
         rows = json.loads((path / "config.json").read_text()).get("vocab_size")
     except (OSError, ValueError):
         return  # the loader says what is wrong with the config
-    if not any((path / name).is_file() for name in TOKENIZER_FILES) or not isinstance(rows, int):
+    if lacks_tokenizer(path) or not isinstance(rows, int):
         return
     from texts.tokens import load_tokenizer
 

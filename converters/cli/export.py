@@ -1,5 +1,7 @@
-"""compressor export MODEL [--out FILE.onnx]: a model or checkpoint to ONNX, parity-checked."""
+"""compressor export MODEL [--out DIR]: a model or checkpoint to a ready model folder (files.model_folder)
+whose ONNX graph is parity-checked; --out FILE.onnx writes the graph alone."""
 
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -20,8 +22,9 @@ from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.quantization.correction import check_correction_share
 from converters.quantization.int4 import check_int4_options
-from converters.quantization.quantize import PLANNED, quantize_onnx
+from converters.quantization.quantize import PLANNED, quantize_onnx, weight_width
 from converters.quantization.training import trainer
+from files.model_folder import check_model_folder, graph_file, lacks_tokenizer, load_lines, model_folder, own_ops
 from texts.prior import check_prior, token_prior
 from texts.tokens import load_tokenizer
 
@@ -34,8 +37,10 @@ def add_arguments(p) -> None:
         "--out",
         type=Path,
         default=None,
-        help="ONNX file to write (default: MODEL_DIR.onnx beside the directory; original.onnx for the default model; "
-        "-FORM added for an export form other than the default)",
+        help="model folder to write: the graph under onnx/ beside the source's config, tokenizer and "
+        "sentence-transformers files, as those tools load it (default: MODEL_DIR-onnx beside the directory; "
+        "original-onnx for the default model; -FORM, -SCHEME added for an export form other than the default and "
+        "a quantization scheme); a path ending in .onnx writes the graph alone",
     )
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, ≥ 17 (default: 17)")
     quantize_option(
@@ -69,7 +74,8 @@ def run(args) -> None:
     suffix = f"-{args.quantize}" if args.quantize else ""
     values = export_form_values(args)
     (form, _), *_ = export_form_rows(values)
-    out = args.out or stem.with_name(f"{stem.name}{form}{suffix}.onnx")
+    out = args.out or stem.with_name(f"{stem.name}{form}{suffix}-onnx")
+    folder = out.suffix != ".onnx"
     check_int4_options(args.block_size, args.accuracy_level)
     check_correction_share(args.correction_share)
     if args.quantize in PLANNED:
@@ -77,24 +83,48 @@ def run(args) -> None:
             f"--quantize {args.quantize} takes each layer's width from a byte budget: use compressor run --budget SIZE "
             f"--quantize {args.quantize}"
         )
-    check_outputs(args, ONNX_file=out)
+    if folder:
+        check_model_folder(out)
+        check_outputs(args, model_folder=out)
+    else:
+        check_outputs(args, ONNX_file=out)
     check_prior(args.freq_prior, args.prior_weight)
-    graph_kind = kind_for_config(source).graph
+    kind = kind_for_config(source)
+    if folder and lacks_tokenizer(source):
+        say(
+            f"warning: {str(source)!r} has no tokenizer file; the folder will hold none, and tools cannot tokenize text"
+        )
     schemes = [args.quantize] if args.quantize else []
-    batches = quantize_calibration(args, schemes, graph_kind, source)
-    fit_for = correction_fit(args, schemes, kind_for_config(source), source)
+    batches = quantize_calibration(args, schemes, kind.graph, source)
+    fit_for = correction_fit(args, schemes, kind, source)
     model, _ = load_model(source)
     vocab = model.get_input_embeddings().num_embeddings
     model = in_export_form(model, values, lambda: token_frequencies(args, source, vocab))
-    if not args.quantize:
-        result = export_onnx(model, out, opset=args.opset)
-        say(f"wrote {result.path} (parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e})")
+    width = weight_width(args.quantize)
+    with model_folder(out, source, width) if folder else contextlib.nullcontext(out) as path:
+        checked = _export(args, model, vocab, path, fit_for, batches)
+    if not folder:
+        say(f"wrote {out} ({checked})")
         return
+    graph = graph_file(width)
+    say(f"wrote the model folder {out}, its graph {graph} ({checked}); it loads with:")
+    for line in load_lines(out, graph, kind.graph.name):
+        print(f"  {line}")
+    needs = own_ops(out / graph)
+    if needs:
+        say(f"its graph uses ONNX Runtime's own operators ({', '.join(needs)}): only ONNX Runtime runs it")
+
+
+def _export(args, model, vocab: int, path: Path, fit_for, batches) -> str:
+    """The model's graph at `path`, quantized with args.quantize if asked; what its checks measured."""
+    if not args.quantize:
+        result = export_onnx(model, path, opset=args.opset)
+        return f"parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e}"
     with tempfile.TemporaryDirectory() as work:
         fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=args.opset)
         result = quantize_onnx(
             fp32.path,
-            out,
+            path,
             vocab,
             args.quantize,
             batches,
@@ -103,8 +133,7 @@ def run(args) -> None:
             correction=args.correction_share,
             train=None if fit_for is None else trainer(model, fit_for(model)),
         )
-    say(
-        f"wrote {result.path} ({args.quantize}; against its fp32 graph, whose parity with PyTorch is "
-        f"{fp32.parity_max_abs:.2e}: relative error {result.parity_rel:.3f}, max |Δ| {result.parity_max_abs:.2e}, on "
-        f"{result.parity_input})"
+    return (
+        f"{args.quantize}; against its fp32 graph, whose parity with PyTorch is {fp32.parity_max_abs:.2e}: relative "
+        f"error {result.parity_rel:.3f}, max |Δ| {result.parity_max_abs:.2e}, on {result.parity_input}"
     )

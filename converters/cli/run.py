@@ -92,7 +92,7 @@ def _run(args, texts, second, ft_texts, schemes: list[str], batches, fit_for) ->
     check_export_forms(export_form_values(args), original, plans)
     vocab = original.get_input_embeddings().num_embeddings
     int4 = (args.block_size, args.accuracy_level, args.correction_share)
-    variants = Variants(args.out, vocab, batches, *int4, fit_for=fit_for)
+    variants = Variants(args.out, source, vocab, batches, *int4, fit_for=fit_for)
     variants.add_original(original, schemes)
     variants.add_compressed(args, original, source, ft_texts, schemes)
     variants.bench_and_report(args, source, texts, second)

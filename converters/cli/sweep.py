@@ -84,7 +84,7 @@ def run(args) -> None:
         for space in spaces:
             check_plans(space, original)  # every recipe's plan fits the model before anything is exported
         vocab = original.get_input_embeddings().num_embeddings
-        variants = Variants(args.out, vocab, batches, fit_for=fit_for)
+        variants = Variants(args.out, source, vocab, batches, fit_for=fit_for)
         variants.add_original(original, schemes)
         for recipe, space in zip(recipes, spaces):
             say(f"recipe {recipe.name or recipe.method}: {recipe.to_dict()}")

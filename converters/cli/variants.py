@@ -20,12 +20,13 @@ from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK
-from converters.quantization.quantize import PLANNED, TRAINED, quantize_onnx
+from converters.quantization.quantize import PLANNED, TRAINED, quantize_onnx, weight_width
 from converters.quantization.training import trainer
 from eval.benchmark import bench
 from eval.pareto import front_quality
 from eval.plot import plot_front
 from eval.report import markdown_table, write_report
+from files.model_folder import graph_file, model_folder
 
 __all__ = ["Variants", "ORIGINAL_SCHEMES", "output_folder"]
 
@@ -51,6 +52,7 @@ class Variants:
     def __init__(
         self,
         out: Path,
+        source: Path,
         vocab: int,
         batches: list[dict] | None,
         block: int = INT4_BLOCK,
@@ -58,10 +60,12 @@ class Variants:
         correction: float = CORRECTION_SHARE,
         fit_for=None,
     ):
-        """`batches`: calibration inputs of the aware schemes; `block`, `accuracy`: of the int4 ones;
-        `correction`: the corrected schemes' share of the 4-bit bytes for their corrections; `fit_for`:
-        int4-trained's fine-tune of a model's student (steps.correction_fit)."""
-        self.out, self.vocab, self.batches = Path(out), vocab, batches
+        """Each row is a ready model folder OUT/NAME (files.model_folder; a compressed variant's is its
+        checkpoint's) holding `source`'s files; `batches`: calibration inputs of the aware schemes;
+        `block`, `accuracy`: of the int4 ones; `correction`: the corrected schemes' share of the 4-bit
+        bytes for their corrections; `fit_for`: int4-trained's fine-tune of a model's student
+        (steps.correction_fit)."""
+        self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
         self.int4 = {"block": block, "accuracy_level": accuracy}
         self.correction, self.fit_for = correction, fit_for
         self.graphs: list[tuple[str, Path]] = []
@@ -75,28 +79,31 @@ class Variants:
             raise CompressorError(f"two variants are named {name!r}; give them different names")
         self.names.add(name)
         self.names.update(f"{name}-{scheme}" for scheme in schemes)
-        path = export_onnx(model, self.out / f"{name}.onnx").path
+        with model_folder(self.out / name, self.source, None) as graph:
+            export_onnx(model, graph)
+        path = self.out / name / graph_file(None)
         if fp32:
             self.graphs.append((name, path))
             self.details.append(detail)
         for scheme in schemes:
+            row, width = f"{name}-{scheme}", weight_width(scheme)
             try:
-                widths = dict(detail["plan"].get("widths", {})) if scheme in PLANNED else None
-                result = quantize_onnx(
-                    path,
-                    self.out / f"{name}-{scheme}.onnx",
-                    self.vocab,
-                    scheme,
-                    self.batches,
-                    **self.int4,
-                    widths=widths,
-                    correction=self.correction,
-                    train=trainer(model, self.fit_for(model)) if scheme in TRAINED else None,
-                )
+                with model_folder(self.out / row, self.source, width) as graph:
+                    result = quantize_onnx(
+                        path,
+                        graph,
+                        self.vocab,
+                        scheme,
+                        self.batches,
+                        **self.int4,
+                        widths=dict(detail["plan"].get("widths", {})) if scheme in PLANNED else None,
+                        correction=self.correction,
+                        train=trainer(model, self.fit_for(model)) if scheme in TRAINED else None,
+                    )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
-                say(f"warning: no {name}-{scheme} row: {e}")
+                say(f"warning: no {row} row: {e}")
                 continue
-            self.graphs.append((f"{name}-{scheme}", result.path))
+            self.graphs.append((row, self.out / row / graph_file(width)))
             quantization = {
                 "scheme": scheme,
                 "parity_rel_to_fp32": result.parity_rel,

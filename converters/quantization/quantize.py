@@ -53,6 +53,7 @@ __all__ = [
     "quantize_onnx",
     "is_quantized",
     "tied_products_as_matmul",
+    "weight_width",
 ]
 
 SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "int4-corrected", "int4-trained", "mixed")
@@ -72,6 +73,14 @@ CALIBRATION_PASSAGES = 1024
 # all-MiniLM-L6-v2. A graph quantized wrongly is near 1.
 REL_TOL = {"int8": 0.35, "int4": 0.5, "mixed": 0.5}
 PARITY_BATCHES = 4  # batches of the calibration text the gate reads
+
+
+def weight_width(scheme: str | None) -> int | None:
+    """The bits of a scheme's weights as the tools name graphs: None (fp32), 8, or 4 (mixed, which
+    keeps some layers at 8, counts as 4)."""
+    return None if scheme is None else 8 if scheme.startswith("int8") else 4
+
+
 QUANTIZED_OPS = {
     "DynamicQuantizeLinear",
     "MatMulInteger",

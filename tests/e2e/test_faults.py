@@ -99,7 +99,7 @@ def test_a_disk_that_fills_up_during_run_leaves_no_folder(tiny_bert_dir, eval_te
     monkeypatch.setattr(export.onnx, "save_model", lambda proto, path, **kw: fill_up(path))
     out = tmp_path / "run"
     code, err = run_cli(capsys, "run", tiny_bert_dir, "--rank", 2, "--eval-text", eval_text_file, "--out", out)
-    assert code == 1 and "original.onnx" in one_error(err)
+    assert code == 1 and "run/original/onnx/model.onnx" in one_error(err)
     assert not out.exists()
 
 

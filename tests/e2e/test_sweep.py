@@ -50,7 +50,9 @@ def test_sweep_measures_every_recipe_and_draws_the_fronts(tiny_bert_dir, eval_te
         "big-ft",
         "big-ft-int8-aware",
     ]
-    assert not (out_dir / "small-int8-aware.onnx").exists() and (out_dir / "small.onnx").is_file()  # fp32 not measured
+    assert (
+        not (out_dir / "small-int8-aware").exists() and (out_dir / "small/onnx/model.onnx").is_file()
+    )  # fp32 not measured
     rows = report["variants"]
     assert all(set(v["quality_second_text"]) == set(v["quality"]) for v in rows)
     for axis in ("file_bytes", "latency"):
