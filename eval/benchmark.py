@@ -6,6 +6,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
+from eval.decode import DECODE_CONTEXTS, DECODE_TOKENS, context_length, measure_decode
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.kinds import graph_kind
 from eval.latency import SETTINGS, measure_latency
@@ -86,6 +87,11 @@ def bench(
     latencies = measure_latency(paths, vocab, settings, runs, progress=progress, stream=stream)
     for row, latency in zip(rows, latencies):
         row["latency_ms"] = latency
+    if kind.name == "causal-lm" and stream is not None:  # what a user of an LM feels: time per generated token
+        limit = context_length(tokenizer_dir) or max(DECODE_CONTEXTS) + DECODE_TOKENS
+        contexts = [c for c in DECODE_CONTEXTS if c + DECODE_TOKENS <= limit]
+        for row, decode in zip(rows, measure_decode(paths, stream, contexts)):
+            row["decode_ms"] = decode
     fed = LATENCY_INPUT if stream is not None else "random ids (the eval text holds no token)"
     report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages", "latency_input": fed}
     if second_texts is not None:

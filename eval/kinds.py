@@ -2,7 +2,8 @@
 does not import converters): the graph's contract, what quality compares, its metrics, and the
 default texts. An encoder: (input_ids, attention_mask) → last_hidden_state, compared by mean-pooled
 sentence embeddings (cosine to the original, neighbour recall@10). A causal language model:
-(input_ids, attention_mask) → logits, compared by next-token predictions (perplexity, top-1
+(input_ids, attention_mask) → logits, with or without a key-value cache (measured as a prefill: the
+pasts empty), compared by next-token predictions (perplexity, top-1
 agreement with the original, mean KL(original ‖ variant))."""
 
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import numpy as np
 
 from compressor.errors import CompressorError
 from eval.graph import load_graph
+from eval.probe import PAST
 from eval.quality import NextTokens, cosine_mean, mean_pool, next_token_quality, next_tokens, recall_at_k
 from texts.corpus import HELD_OUT, lm_passages, passages
 
@@ -65,6 +67,12 @@ class EncoderGraphKind(GraphKind):
 
 
 class CausalLMGraphKind(GraphKind):
+    def recognises(self, inputs: list[str], outputs: list[str]) -> bool:
+        """(input_ids, attention_mask) → logits, with or without a key-value cache (eval.probe.PAST)."""
+        extra = set(inputs) - set(self.inputs)
+        cache = all(n == "position_ids" or n.startswith(PAST) for n in extra)
+        return set(self.inputs) <= set(inputs) and cache and self.output in outputs
+
     def passages(self, path: str | Path | None, split: str, minimum: int = 1) -> tuple[list[str], str]:
         """A user's file, else the default text's split as a language model sees it (texts.corpus.lm_passages:
         the fine-tune split is the quarter of the default one that the project's own LMs never trained on)."""

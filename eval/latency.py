@@ -7,7 +7,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from eval.graph import make_session
-from eval.probe import random_batch, text_batch
+from eval.probe import full_feed, random_batch, text_batch
 
 __all__ = ["SETTINGS", "latency_key", "time_side_by_side", "measure_latency"]
 
@@ -37,12 +37,13 @@ def _percentiles(times: list[float]) -> dict:
 def time_side_by_side(sessions, feed: dict, runs: int = 50, warmup: int = 5, per_turn: int = 2) -> list[dict]:
     """{"p50": ms, "p90": ms} per session. The sessions take turns, `per_turn` timed calls each,
     until each has `runs`: a slow spell of a noisy machine falls on all of them alike."""
-    for session in sessions:
-        _timed(session, feed, warmup)
+    feeds = [full_feed(session, feed) for session in sessions]
+    for session, fed in zip(sessions, feeds):
+        _timed(session, fed, warmup)
     samples = [[] for _ in sessions]
     while len(samples[0]) < runs:
-        for session, times in zip(sessions, samples):
-            times += _timed(session, feed, min(per_turn, runs - len(times)))
+        for session, fed, times in zip(sessions, feeds, samples):
+            times += _timed(session, fed, min(per_turn, runs - len(times)))
     return [_percentiles(times) for times in samples]
 
 

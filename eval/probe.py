@@ -13,7 +13,57 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-__all__ = ["session_options", "random_batch", "text_batch", "peak_rss_bytes"]
+__all__ = [
+    "session_options",
+    "random_batch",
+    "text_batch",
+    "peak_rss_bytes",
+    "PAST",
+    "PRESENT",
+    "full_feed",
+    "is_cached",
+    "positions",
+    "empty_past",
+]
+
+# A causal LM's graph with a key-value cache (Optimum's names: inputs input_ids, attention_mask, position_ids,
+# past_key_values.{i}.key / .value (B, heads, past, head_dim); outputs logits, present.{i}.key / .value) reads a
+# batch of text as a prefill: position_ids count the real tokens before each, and every past is empty.
+PAST = "past_key_values."
+PRESENT = "present."
+
+
+def is_cached(session) -> bool:
+    """Whether the session's graph takes a key-value cache."""
+    return any(i.name.startswith(PAST) for i in session.get_inputs())
+
+
+def positions(mask: np.ndarray, new: int) -> np.ndarray:
+    """(B, new) position ids of the last `new` tokens: each real token's count of real tokens before it
+    (padding, left or right, takes no position)."""
+    return np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -new:].astype(np.int64)
+
+
+def empty_past(session, batch: int) -> dict[str, np.ndarray]:
+    """Every past input of the session, empty: (batch, heads, 0, head_dim)."""
+    out = {}
+    for i in session.get_inputs():
+        if i.name.startswith(PAST):
+            dtype = np.float16 if i.type == "tensor(float16)" else np.float32
+            out[i.name] = np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=dtype)
+    return out
+
+
+def full_feed(session, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`feed` (input_ids, attention_mask …) restricted to the session's inputs; a cached graph's
+    position_ids and empty pasts added, so that it reads the batch as a prefill."""
+    names = {i.name for i in session.get_inputs()}
+    out = {n: v for n, v in feed.items() if n in names}
+    if "position_ids" in names and "position_ids" not in out:
+        out["position_ids"] = positions(feed["attention_mask"], feed["input_ids"].shape[1])
+    if is_cached(session):
+        out.update(empty_past(session, feed["input_ids"].shape[0]))
+    return out
 
 
 def session_options(threads: int = 1, arena: bool = True, optimized_path: Path | None = None):
@@ -70,7 +120,7 @@ def main() -> None:
         options = session_options(threads=args.threads)
         session = ort.InferenceSession(args.onnx, options, providers=["CPUExecutionProvider"])
         feed = random_batch(args.batch, args.seq, args.vocab)
-        session.run(None, {i.name: feed[i.name] for i in session.get_inputs()})
+        session.run(None, full_feed(session, feed))
     print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
 
 

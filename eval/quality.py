@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from eval.probe import full_feed
+
 __all__ = [
     "mean_pool",
     "cosine_mean",
@@ -87,7 +89,7 @@ def next_tokens(session, output: str, batches, reference: NextTokens | None = No
     parts: list[tuple] = []
     done = 0
     for feed in batches:
-        (logits,) = session.run([output], feed)  # (B, T, V)
+        (logits,) = session.run([output], full_feed(session, feed))  # (B, T, V)
         ids, mask = feed["input_ids"], feed["attention_mask"].astype(bool)
         real = mask[:, :-1] & mask[:, 1:]  # (B, T−1)
         logp = _log_softmax(logits[:, :-1][real].astype(np.float32))  # (n, V)

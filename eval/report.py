@@ -23,10 +23,12 @@ def markdown_table(report: dict) -> str:
     variants = report["variants"]
     base = variants[0]
     keys = list(base.get("latency_ms", {}))
+    decodes = list(base.get("decode_ms", {}))  # an LM's contexts
     quality = [("quality", q, q) for q in base.get("quality", {})]  # (row key, metric, column)
     quality += [("quality_second_text", q, f"{q} (2nd)") for q in base.get("quality_second_text", {})]
     head = ["variant", "front", "params", "file MB", "opt. init MB", "peak RSS MiB (Δ over baseline)"]
-    head += [f"{k} p50 ms" for k in keys] + [column for _, _, column in quality] + ["parity max|Δ|"]
+    head += [f"{k} p50 ms" for k in keys] + [f"ms/token {c}" for c in decodes]
+    head += [column for _, _, column in quality] + ["parity max|Δ|"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v, fronts in zip(variants, pareto_flags(report)):
         rss, opt = v.get("peak_rss_bytes"), v["optimized_initializer_bytes"]
@@ -47,6 +49,10 @@ def markdown_table(report: dict) -> str:
             cells.append(
                 "–" if lat is None else f"{lat['p50']:.2f} ({_ratio(lat['p50'], base['latency_ms'][k]['p50'])})"
             )
+        for c in decodes:
+            step = v.get("decode_ms", {}).get(c)
+            p50 = None if step is None else step["per_token_p50_ms"]
+            cells.append("–" if p50 is None else f"{p50:.2f} ({_ratio(p50, base['decode_ms'][c]['per_token_p50_ms'])})")
         cells += [f"{v.get(field, {}).get(q, float('nan')):.3f}" for field, q, _ in quality]
         parity = v.get("parity_max_abs")
         cells.append("–" if parity is None else f"{parity:.1e}")

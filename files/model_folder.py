@@ -27,6 +27,8 @@ __all__ = [
     "load_lines",
     "own_ops",
     "lacks_tokenizer",
+    "graph_in",
+    "folder_of",
 ]
 
 GRAPH_DIR = "onnx"
@@ -146,6 +148,24 @@ def load_lines(folder: Path, graph: str, kind: str) -> list[str]:
         )
     lines.append(f'onnxruntime.InferenceSession("{folder / graph}")')
     return lines
+
+
+def graph_in(path: Path) -> Path:
+    """The graph `path` names: an ONNX file, or a model folder's one graph under onnx/."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    graphs = sorted((path / GRAPH_DIR).glob("*.onnx"))
+    if len(graphs) != 1:
+        held = ", ".join(g.name for g in graphs) or "none"
+        raise CompressorError(f"{str(path)!r} holds {len(graphs)} graphs under {GRAPH_DIR}/ ({held}); name the file")
+    return graphs[0]
+
+
+def folder_of(graph: Path) -> Path:
+    """The model folder a graph belongs to: the parent of onnx/, else the graph's own folder."""
+    graph = Path(graph)
+    return graph.parent.parent if graph.parent.name == GRAPH_DIR else graph.parent
 
 
 def lacks_tokenizer(source: Path) -> bool:

@@ -1,4 +1,4 @@
-"""The command line, one module per command: compress, tie, finetune, export, bench, run, sweep. The only
+"""The command line, one module per command: compress, tie, finetune, export, bench, generate, run, sweep. The only
 place that wires compressor, converters and eval together; it names no method and no model kind
 (it reads the method registry and the kind adapters)."""
 
@@ -6,7 +6,7 @@ import argparse
 import os
 
 from compressor.errors import CompressorError
-from converters.cli import bench, compress, export, finetune, run, sweep, tie
+from converters.cli import bench, compress, export, finetune, generate, run, sweep, tie
 from converters.cli.steps import say
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -17,6 +17,7 @@ COMMANDS = {
     "finetune": finetune,
     "export": export,
     "bench": bench,
+    "generate": generate,
     "run": run,
     "sweep": sweep,
 }

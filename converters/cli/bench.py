@@ -8,17 +8,23 @@ from converters.loading import default_model_path
 from eval.benchmark import bench
 from eval.kinds import graph_kind
 from eval.report import markdown_table, write_report
+from files.model_folder import GRAPH_DIR, folder_of, graph_in, lacks_tokenizer
 
 HELP = "measure ONNX models side by side; the first is the reference"
 
 
 def add_arguments(p) -> None:
-    p.add_argument("onnx", nargs="+", type=Path, help="ONNX files; the first is the original")
+    p.add_argument(
+        "onnx",
+        nargs="+",
+        type=Path,
+        help="model folders (their one graph under onnx/) or ONNX files; the first is the original",
+    )
     p.add_argument(
         "--tokenizer",
         type=Path,
         default=None,
-        help="directory with the tokenizer (default: the default model's)",
+        help="directory with the tokenizer (default: the first model folder's, else the default model's)",
     )
     p.add_argument(
         "--json",
@@ -32,13 +38,15 @@ def add_arguments(p) -> None:
 def run(args) -> None:
     check_runs(args.runs)
     check_outputs(args, report_file=args.json)
-    kind = graph_kind(args.onnx[0])
+    graphs = [graph_in(p) for p in args.onnx]
+    kind = graph_kind(graphs[0])
     texts, where = eval_texts(args, kind)
     second, second_where = second_texts(args, kind)
-    tokenizer = args.tokenizer or default_model_path()
-    names = ["original", *[p.stem for p in args.onnx[1:]]]
+    first = folder_of(graphs[0]) if graphs[0].parent.name == GRAPH_DIR else None
+    tokenizer = args.tokenizer or (first if first and not lacks_tokenizer(first) else default_model_path())
+    names = ["original", *[_name(p) for p in graphs[1:]]]
     report = bench(
-        list(zip(names, args.onnx)),
+        list(zip(names, graphs)),
         tokenizer,
         texts,
         where,
@@ -50,3 +58,8 @@ def run(args) -> None:
     json_path, _ = write_report(report, args.json)
     print(markdown_table(report))
     say(f"wrote {json_path} and {json_path.with_suffix('.md')}")
+
+
+def _name(graph: Path) -> str:
+    """A variant's name in the report: its model folder's, else its file's stem."""
+    return folder_of(graph).name if graph.parent.name == GRAPH_DIR else graph.stem

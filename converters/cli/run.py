@@ -26,7 +26,7 @@ from converters.cli.steps import (
     say,
     second_texts,
 )
-from converters.cli.variants import ORIGINAL_SCHEMES, Variants, output_folder
+from converters.cli.variants import Variants, output_folder
 from converters.export import check_export_forms
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
@@ -71,7 +71,7 @@ def run(args) -> None:
     check_kind_options(args, kind)
     texts, second = eval_texts(args, kind.graph), second_texts(args, kind.graph)
     schemes = list(dict.fromkeys(args.quantize or []))
-    batches = quantize_calibration(args, [*ORIGINAL_SCHEMES, *schemes], kind.graph, source)
+    batches = quantize_calibration(args, [*kind.baselines, *schemes], kind.graph, source)
     fit_for = correction_fit(args, schemes, kind, source)
     fine_tune = args.ft_steps is not None or args.ft_time is not None
     if fine_tune:
@@ -81,11 +81,12 @@ def run(args) -> None:
             say("--finetune-steps 0: the fine-tune is skipped")
             fine_tune = False
     with output_folder(args.out):
-        _run(args, texts, second, ft_texts if fine_tune else None, schemes, batches, fit_for)
+        _run(args, texts, second, ft_texts if fine_tune else None, schemes, kind.baselines, batches, fit_for)
 
 
-def _run(args, texts, second, ft_texts, schemes: list[str], batches, fit_for) -> None:
-    """Compress, export and bench each variant, and each quantized with `schemes` (calibration
+def _run(args, texts, second, ft_texts, schemes: list[str], baselines, batches, fit_for) -> None:
+    """Compress, export and bench each variant, and each quantized with `schemes` (the original also with
+    its kind's `baselines`; calibration
     `batches` for int8-aware, `fit_for` for int4-trained); `ft_texts` None: no fine-tune."""
     original, source = load_original(args.model)
     plans = check_plans(args, original)  # every plan against the model's modules, before the original is exported
@@ -93,6 +94,6 @@ def _run(args, texts, second, ft_texts, schemes: list[str], batches, fit_for) ->
     vocab = original.get_input_embeddings().num_embeddings
     int4 = (args.block_size, args.accuracy_level, args.correction_share)
     variants = Variants(args.out, source, vocab, batches, *int4, fit_for=fit_for)
-    variants.add_original(original, schemes)
+    variants.add_original(original, [*baselines, *schemes])
     variants.add_compressed(args, original, source, ft_texts, schemes)
     variants.bench_and_report(args, source, texts, second)

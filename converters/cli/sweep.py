@@ -21,7 +21,7 @@ from converters.cli.steps import (
     say,
     second_texts,
 )
-from converters.cli.variants import ORIGINAL_SCHEMES, Variants, output_folder
+from converters.cli.variants import Variants, output_folder
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.recipes import load_recipes
@@ -76,7 +76,7 @@ def run(args) -> None:
         check_kind_options(space, kind)
     texts, second = eval_texts(args, kind.graph), second_texts(args, kind.graph)
     schemes = list(dict.fromkeys(s for space in spaces for s in space.quantize or []))
-    batches = quantize_calibration(args, [*ORIGINAL_SCHEMES, *schemes], kind.graph, source)
+    batches = quantize_calibration(args, [*kind.baselines, *schemes], kind.graph, source)
     fit_for = correction_fit(args, schemes, kind, source)
     ft_texts = finetune_texts(args, kind) if any(_fine_tunes(s) for s in spaces) else None
     with output_folder(args.out):
@@ -85,7 +85,7 @@ def run(args) -> None:
             check_plans(space, original)  # every recipe's plan fits the model before anything is exported
         vocab = original.get_input_embeddings().num_embeddings
         variants = Variants(args.out, source, vocab, batches, fit_for=fit_for)
-        variants.add_original(original, schemes)
+        variants.add_original(original, [*kind.baselines, *schemes])
         for recipe, space in zip(recipes, spaces):
             say(f"recipe {recipe.name or recipe.method}: {recipe.to_dict()}")
             fp32 = "fp32" in recipe.quantize

@@ -28,9 +28,8 @@ from eval.plot import plot_front
 from eval.report import markdown_table, write_report
 from files.model_folder import graph_file, model_folder
 
-__all__ = ["Variants", "ORIGINAL_SCHEMES", "output_folder"]
+__all__ = ["Variants", "output_folder"]
 
-ORIGINAL_SCHEMES = ("int8",)  # the one-line alternative, in every report
 PLOTS = {"file_bytes": "front-size.png", "latency": "front-latency.png"}  # Pareto front → its plot
 
 
@@ -121,7 +120,8 @@ class Variants:
         return next(n for n in candidates if n not in self.names and f"{n}-ft" not in self.names)
 
     def add_original(self, model: nn.Module, schemes: list[str]) -> None:
-        wanted = [s for s in dict.fromkeys([*ORIGINAL_SCHEMES, *schemes]) if s not in PLANNED]  # no plan, no widths
+        """The original and its rows in `schemes` (its kind's baselines first), but those a plan sizes."""
+        wanted = [s for s in dict.fromkeys(schemes) if s not in PLANNED]  # no plan, no widths
         self.add("original", model, {}, wanted)
 
     def add_compressed(

@@ -19,6 +19,7 @@ class ModelKind(ABC):
     agreement_name: str  # what `agreement` measures, as the fine-tune's messages name it
     finetune_batch: int  # passages per fine-tune step unless the user says otherwise
     options: tuple[str, ...] = ()  # command-line options (their dests) that only this kind takes
+    baselines: tuple[str, ...] = ("int8",)  # the original's quantized rows in every report: what users do otherwise
 
     @abstractmethod
     def recognises(self, model: nn.Module) -> bool:

@@ -1,4 +1,5 @@
-"""The causal language model kind (Llama-, GPT-2-style): (input_ids, attention_mask) → logits.
+"""The causal language model kind (Llama-, GPT-2-style): (input_ids, attention_mask) → logits; its
+graph carries a key-value cache (CausalLMGraph).
 Distilled on KL(teacher ‖ student) of the next-token distributions at a temperature; agreement is
 −KL per passage; the fisher probes are log p(y | x) with y drawn from the model's own distribution,
 whose gradient covariance is the Fisher of the output; quality is perplexity, top-1 agreement and
@@ -16,6 +17,7 @@ from compressor.tied_logits import TiedLogits
 from converters.kinds.base import ModelKind
 from converters.loading import load_hf
 from eval.kinds import CAUSAL_LM as CAUSAL_LM_GRAPH
+from eval.probe import PAST, PRESENT
 
 __all__ = ["CausalLMKind", "CAUSAL_LM", "CausalLMGraph"]
 
@@ -23,14 +25,49 @@ ARCHITECTURE_ENDS = ("ForCausalLM", "LMHeadModel")  # config.json architectures 
 
 
 class CausalLMGraph(nn.Module):
-    """The graph's contract: (input_ids, attention_mask) → logits (B, T, V), no key-value cache."""
+    """The graph's contract, Optimum's for a decoder with a key-value cache: (input_ids (B, T),
+    attention_mask (B, past + T), position_ids (B, T), past_key_values.{i}.key / .value (B, heads, past,
+    head_dim)) → (logits (B, T, V), present.{i}.key / .value (B, heads, past + T, head_dim)). With the
+    pasts empty it reads a prompt; each generated token is then one more step, fed the presents."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        config = model.config
+        self.layers = config.num_hidden_layers
+        self.heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, *past: Tensor):
+        from transformers.cache_utils import DynamicCache
+
+        pairs = [(past[2 * i], past[2 * i + 1]) for i in range(self.layers)]
+        cache = DynamicCache(pairs, config=self.model.config)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+        )
+        return (out.logits, *(t for layer in out.cache.layers for t in (layer.keys, layer.values)))
+
+    def signature(self, ids: Tensor, mask: Tensor):
+        """(trace inputs, input names, output names, dynamic axes): `ids` read after a random past of 3."""
+        past = 3
+        batch = ids.shape[0]
+        full = torch.cat([torch.ones(batch, past, dtype=mask.dtype), mask], dim=1)
+        positions = (full.cumsum(1) - 1).clamp_min(0)[:, past:]
+        g = torch.Generator().manual_seed(0)
+        pasts = [torch.randn(batch, self.heads, past, self.head_dim, generator=g) for _ in range(2 * self.layers)]
+        kv = [f"{i}.{k}" for i in range(self.layers) for k in ("key", "value")]
+        names = ["input_ids", "attention_mask", "position_ids", *(PAST + n for n in kv)]
+        outputs = ["logits", *(PRESENT + n for n in kv)]
+        axes = {n: {0: "batch", 1: "sequence"} for n in ("input_ids", "position_ids", "logits")}
+        axes["attention_mask"] = {0: "batch", 1: "past_sequence + sequence"}
+        axes.update({PAST + n: {0: "batch", 2: "past_sequence"} for n in kv})
+        axes.update({PRESENT + n: {0: "batch", 2: "past_sequence + sequence"} for n in kv})
+        return (ids, full, positions, *pasts), names, outputs, axes
 
 
 def _real(mask: Tensor) -> Tensor:
@@ -43,6 +80,9 @@ class CausalLMKind(ModelKind):
     agreement_name = "validation −KL"
     finetune_batch = 8  # a 135M-parameter LM: forward + backward of 8 × 64 tokens is ~4 s on 2 cores
     options = ("temperature",)
+    # A CPU LM's users run 4-bit weights (llama.cpp, ONNX Runtime GenAI). Not int4-aware: its choice of 8-bit
+    # layers measures each MatMul's loss through the whole graph, 35 s a layer on SmolLM2 (2 hours).
+    baselines = ("int8", "int4")
 
     def recognises(self, model: nn.Module) -> bool:
         return type(model).__name__.endswith(ARCHITECTURE_ENDS)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from onnx import version_converter
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
@@ -67,6 +68,7 @@ INT4_AWARE_ALPHA = 0.5
 # last FFN output): 0.163× → 0.169× the file, recall@10 0.880 → 0.889 (BENCHMARKS.md).
 EIGHT_BIT_SHARE = 0.05
 SENSITIVITY_BATCHES = 2  # calibration batches each layer's 4-bit loss is measured on
+TABLE_OPSET = 21  # the first opset with 4-bit tensors, which GatherBlockQuantized's codes are
 
 
 def check_int4_options(block: int, accuracy_level: int = INT4_ACCURACY) -> None:
@@ -160,8 +162,13 @@ def quantize_matmuls(
 
 def quantize_tables(model: onnx.ModelProto, block: int, aware: bool, only=None) -> onnx.ModelProto:
     """`model` (named nodes) with its tables (axis-0 Gathers of 2-D initializers), or `only` those
-    Gather nodes among them, in GatherBlockQuantized, asymmetric when `aware`."""
+    Gather nodes among them, in GatherBlockQuantized, asymmetric when `aware`. ONNX Runtime's quantizer
+    sets opset 21 (4-bit tensors) without converting the graph's operators (a Llama's RMSNorm ReduceMean
+    takes its axes as an input from opset 18), so an older graph is converted to opset 21 first."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    if any(o.domain in ("", "ai.onnx") and o.version < TABLE_OPSET for o in model.opset_import):
+        model = version_converter.convert_version(model, TABLE_OPSET)
 
     tables = table_gathers(model.graph) if only is None else table_gathers(model.graph) & set(only)
     config = DefaultWeightOnlyQuantConfig(

@@ -41,6 +41,7 @@ from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, s
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
+from eval.probe import full_feed
 from files.atomic import atomic_file
 
 __all__ = [
@@ -121,8 +122,8 @@ def _parity(fp32: Path, quantized: Path, vocab: int, text: list[dict] | None) ->
     worst, diff2, ref2 = 0.0, 0.0, 0.0
     output = reference.get_outputs()[0].name
     for feed in feeds:
-        (y,) = reference.run([output], {n: feed[n] for n in names})
-        (y_q,) = other.run([output], {n: feed[n] for n in names})
+        (y,) = reference.run([output], full_feed(reference, feed))
+        (y_q,) = other.run([output], full_feed(other, feed))
         mask = feed.get("attention_mask")
         if mask is not None and mask.shape == y.shape[:2]:  # real tokens only
             y, y_q = y[mask.astype(bool)], y_q[mask.astype(bool)]

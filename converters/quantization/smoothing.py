@@ -16,6 +16,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from eval.graph import make_session
+from eval.probe import full_feed
 
 __all__ = ["SMOOTH_ALPHA", "smoothable", "probe_activations", "activation_absmax", "smooth"]
 
@@ -51,7 +52,7 @@ def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict
         onnx.save_model(probe, str(path))
         session = make_session(path, threads=2)
     for feed in feeds:
-        yield dict(zip(names, session.run(names, feed)))
+        yield dict(zip(names, session.run(names, full_feed(session, feed))))
 
 
 def activation_absmax(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -57,6 +57,7 @@ def test_a_tied_head_becomes_a_matmul_the_quantizer_takes(tiny_llama_dir, tmp_pa
 
     from converters.export import sample_inputs
     from converters.quantization.quantize import tied_products_as_matmul
+    from eval.probe import full_feed
 
     model, _ = load_model(tiny_llama_dir)
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
@@ -69,8 +70,8 @@ def test_a_tied_head_becomes_a_matmul_the_quantizer_takes(tiny_llama_dir, tmp_pa
     assert shapes == [(dim, vocab), (vocab, dim)]  # the table for the Gather, its transpose for the MatMul
     ids, mask = sample_inputs(vocab, 2, 5, 0)
     feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
-    before = ort.InferenceSession(proto.SerializeToString()).run(["logits"], feed)[0]
-    after = ort.InferenceSession(rewritten.SerializeToString()).run(["logits"], feed)[0]
+    sessions = [ort.InferenceSession(p.SerializeToString()) for p in (proto, rewritten)]
+    before, after = (s.run(["logits"], full_feed(s, feed))[0] for s in sessions)
     np.testing.assert_allclose(after, before, atol=1e-5)
     result = quantize_onnx(fp32, tmp_path / "lm-int8.onnx", vocab)
     assert result.parity_rel <= REL_TOL["int8"]

@@ -43,7 +43,10 @@ def test_run_on_a_tied_lm_compresses_the_table_once_and_reports_perplexity(
     assert code == 0, err
     report = json.loads((out / "report.json").read_text())
     rows = {v["name"]: v for v in report["variants"]}
-    assert list(rows) == ["original", "original-int8", "lowrank-head8-r4-aware", "lowrank-head8-r4-aware-ft"]
+    originals = ["original", "original-int8", "original-int4"]  # an LM's baselines: 4-bit too
+    assert list(rows) == [*originals, "lowrank-head8-r4-aware", "lowrank-head8-r4-aware-ft"]
+    assert all(set(row["decode_ms"]) == {"ctx128"} for row in rows.values())  # the tiny LM's context is 160
+    assert (out / "original-int4" / "onnx" / "model_q4.onnx").is_file()
     original, compressed = rows["original"], rows["lowrank-head8-r4-aware"]
     assert set(original["quality"]) == {"perplexity", "top1_agreement", "kl_mean"}
     assert original["quality"]["kl_mean"] == 0 and original["quality"]["top1_agreement"] == 1

@@ -1,5 +1,7 @@
 """A language model's quality metrics on next-token predictions (eval.quality.next_tokens)."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -12,6 +14,9 @@ class FakeSession:
 
     def __init__(self, logits: np.ndarray):
         self.logits = logits.astype(np.float32)
+
+    def get_inputs(self):
+        return [SimpleNamespace(name="input_ids"), SimpleNamespace(name="attention_mask")]
 
     def run(self, names, feed):
         return [self.logits[: feed["input_ids"].shape[0], : feed["input_ids"].shape[1]]]

@@ -1,0 +1,39 @@
+"""compressor generate GRAPH_OR_FOLDER --prompt TEXT: a causal LM's continuation on ONNX Runtime
+(eval.decode), greedy or sampled with a seed, with the tokenizer of the model folder."""
+
+import time
+from pathlib import Path
+
+from converters.cli.steps import say
+from eval.decode import generate
+
+HELP = "continue a prompt with a causal LM's ONNX graph (greedy, or sampled with a seed)"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("graph", type=Path, help="a model folder (its one graph under onnx/) or an ONNX file")
+    p.add_argument("--prompt", required=True, help="the text to continue")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate at most (default: 32)")
+    p.add_argument("--sample", action="store_true", help="sample instead of taking the most likely token")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default: 1.0)")
+    p.add_argument("--top-k", type=int, default=50, help="sample among the k most likely tokens (default: 50)")
+    p.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default: 0)")
+    p.add_argument("--tokenizer", type=Path, default=None, help="the tokenizer's folder (default: the model folder)")
+    p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (default: 2)")
+
+
+def run(args) -> None:
+    start = time.perf_counter()
+    text = generate(
+        args.graph,
+        args.prompt,
+        args.max_new_tokens,
+        args.sample,
+        args.temperature,
+        args.top_k,
+        args.seed,
+        args.tokenizer,
+        args.threads,
+    )
+    print(text)
+    say(f"{time.perf_counter() - start:.1f} s with loading")

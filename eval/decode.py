@@ -1,0 +1,208 @@
+"""Decoding with an ONNX causal LM on ONNX Runtime, as a user runs it, and what it costs per token.
+A graph with a key-value cache (eval.probe.PAST) reads the prompt once (the prefill), then each new
+token is one step fed the presents of the last; a graph without one reads the whole sequence again
+at every step. Greedy, or sampling from softmax(logits / temperature) over the top k, seeded."""
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from compressor.errors import CompressorError
+from eval.graph import make_session
+from eval.kinds import CAUSAL_LM, graph_kind
+from eval.probe import PAST, PRESENT, full_feed, is_cached
+from files.model_folder import folder_of, graph_in, lacks_tokenizer
+
+__all__ = [
+    "Decoder",
+    "DecodeTimes",
+    "decode_ids",
+    "decode_times",
+    "measure_decode",
+    "DECODE_CONTEXTS",
+    "DECODE_TOKENS",
+    "generate",
+    "context_length",
+]
+
+DECODE_CONTEXTS = (128, 512)  # tokens of context before the timed steps
+DECODE_TOKENS = 32  # greedy steps timed after each context, per round
+DECODE_ROUNDS = 3  # rounds in which the graphs take turns
+
+
+class Decoder:
+    """One sequence (batch 1) through a causal LM session: `start(prompt)` and `step(token)` give the
+    logits (V,) of the next token."""
+
+    def __init__(self, session, use_cache: bool = True):
+        """`use_cache` False: a cached graph too reads the whole sequence at every step (pasts empty),
+        as a graph without a cache must."""
+        self.session = session
+        self.cached = use_cache and is_cached(session)
+        self.outputs = [o.name for o in session.get_outputs()]
+        self.ids = np.zeros((1, 0), dtype=np.int64)
+        self.past: dict[str, np.ndarray] = {}
+
+    def start(self, prompt: np.ndarray) -> np.ndarray:
+        self.ids = np.asarray(prompt, dtype=np.int64).reshape(1, -1)
+        return self._run(full_feed(self.session, {"input_ids": self.ids, "attention_mask": np.ones_like(self.ids)}))
+
+    def step(self, token: int) -> np.ndarray:
+        self.ids = np.concatenate([self.ids, [[token]]], axis=1)
+        mask = np.ones_like(self.ids)
+        if not self.cached:
+            return self._run(full_feed(self.session, {"input_ids": self.ids, "attention_mask": mask}))
+        position = np.array([[self.ids.shape[1] - 1]], dtype=np.int64)
+        return self._run({"input_ids": self.ids[:, -1:], "attention_mask": mask, "position_ids": position, **self.past})
+
+    def _run(self, feed: dict) -> np.ndarray:
+        out = dict(zip(self.outputs, self.session.run(None, feed)))
+        if self.cached:
+            self.past = {n.replace(PRESENT, PAST, 1): v for n, v in out.items() if n.startswith(PRESENT)}
+        return out["logits"][0, -1]
+
+
+def _choose(logits: np.ndarray, rng: np.random.Generator | None, temperature: float, top_k: int) -> int:
+    """argmax (rng None), else a draw from softmax(logits / temperature) over the top_k."""
+    if rng is None:
+        return int(np.argmax(logits))
+    top = np.argpartition(-logits, min(top_k, len(logits)) - 1)[:top_k]
+    z = logits[top].astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    return int(rng.choice(top, p=p / p.sum()))
+
+
+def decode_ids(
+    session,
+    prompt: np.ndarray,
+    max_new_tokens: int,
+    eos: int | None = None,
+    sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 50,
+    seed: int = 0,
+) -> list[int]:
+    """The new token ids after `prompt` (1-D ids): greedy, or sampled with a seeded generator; stops
+    after `eos`."""
+    rng = np.random.default_rng(seed) if sample else None
+    decoder = Decoder(session)
+    logits = decoder.start(prompt)
+    new: list[int] = []
+    while len(new) < max_new_tokens:
+        new.append(_choose(logits, rng, temperature, top_k))
+        if new[-1] == eos or len(new) == max_new_tokens:
+            break
+        logits = decoder.step(new[-1])
+    return new
+
+
+@dataclass(frozen=True)
+class DecodeTimes:
+    prefill_ms: float  # reading the context
+    step_ms: list[float]  # each greedy step after it
+
+    def summary(self) -> dict:
+        steps = np.array(self.step_ms)
+        return {
+            "prefill_ms": round(self.prefill_ms, 3),
+            "per_token_p50_ms": round(float(np.percentile(steps, 50)), 3),
+            "per_token_p90_ms": round(float(np.percentile(steps, 90)), 3),
+            "tokens_per_s": round(1e3 / float(np.mean(steps)), 2),
+        }
+
+
+def decode_times(session, context: np.ndarray, new_tokens: int, use_cache: bool = True) -> DecodeTimes:
+    """The prefill of `context` (1-D ids) and `new_tokens` greedy steps after it, each timed."""
+    decoder = Decoder(session, use_cache)
+    start = time.perf_counter()
+    logits = decoder.start(context)
+    prefill = (time.perf_counter() - start) * 1e3
+    steps = []
+    for _ in range(new_tokens):
+        token = int(np.argmax(logits))
+        start = time.perf_counter()
+        logits = decoder.step(token)
+        steps.append((time.perf_counter() - start) * 1e3)
+    return DecodeTimes(prefill, steps)
+
+
+def measure_decode(
+    paths,
+    stream: np.ndarray,
+    contexts=DECODE_CONTEXTS,
+    new_tokens: int = DECODE_TOKENS,
+    rounds: int = DECODE_ROUNDS,
+    threads: int = 2,
+) -> list[dict]:
+    """Per graph, at batch 1 and each context length (the first tokens of `stream`, repeated when
+    shorter): {"ctx128": {prefill_ms, per_token_p50_ms, per_token_p90_ms, tokens_per_s}, …}. The
+    graphs take turns, one prefill and `new_tokens` steps each, for `rounds` rounds; the first round
+    is a warm-up, and the time per token is over every step of the others."""
+    sessions = [make_session(p, threads=threads) for p in paths]
+    out: list[dict] = [{} for _ in paths]
+    for length in contexts:
+        context = np.resize(stream, length)
+        times: list[list[DecodeTimes]] = [[] for _ in paths]
+        for round_ in range(rounds + 1):
+            for session, kept in zip(sessions, times):
+                measured = decode_times(session, context, new_tokens)
+                if round_:
+                    kept.append(measured)
+        for result, kept in zip(out, times):
+            steps = [ms for t in kept for ms in t.step_ms]
+            prefill = float(np.median([t.prefill_ms for t in kept]))
+            result[f"ctx{length}"] = DecodeTimes(prefill, steps).summary()
+    return out
+
+
+def context_length(folder: Path) -> int | None:
+    """The most positions the model in `folder` takes, from its config.json (None when it does not say)."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return next((config[k] for k in ("max_position_embeddings", "n_positions", "n_ctx") if k in config), None)
+
+
+def generate(
+    path: str | Path,
+    prompt: str,
+    max_new_tokens: int = 32,
+    sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 50,
+    seed: int = 0,
+    tokenizer: str | Path | None = None,
+    threads: int = 2,
+) -> str:
+    """The prompt and its continuation by the causal LM graph at `path` (a model folder, or an ONNX file
+    whose folder holds the tokenizer unless `tokenizer` names one), decoded on ONNX Runtime."""
+    if max_new_tokens < 1:
+        raise CompressorError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    if sample and not (temperature > 0 and top_k >= 1):
+        raise CompressorError(f"sampling needs a temperature > 0 and a top-k ≥ 1, got {temperature:g} and {top_k}")
+    graph = graph_in(path)
+    kind = graph_kind(graph)
+    if kind is not CAUSAL_LM:
+        raise CompressorError(f"{str(graph)!r} is a graph of the {kind.name} kind; generate takes a causal LM's")
+    folder = Path(tokenizer) if tokenizer is not None else folder_of(graph)
+    if lacks_tokenizer(folder):
+        raise CompressorError(f"no tokenizer in {str(folder)!r}: give --tokenizer the model's folder")
+    from texts.tokens import load_tokenizer
+
+    tok = load_tokenizer(folder)
+    ids = tok(prompt)["input_ids"]
+    if not ids:
+        raise CompressorError("the prompt has no tokens")
+    limit = context_length(folder_of(graph))
+    if limit is not None and len(ids) + max_new_tokens > limit:
+        raise CompressorError(
+            f"the prompt's {len(ids)} tokens and {max_new_tokens} new ones exceed the model's context of {limit}"
+        )
+    session = make_session(graph, threads=threads)
+    eos = tok.eos_token_id if isinstance(tok.eos_token_id, int) else None
+    new = decode_ids(session, np.array(ids), max_new_tokens, eos, sample, temperature, top_k, seed)
+    return tok.decode(ids + new, skip_special_tokens=True)

@@ -1,0 +1,100 @@
+"""Decoding a causal LM's cached graph on ONNX Runtime (eval.decode) against PyTorch, and `generate`
+end to end with every bad input refused."""
+
+import numpy as np
+import pytest
+import torch
+
+from converters.checkpoint import load_model
+from eval.decode import Decoder, decode_ids, decode_times
+from eval.graph import make_session
+from tests.conftest import run_cli
+
+STEPS = 10
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def lm_folder(request, tiny_llama_dir, tiny_gpt2_dir, tmp_path_factory):
+    """(the model, its ready folder from `compressor export`) for a tiny Llama and a tiny GPT-2."""
+    from converters.cli import main
+
+    source = {"llama": tiny_llama_dir, "gpt2": tiny_gpt2_dir}[request.param]
+    out = tmp_path_factory.mktemp("lm") / request.param
+    assert main(["export", str(source), "--out", str(out)]) == 0
+    return load_model(source)[0], out
+
+
+def test_each_cached_step_gives_the_uncached_models_logits(lm_folder):
+    model, folder = lm_folder
+    session = make_session(folder / "onnx/model.onnx")
+    ids = [3, 7, 11, 5, 9]
+    decoder = Decoder(session)
+    logits = decoder.start(np.array(ids))
+    for _ in range(STEPS):
+        with torch.no_grad():
+            expected = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].numpy()
+        scale = float(np.abs(expected).max())
+        assert np.abs(logits - expected).max() <= 1e-4 * max(scale, 1.0)
+        ids.append(int(np.argmax(logits)))
+        logits = decoder.step(ids[-1])
+
+
+def test_presents_have_the_declared_shapes(lm_folder):
+    model, folder = lm_folder
+    session = make_session(folder / "onnx/model.onnx")
+    decoder = Decoder(session)
+    decoder.start(np.arange(6))
+    decoder.step(1)
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = config.hidden_size // config.num_attention_heads
+    assert len(decoder.past) == 2 * config.num_hidden_layers
+    assert {v.shape for v in decoder.past.values()} == {(1, heads, 7, head_dim)}
+
+
+def test_greedy_decoding_equals_transformers_generate(lm_folder):
+    model, folder = lm_folder
+    session = make_session(folder / "onnx/model.onnx")
+    for prompt in ([3, 7, 11], [20, 4, 4, 9, 13, 2]):
+        with torch.no_grad():
+            theirs = model.generate(torch.tensor([prompt]), max_new_tokens=STEPS, do_sample=False)[0, len(prompt) :]
+        assert decode_ids(session, np.array(prompt), STEPS, eos=model.config.eos_token_id) == theirs.tolist()
+
+
+def test_decode_times_cover_every_step(lm_folder):
+    _, folder = lm_folder
+    times = decode_times(make_session(folder / "onnx/model.onnx"), np.arange(8), 5)
+    summary = times.summary()
+    assert len(times.step_ms) == 5 and summary["tokens_per_s"] > 0 and summary["prefill_ms"] > 0
+
+
+def test_generate_prints_the_continuation_and_sampling_follows_its_seed(lm_folder, capsys):
+    _, folder = lm_folder
+    argv = ("generate", folder, "--prompt", "the value of", "--max-new-tokens", 4)
+    code, greedy, err = run_cli(capsys, *argv)
+    assert code == 0 and greedy.startswith("the value of"), err
+    sampled = [run_cli(capsys, *argv, "--sample", "--seed", 7)[1] for _ in range(2)]
+    assert sampled[0] == sampled[1]
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (("--max-new-tokens", 0), "at least 1"),
+        (("--max-new-tokens", 200), "exceed the model's context of 160"),
+        (("--sample", "--temperature", 0), "temperature > 0"),
+        (("--tokenizer", "{empty}"), "no tokenizer"),
+    ],
+)
+def test_bad_generate_input_is_one_sentence(lm_folder, tmp_path, capsys, extra, said):
+    _, folder = lm_folder
+    (tmp_path / "empty").mkdir()
+    extra = [str(e).format(empty=tmp_path / "empty") for e in extra]
+    code, _, err = run_cli(capsys, "generate", folder, "--prompt", "the cat", *extra)
+    assert code == 2 and said in err, err
+
+
+def test_an_encoders_graph_is_refused(tiny_bert_dir, tmp_path, capsys):
+    assert run_cli(capsys, "export", tiny_bert_dir, "--out", tmp_path / "enc")[0] == 0
+    code, _, err = run_cli(capsys, "generate", tmp_path / "enc", "--prompt", "a")
+    assert code == 2 and "encoder kind" in err
