@@ -168,6 +168,8 @@ def quantize_tables(model: onnx.ModelProto, block: int, aware: bool, only=None) 
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
     if any(o.domain in ("", "ai.onnx") and o.version < TABLE_OPSET for o in model.opset_import):
+        if not any(o.domain == "com.microsoft" for o in model.opset_import):  # its MatMulNBits, if any
+            model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
         model = version_converter.convert_version(model, TABLE_OPSET)
 
     tables = table_gathers(model.graph) if only is None else table_gathers(model.graph) & set(only)
