@@ -1,0 +1,101 @@
+"""The architectures users bring, each a tiny random model of the pinned transformers: `run` plans,
+compresses (low rank on every body linear layer), saves the checkpoint, exports it with parity, adds
+the original's quantized rows and benches them; the checkpoint loads back to what its graph computes.
+README's support table is this list."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from converters.checkpoint import load_model
+from eval.graph import make_session
+from eval.probe import full_feed
+from tests.conftest import run_cli, write_tiny_bert, write_tiny_lm
+
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "pad_token_id": 0}
+
+
+def _encoders():
+    import transformers as t
+
+    return {
+        "bert": lambda v: t.BertModel(t.BertConfig(vocab_size=v, max_position_embeddings=160, **SMALL)),
+        "roberta": lambda v: t.RobertaModel(t.RobertaConfig(vocab_size=v, max_position_embeddings=170, **SMALL)),
+        "xlm-roberta": lambda v: t.XLMRobertaModel(
+            t.XLMRobertaConfig(vocab_size=v, max_position_embeddings=170, **SMALL)
+        ),
+        "distilbert": lambda v: t.DistilBertModel(
+            t.DistilBertConfig(
+                vocab_size=v, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=160, pad_token_id=0
+            )
+        ),
+        "mpnet": lambda v: t.MPNetModel(t.MPNetConfig(vocab_size=v, max_position_embeddings=170, **SMALL)),
+        "deberta-v2": lambda v: t.DebertaV2Model(t.DebertaV2Config(vocab_size=v, max_position_embeddings=160, **SMALL)),
+        "modernbert": lambda v: t.ModernBertModel(t.ModernBertConfig(vocab_size=v, max_position_embeddings=160, **SMALL)),
+        "electra": lambda v: t.ElectraModel(
+            t.ElectraConfig(vocab_size=v, embedding_size=32, max_position_embeddings=160, **SMALL)
+        ),
+    }
+
+
+def _lms():
+    import transformers as t
+
+    ids = {"bos_token_id": 0, "eos_token_id": 0, "max_position_embeddings": 160}
+    small = {**SMALL, "num_key_value_heads": 2, **ids}
+    return {
+        "qwen2": lambda v: t.Qwen2ForCausalLM(t.Qwen2Config(vocab_size=v, tie_word_embeddings=True, **small)),
+        "qwen3": lambda v: t.Qwen3ForCausalLM(t.Qwen3Config(vocab_size=v, head_dim=8, tie_word_embeddings=True, **small)),
+        "gemma": lambda v: t.GemmaForCausalLM(t.GemmaConfig(vocab_size=v, head_dim=8, **small)),
+        "phi3": lambda v: t.Phi3ForCausalLM(t.Phi3Config(vocab_size=v, tie_word_embeddings=False, **small)),
+    }
+
+
+ENCODERS = ["bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "deberta-v2", "modernbert", "electra"]
+LMS = ["llama", "gpt2", "qwen2", "qwen3", "gemma", "phi3"]
+
+
+def _model_dir(arch: str, root: Path) -> Path:
+    """A tiny random model of `arch` with a tokenizer of ours, saved as transformers saves it."""
+    path = root / arch
+    if arch in ("llama", "gpt2"):
+        return write_tiny_lm(path, arch)
+    tokenizer_from = write_tiny_bert(root / "bert-tokenizer") if arch in ENCODERS else write_tiny_lm(root / "lm", "llama")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
+    build = {**_encoders(), **_lms()}[arch]
+    torch.manual_seed(0)
+    model = build(json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]).eval()
+    path.mkdir(parents=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("arch", ENCODERS + LMS)
+def test_run_compresses_exports_quantizes_and_benches(arch, tmp_path, eval_text_file, lm_text, capsys):
+    source = _model_dir(arch, tmp_path / "models")
+    text = lm_text if arch in LMS else eval_text_file
+    out = tmp_path / "run"
+    argv = ("run", source, "--method", "lowrank", "--kind", "plain", "--rank", 4, "--targets", "linear")
+    texts = ("--calib", text, "--eval-text", text, "--second-text", text, "--runs", 1)
+    code, _, err = run_cli(capsys, *argv, *texts, "--out", out)
+    assert code == 0, err
+    rows = {v["name"]: v for v in json.loads((out / "report.json").read_text())["variants"]}
+    baselines = ["original-int8", "original-int4"] if arch in LMS else ["original-int8"]
+    assert list(rows)[: 1 + len(baselines)] == ["original", *baselines]
+    (name,) = [n for n in rows if n.startswith("lowrank")]
+    assert rows[name]["params"] < rows["original"]["params"]
+    model, _ = load_model(out / name)  # the checkpoint loads back to what its graph computes
+    session = make_session(out / name / "onnx" / "model.onnx")
+    ids = torch.randint(5, model.get_input_embeddings().num_embeddings, (2, 9), generator=torch.Generator().manual_seed(1))
+    feed = full_feed(session, {"input_ids": ids.numpy(), "attention_mask": np.ones((2, 9), dtype=np.int64)})
+    got = session.run(None, feed)[0]
+    with torch.no_grad():
+        out_ = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    expected = (out_.logits if arch in LMS else out_.last_hidden_state).numpy()
+    assert np.abs(got - expected).max() <= 1e-3 * max(1.0, float(np.abs(expected).max()))
