@@ -161,9 +161,7 @@ def main() -> None:
                     )
     for row in results:
         base = next(
-            r
-            for r in results
-            if r["name"] == "dense" and r["threads"] == row["threads"] and r["group"] == row["group"]
+            r for r in results if r["name"] == "dense" and r["threads"] == row["threads"] and r["group"] == row["group"]
         )
         row["p50_vs_dense"] = round(row["p50"] / base["p50"], 3)
         print(

@@ -15,7 +15,9 @@ from eval.graph import make_session
 from eval.probe import full_feed
 from tests.conftest import run_cli, write_tiny_bert, write_tiny_lm
 
-SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "pad_token_id": 0}
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+SMALL["pad_token_id"] = 0
+POSITIONS = {"max_position_embeddings": 160}
 
 
 def _encoders():
@@ -33,8 +35,8 @@ def _encoders():
             )
         ),
         "mpnet": lambda v: t.MPNetModel(t.MPNetConfig(vocab_size=v, max_position_embeddings=170, **SMALL)),
-        "deberta-v2": lambda v: t.DebertaV2Model(t.DebertaV2Config(vocab_size=v, max_position_embeddings=160, **SMALL)),
-        "modernbert": lambda v: t.ModernBertModel(t.ModernBertConfig(vocab_size=v, max_position_embeddings=160, **SMALL)),
+        "deberta-v2": lambda v: t.DebertaV2Model(t.DebertaV2Config(vocab_size=v, **POSITIONS, **SMALL)),
+        "modernbert": lambda v: t.ModernBertModel(t.ModernBertConfig(vocab_size=v, **POSITIONS, **SMALL)),
         "electra": lambda v: t.ElectraModel(
             t.ElectraConfig(vocab_size=v, embedding_size=32, max_position_embeddings=160, **SMALL)
         ),
@@ -48,7 +50,9 @@ def _lms():
     small = {**SMALL, "num_key_value_heads": 2, **ids}
     return {
         "qwen2": lambda v: t.Qwen2ForCausalLM(t.Qwen2Config(vocab_size=v, tie_word_embeddings=True, **small)),
-        "qwen3": lambda v: t.Qwen3ForCausalLM(t.Qwen3Config(vocab_size=v, head_dim=8, tie_word_embeddings=True, **small)),
+        "qwen3": lambda v: t.Qwen3ForCausalLM(
+            t.Qwen3Config(vocab_size=v, head_dim=8, tie_word_embeddings=True, **small)
+        ),
         "gemma": lambda v: t.GemmaForCausalLM(t.GemmaConfig(vocab_size=v, head_dim=8, **small)),
         "phi3": lambda v: t.Phi3ForCausalLM(t.Phi3Config(vocab_size=v, tie_word_embeddings=False, **small)),
     }
@@ -63,7 +67,8 @@ def _model_dir(arch: str, root: Path) -> Path:
     path = root / arch
     if arch in ("llama", "gpt2"):
         return write_tiny_lm(path, arch)
-    tokenizer_from = write_tiny_bert(root / "bert-tokenizer") if arch in ENCODERS else write_tiny_lm(root / "lm", "llama")
+    encoder = arch in ENCODERS
+    tokenizer_from = write_tiny_bert(root / "bert-tokenizer") if encoder else write_tiny_lm(root / "lm", "llama")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_from)
@@ -92,7 +97,8 @@ def test_run_compresses_exports_quantizes_and_benches(arch, tmp_path, eval_text_
     assert rows[name]["params"] < rows["original"]["params"]
     model, _ = load_model(out / name)  # the checkpoint loads back to what its graph computes
     session = make_session(out / name / "onnx" / "model.onnx")
-    ids = torch.randint(5, model.get_input_embeddings().num_embeddings, (2, 9), generator=torch.Generator().manual_seed(1))
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = torch.randint(5, vocab, (2, 9), generator=torch.Generator().manual_seed(1))
     feed = full_feed(session, {"input_ids": ids.numpy(), "attention_mask": np.ones((2, 9), dtype=np.int64)})
     got = session.run(None, feed)[0]
     with torch.no_grad():
