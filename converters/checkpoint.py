@@ -17,7 +17,7 @@ from safetensors.torch import save_model as save_safetensors
 from torch import nn
 
 from compressor.errors import CompressorError, PlanError, ShapeError
-from converters.compress import CompressionReport, set_submodule
+from converters.compress import CompressionReport, refuse_save_pretrained_, set_submodule
 from converters.kinds import kind_for_config, kind_named, kind_of
 from converters.loading import resolve_model_dir
 from converters.plan import Plan
@@ -127,4 +127,8 @@ def load_model(model: str | Path | None) -> tuple[nn.Module, Path]:
     """(model, its directory) from a Hugging Face directory, a compressed checkpoint, or None
     for the default model."""
     path = resolve_model_dir(model)
-    return (_load_compressed(path) if is_compressed_dir(path) else kind_for_config(path).load(path)), path
+    if not is_compressed_dir(path):
+        return kind_for_config(path).load(path), path
+    model = _load_compressed(path)
+    refuse_save_pretrained_(model)
+    return model, path

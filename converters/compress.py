@@ -1,20 +1,21 @@
 """compress_(model, plan): check the whole plan against the model, build every compact module,
 and only then swap them in, so a failure never leaves the model half-rewritten."""
 
+import functools
 import warnings
 from dataclasses import dataclass, field
 
 from torch import nn
 from tqdm.auto import tqdm
 
-from compressor.errors import PlanError
+from compressor.errors import CompressorError, PlanError
 from converters.calibration import Calibration
 from converters.kinds import find_kind
 from converters.plan import Plan, match_plan
 from converters.registry import Context, Skip, handler_for
 from converters.tying import check_tie, tie_
 
-__all__ = ["CompressionReport", "compress_", "set_submodule"]
+__all__ = ["CompressionReport", "compress_", "refuse_save_pretrained_", "set_submodule"]
 
 
 @dataclass
@@ -44,6 +45,21 @@ def _jobs(model: nn.Module, plan: Plan) -> list[tuple[str, object, object]]:
         (name, cfg, handler_for(name, model.get_submodule(name), cfg))
         for name, (_, cfg) in match_plan(plan, model).items()
     ]
+
+
+def _refused(model_type: str, *args, **kwargs):
+    raise CompressorError(
+        f"this compressed {model_type} is no model transformers can load: it would rebuild the dense layers and fill "
+        "them at random; save it with converters.save_compressed and load it with converters.load_model"
+    )
+
+
+def refuse_save_pretrained_(model: nn.Module) -> None:
+    """In place: the model's `save_pretrained` (sentence-transformers' `save` calls it) raises one sentence
+    naming save_compressed and load_model, instead of writing weights `from_pretrained` would load into
+    the source's dense structure with a random table and only a warning."""
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained = functools.partial(_refused, type(model).__name__)
 
 
 def compress_(
@@ -88,6 +104,8 @@ def compress_(
         }
     for name, compact in built.items():
         set_submodule(model, name, compact)
+    if built:
+        refuse_save_pretrained_(model)
     kind = find_kind(model)
     if kind is not None:
         kind.tie_(model)  # a tied head now computes through the compressed table

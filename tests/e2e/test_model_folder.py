@@ -125,7 +125,7 @@ def test_run_writes_one_ready_folder_per_row(st_model, eval_text_file, tmp_path,
 
 def test_a_checkpoint_is_refused_by_sentence_transformers(st_model, tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
-    code, _, err = run_cli(capsys, "compress", st_model, "--method", "lowrank", "--rank", 4, "--out", ckpt)
+    code, _, err = run_cli(capsys, "compress", st_model, "--method", "lowrank", "--kind", "plain", "--rank", 4, "--out", ckpt)
     assert code == 0, err
     assert (ckpt / "modules.json").is_file()  # the source's sentence-transformers files travel with it
     from sentence_transformers import SentenceTransformer
@@ -166,3 +166,23 @@ def test_transformers_js_agrees_with_the_bench(st_model, tmp_path, capsys, schem
     theirs /= np.linalg.norm(theirs, axis=1, keepdims=True)
     graph = next((out / "onnx").iterdir()).relative_to(out)
     assert np.sum(theirs * embeddings(out, str(graph)), axis=1) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_model_compressed_in_place_inside_sentence_transformers_refuses_to_save(st_model, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from compressor.errors import CompressorError
+    from converters import LowRankConfig, Plan, compress_, load_model
+
+    st = SentenceTransformer(str(st_model), device="cpu")
+    compress_(st[0].auto_model, Plan((("linear", LowRankConfig.of_kind("plain", rank=4)),)), progress=False)
+    with pytest.raises(CompressorError, match="converters.save_compressed"):
+        st.save(str(tmp_path / "saved"))  # never weights that load back as the dense model with random layers
+    assert not (tmp_path / "saved" / "model.safetensors").exists()
+    ckpt = tmp_path / "ckpt"
+    save = ("compress", st_model, "--method", "lowrank", "--kind", "plain", "--rank", 4, "--out", ckpt)
+    from converters.cli import main
+
+    assert main([str(a) for a in save]) == 0
+    with pytest.raises(CompressorError, match="converters.load_model"):
+        load_model(ckpt)[0].save_pretrained(tmp_path / "again")
