@@ -125,7 +125,8 @@ def test_run_writes_one_ready_folder_per_row(st_model, eval_text_file, tmp_path,
 
 def test_a_checkpoint_is_refused_by_sentence_transformers(st_model, tmp_path, capsys):
     ckpt = tmp_path / "ckpt"
-    code, _, err = run_cli(capsys, "compress", st_model, "--method", "lowrank", "--kind", "plain", "--rank", 4, "--out", ckpt)
+    plan = ("--method", "lowrank", "--kind", "plain", "--rank", 4)
+    code, _, err = run_cli(capsys, "compress", st_model, *plan, "--out", ckpt)
     assert code == 0, err
     assert (ckpt / "modules.json").is_file()  # the source's sentence-transformers files travel with it
     from sentence_transformers import SentenceTransformer
