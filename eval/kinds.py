@@ -35,6 +35,8 @@ class GraphKind:
     min_passages: int
     front: str
     parity_atol: float = 1e-4
+    gate_tol: float | None = None  # a quantized graph's most relative error (of `gated`); None: by width
+    int8_per_channel: bool = True  # int8 weights scaled per output channel (else per tensor)
 
     def recognises(self, inputs: list[str], outputs: list[str]) -> bool:
         return sorted(inputs) == sorted(self.inputs) and self.output in outputs
@@ -87,10 +89,12 @@ class CausalLMGraphKind(GraphKind):
         return texts, f"{where} ({len(texts)} passages)"
 
     def gated(self, output: np.ndarray) -> np.ndarray:
-        """The log-probabilities, what perplexity and KL read: the raw logits' relative error is dominated by
-        the many unlikely tokens (SmolLM2's int8: 0.39 of the logits, 0.13 of the log-probabilities)."""
-        shifted = output.astype(np.float64) - output.max(axis=-1, keepdims=True)
-        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        """The next-token probabilities: on SmolLM2 (2 calibration batches) a broken int8 graph (per-channel,
+        KL 11 nats) is 1.44 off in relative L2, the working per-tensor int8 0.63 (KL 0.91), int4 0.48 (KL
+        0.51). The logits' and the log-probabilities' errors are dominated by the many unlikely tokens and
+        do not tell them apart (log-probabilities: 0.28 broken, 0.13 working)."""
+        shifted = np.exp(output.astype(np.float64) - output.max(axis=-1, keepdims=True))
+        return shifted / shifted.sum(axis=-1, keepdims=True)
 
     def represent(self, session, batches, reference: NextTokens | None = None) -> NextTokens:
         """Each real next-token prediction's log-probability of the true token, argmax, and its
@@ -110,7 +114,17 @@ ENCODER = EncoderGraphKind("encoder", INPUTS, "last_hidden_state", min_passages=
 # Logits of a 30-layer LM (SmolLM2, |logit| up to ~30) differ between ONNX Runtime and PyTorch in fp32 from the
 # order of summation alone: 1.3e-4 for the original, 1.6e-2 with its table compressed 8× (whose fp32 PyTorch
 # logits differ from its own fp64 ones by 7.4e-3). 5e-2 is 2e-3 of their range; a wrong row is off by ~1.
-CAUSAL_LM = CausalLMGraphKind("causal-lm", INPUTS, "logits", min_passages=1, front="top1_agreement", parity_atol=5e-2)
+# ONNX Runtime's per-channel dynamic int8 breaks SmolLM2's graph (perplexity 34 → 2·10⁶); per tensor: 34 → 77.
+CAUSAL_LM = CausalLMGraphKind(
+    "causal-lm",
+    INPUTS,
+    "logits",
+    min_passages=1,
+    front="top1_agreement",
+    parity_atol=5e-2,
+    gate_tol=1.0,
+    int8_per_channel=False,
+)
 GRAPH_KINDS = (ENCODER, CAUSAL_LM)
 
 
