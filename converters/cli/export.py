@@ -23,6 +23,7 @@ from converters.loading import resolve_model_dir
 from converters.quantization.correction import check_correction_share
 from converters.quantization.int4 import check_int4_options
 from converters.quantization.quantize import PLANNED, quantize_onnx, weight_width
+from converters.quantization.table_head import check_table_head
 from converters.quantization.training import trainer
 from files.model_folder import check_model_folder, graph_file, lacks_tokenizer, load_lines, model_folder, own_ops
 from texts.prior import check_prior, token_prior
@@ -78,6 +79,7 @@ def run(args) -> None:
     folder = out.suffix != ".onnx"
     check_int4_options(args.block_size, args.accuracy_level)
     check_correction_share(args.correction_share)
+    check_table_head(args.table_head)
     if args.quantize in PLANNED:
         raise CompressorError(
             f"--quantize {args.quantize} takes each layer's width from a byte budget: use compressor run --budget SIZE "
@@ -132,6 +134,7 @@ def _export(args, model, vocab: int, path: Path, fit_for, batches) -> str:
             args.accuracy_level,
             correction=args.correction_share,
             train=None if fit_for is None else trainer(model, fit_for(model)),
+            table_head=args.table_head,
         )
     return (
         f"{args.quantize}; against its fp32 graph, whose parity with PyTorch is {fp32.parity_max_abs:.2e}: relative "

@@ -10,6 +10,7 @@ from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.quantization.quantize import CALIBRATION_PASSAGES, SCHEMES
+from converters.quantization.table_head import TABLE_HEAD
 from converters.quantization.training import CORRECTION_SECONDS
 from converters.registry import Option, default_method, export_forms, methods
 from texts.news import SECOND_PASSAGES
@@ -282,6 +283,14 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         metavar="SECONDS",
         help="int4-trained: seconds of the fine-tune that trains the corrections against the fp32 model, on the "
         f"fine-tune text (--data) (default: {CORRECTION_SECONDS:g})",
+    )
+    p.add_argument(
+        "--table-head",
+        type=int,
+        default=TABLE_HEAD,
+        metavar="ROWS",
+        help="int4-aware, int4-corrected, int4-trained: the word table's rows of the calibration text's ROWS most "
+        f"frequent tokens in 8 bits, the rest in 4; 0: none (default: {TABLE_HEAD})",
     )
     p.add_argument(
         "--accuracy-level",

@@ -32,6 +32,7 @@ from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.quantization.correction import check_correction_share
 from converters.quantization.int4 import check_int4_options
+from converters.quantization.table_head import check_table_head
 from converters.recipes import DEFAULT_RECIPE, with_default_recipe
 from converters.registry import default_method
 
@@ -64,6 +65,7 @@ def run(args) -> None:
     check_runs(args.runs)
     check_int4_options(args.block_size, args.accuracy_level)
     check_correction_share(args.correction_share)
+    check_table_head(args.table_head)
     check_outputs(args, output_folder=args.out)
     check_method_options(args)
     source = resolve_model_dir(args.model)
@@ -93,7 +95,7 @@ def _run(args, texts, second, ft_texts, schemes: list[str], baselines, batches, 
     check_export_forms(export_form_values(args), original, plans)
     vocab = original.get_input_embeddings().num_embeddings
     int4 = (args.block_size, args.accuracy_level, args.correction_share)
-    variants = Variants(args.out, source, vocab, batches, *int4, fit_for=fit_for)
+    variants = Variants(args.out, source, vocab, batches, *int4, fit_for=fit_for, table_head=args.table_head)
     variants.add_original(original, [*baselines, *schemes])
     variants.add_compressed(args, original, source, ft_texts, schemes)
     variants.bench_and_report(args, source, texts, second)

@@ -20,7 +20,8 @@ from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK
-from converters.quantization.quantize import PLANNED, TRAINED, quantize_onnx, weight_width
+from converters.quantization.quantize import CALIBRATED, PLANNED, TRAINED, quantize_onnx, weight_width
+from converters.quantization.table_head import TABLE_HEAD
 from converters.quantization.training import trainer
 from eval.benchmark import bench
 from eval.pareto import front_quality
@@ -58,15 +59,16 @@ class Variants:
         accuracy: int = INT4_ACCURACY,
         correction: float = CORRECTION_SHARE,
         fit_for=None,
+        table_head: int = TABLE_HEAD,
     ):
         """Each row is a ready model folder OUT/NAME (files.model_folder; a compressed variant's is its
         checkpoint's) holding `source`'s files; `batches`: calibration inputs of the aware schemes;
         `block`, `accuracy`: of the int4 ones; `correction`: the corrected schemes' share of the 4-bit
         bytes for their corrections; `fit_for`: int4-trained's fine-tune of a model's student
-        (steps.correction_fit)."""
+        (steps.correction_fit); `table_head`: the word table's rows in 8 bits under the aware 4-bit schemes."""
         self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
         self.int4 = {"block": block, "accuracy_level": accuracy}
-        self.correction, self.fit_for = correction, fit_for
+        self.correction, self.fit_for, self.table_head = correction, fit_for, table_head
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
@@ -98,6 +100,7 @@ class Variants:
                         widths=dict(detail["plan"].get("widths", {})) if scheme in PLANNED else None,
                         correction=self.correction,
                         train=trainer(model, self.fit_for(model)) if scheme in TRAINED else None,
+                        table_head=self.table_head,
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
@@ -110,6 +113,8 @@ class Variants:
             }
             if scheme.startswith("int4") or scheme in PLANNED:
                 quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
+            if scheme in CALIBRATED and scheme.startswith("int4"):
+                quantization["table_head"] = self.table_head
             if result.corrections is not None:
                 quantization.update(correction_share=self.correction, corrections=result.corrections)
             self.details.append({**detail, "quantization": quantization})

@@ -33,6 +33,7 @@ from onnx import version_converter
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
+from converters.quantization.table_head import TAIL_SUFFIX, eight_bit_gather, split_table, word_table
 from eval.graph import make_session
 
 __all__ = [
@@ -160,11 +161,14 @@ def quantize_matmuls(
     return model
 
 
-def quantize_tables(model: onnx.ModelProto, block: int, aware: bool, only=None) -> onnx.ModelProto:
+def quantize_tables(
+    model: onnx.ModelProto, block: int, aware: bool, only=None, head: np.ndarray | None = None
+) -> onnx.ModelProto:
     """`model` (named nodes) with its tables (axis-0 Gathers of 2-D initializers), or `only` those
-    Gather nodes among them, in GatherBlockQuantized, asymmetric when `aware`. ONNX Runtime's quantizer
-    sets opset 21 (4-bit tensors) without converting the graph's operators (a Llama's RMSNorm ReduceMean
-    takes its axes as an input from opset 18), so an older graph is converted to opset 21 first."""
+    Gather nodes among them, in GatherBlockQuantized, asymmetric when `aware`; with `head` (token ids),
+    the word table's rows of those ids in 8 bits (converters.quantization.table_head). ONNX Runtime's
+    quantizer sets opset 21 (4-bit tensors) without converting the graph's operators (a Llama's RMSNorm
+    ReduceMean takes its axes as an input from opset 18), so an older graph is converted to opset 21 first."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
     if any(o.domain in ("", "ai.onnx") and o.version < TABLE_OPSET for o in model.opset_import):
@@ -173,6 +177,11 @@ def quantize_tables(model: onnx.ModelProto, block: int, aware: bool, only=None) 
         model = version_converter.convert_version(model, TABLE_OPSET)
 
     tables = table_gathers(model.graph) if only is None else table_gathers(model.graph) & set(only)
+    word = word_table(model.graph, tables, block) if head is not None and len(head) else None
+    eight = ()
+    if word is not None:
+        eight = split_table(model, word, head)[:1]
+        tables = (tables - {word.name}) | {word.output[0] + TAIL_SUFFIX}
     config = DefaultWeightOnlyQuantConfig(
         block_size=block, is_symmetric=not aware, op_types_to_quantize=("Gather",), quant_axes=(("Gather", 1),)
     )
@@ -180,7 +189,10 @@ def quantize_tables(model: onnx.ModelProto, block: int, aware: bool, only=None) 
     quantizer = MatMulNBitsQuantizer(model, block_size=block, nodes_to_exclude=others, algo_config=config)
     with quiet_quantizer(), np.errstate(divide="ignore", invalid="ignore"):  # its all-zero blocks: scale 0, codes 0
         quantizer.process()
-    return quantizer.model.model
+    model = quantizer.model.model
+    for name in eight:
+        eight_bit_gather(model, name, block)
+    return model
 
 
 def quantize_4bit(
@@ -189,17 +201,18 @@ def quantize_4bit(
     accuracy_level: int = INT4_ACCURACY,
     aware: bool = False,
     eight_bit: tuple[str, ...] = (),
+    head: np.ndarray | None = None,
 ) -> onnx.ModelProto:
     """A copy of `model` with 4-bit MatMul weights and tables (module docstring); `aware` picks the
     int4-aware rounding (k-quant and asymmetric tables) over symmetric round-to-nearest, and with
-    it the MatMul nodes named in `eight_bit` get 8 bits."""
+    it the MatMul nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits."""
     check_int4_options(block, accuracy_level)
-    if eight_bit and not aware:
+    if (eight_bit or head is not None) and not aware:
         raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")
     model = copy.deepcopy(model)
     name_nodes(model.graph)
     model = quantize_matmuls(model, block, accuracy_level, aware, eight_bit=eight_bit)
-    return quantize_tables(model, block, aware)
+    return quantize_tables(model, block, aware, head=head)
 
 
 def layer_losses(

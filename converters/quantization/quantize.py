@@ -38,6 +38,7 @@ from converters.quantization.int4 import (
 )
 from converters.quantization.mixed import quantize_mixed
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
+from converters.quantization.table_head import TABLE_HEAD, check_table_head, frequent_ids
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
@@ -168,14 +169,14 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def _corrected(exported, proto, calibration, kind, block, accuracy_level, share, train):
-    """int4-aware's rounding of `proto` (the smoothed graph of `exported`) without 8-bit layers, then each
-    layer's rounding error corrected at the rank one byte budget (`share` of the 4-bit codes) gives it;
-    `train` (None: the closed-form fit kept) then trains the corrections."""
+def _corrected(exported, proto, calibration, kind, block, accuracy_level, share, train, head):
+    """int4-aware's rounding of `proto` (the smoothed graph of `exported`) without 8-bit layers but the
+    word table's `head` rows, then each layer's rounding error corrected at the rank one byte budget
+    (`share` of the 4-bit codes) gives it; `train` (None: the closed-form fit kept) then trains the corrections."""
     name_nodes(proto.graph)
     losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], kind, block, accuracy_level)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
-    quantized = quantize_4bit(proto, block, accuracy_level, aware=True)
+    quantized = quantize_4bit(proto, block, accuracy_level, aware=True, head=head)
     grams = input_grams(proto, calibration)
     corrected = add_corrections(
         quantized, proto, grams, {outputs[n]: loss for n, loss in losses.items()}, int(share * four_bit_codes(proto))
@@ -204,6 +205,7 @@ def quantize_onnx(
     widths: dict[str, str] | None = None,
     correction: float = CORRECTION_SHARE,
     train=None,
+    table_head: int = TABLE_HEAD,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
     `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
@@ -211,12 +213,15 @@ def quantize_onnx(
     for mixed; `correction`: the bytes int4-corrected's low-rank corrections may add, a share of the
     4-bit codes (converters.quantization.correction); `train`: for int4-trained, (exported fp32 graph,
     its smoothed graph, the corrected graph with fp32 factors) → that graph with trained factors
-    (converters.quantization.training.trainer)."""
+    (converters.quantization.training.trainer); `table_head`: for the data-aware 4-bit schemes, the word
+    table's rows of the calibration text's `table_head` most frequent tokens in 8 bits (0: none;
+    converters.quantization.table_head)."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if scheme.startswith("int4") or scheme in PLANNED:
         check_int4_options(block, accuracy_level)
     check_correction_share(correction)
+    check_table_head(table_head)
     if scheme in PLANNED and not widths:
         raise CompressorError(f"{scheme} quantizes each module at the width a byte budget chose; this model has none")
     if scheme in CALIBRATED and not calibration:
@@ -234,6 +239,7 @@ def quantize_onnx(
         if scheme in SMOOTHING:
             proto = smooth(proto, activation_absmax(proto, calibration), SMOOTHING[scheme])
         width, eight_bit = scheme.split("-")[0], ()
+        head = frequent_ids(calibration, vocab, table_head) if width == "int4" and scheme in CALIBRATED else None
         if scheme == "int4-aware":
             losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))
@@ -241,13 +247,14 @@ def quantize_onnx(
         if scheme in CORRECTED:
             kind = graph_kind(src)
             corrected, corrections = _corrected(
-                exported, proto, calibration, kind, block, accuracy_level, correction, train
+                exported, proto, calibration, kind, block, accuracy_level, correction, train, head
             )
             onnx.save_model(corrected, str(tmp))
         elif scheme == "mixed":
             onnx.save_model(quantize_mixed(proto, widths, block, accuracy_level), str(tmp))
         elif width == "int4":
-            onnx.save_model(quantize_4bit(proto, block, accuracy_level, scheme in CALIBRATED, eight_bit), str(tmp))
+            quantized = quantize_4bit(proto, block, accuracy_level, scheme in CALIBRATED, eight_bit, head)
+            onnx.save_model(quantized, str(tmp))
         else:
             onnx.save_model(proto, str(plain))
             _int8(plain, tmp, per_channel=graph_kind(src).int8_per_channel)

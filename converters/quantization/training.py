@@ -3,9 +3,10 @@ distillation against the fp32 model with every weight held as the graph rounds i
 
 The student is the PyTorch model with each rounded weight replaced by what ONNX Runtime multiplies by
 or gathers: a MatMulNBits weight Q_s read back from its codes (correction.dequantize_nbits), a
-GatherBlockQuantized table read back by running that node over every row. SmoothQuant scaled each
-weight row k by s_k (and divided the activation by it), so the unsmoothed Q = Q_s / s row-wise, s read
-from the smoothed and unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`.
+GatherBlockQuantized table read back by running that node over every row (a table split by frequency:
+its head's and tail's rows put back in token order). SmoothQuant scaled each weight row k by s_k (and
+divided the activation by it), so the unsmoothed Q = Q_s / s row-wise, s read from the smoothed and
+unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`.
 Modules are found by value: the exported fp32 graph holds each weight as the module holds it (a
 Linear's Wᵀ, a Conv1D's W, an Embedding's table), and a weight two modules hold is refused. After the
 fine-tune (the corrections, their layers' biases and the LayerNorms trained, all else frozen) the
@@ -27,6 +28,7 @@ from torch import nn
 from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import UnmatchedWeightError
 from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
+from converters.quantization.table_head import split_tables
 
 __all__ = [
     "CORRECTION_SECONDS",
@@ -193,13 +195,23 @@ def student_of(
         setattr(model.get_submodule(parent) if parent else model, leaf, CorrectedLinear(q.T, left, right, values))
         links.layers[out] = (name, s, bias)
     gathers = {n.output[0]: n.input[0] for n in fp32.graph.node if n.op_type == "Gather"}  # output → table
-    for node in graph.node:
-        if node.op_type != "GatherBlockQuantized":
-            continue
-        table = plain.get(gathers.get(node.output[0], ""), np.zeros((0, 0), np.float32))
-        name = _module_of(held, table, f"the table of {node.output[0]!r}")
-        model.get_submodule(name).weight.data = torch.from_numpy(dequantize_table(corrected, node, len(table)))
+    tables = {n.output[0]: (n,) for n in graph.node if n.op_type == "GatherBlockQuantized"}
+    for out, (head, tail, perm) in split_tables(graph).items():  # the word table by frequency, 8-bit head
+        del tables[head.output[0]], tables[tail.output[0]]
+        tables[out] = (head, tail, perm)
+    for out, nodes in tables.items():
+        table = plain.get(gathers.get(out, ""), np.zeros((0, 0), np.float32))
+        name = _module_of(held, table, f"the table of {out!r}")
+        model.get_submodule(name).weight.data = torch.from_numpy(_rounded_table(corrected, nodes))
     return model, links
+
+
+def _rounded_table(model: onnx.ModelProto, nodes: tuple) -> np.ndarray:
+    """The table one GatherBlockQuantized node gathers from, or a split table's (head, tail, perm): its head
+    and tail rows in the token order of perm."""
+    rows = {i.name: i.dims for i in model.graph.initializer}
+    parts = [dequantize_table(model, node, rows[node.input[0]][0]) for node in nodes[:2]]
+    return parts[0] if len(nodes) == 1 else np.concatenate(parts)[nodes[2]]
 
 
 def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> onnx.ModelProto:
