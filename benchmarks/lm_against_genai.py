@@ -1,0 +1,110 @@
+"""Our cached LM graphs against ONNX Runtime GenAI's (its model builder's graph, run by its own
+generator): the time per generated token at batch 1, taking turns, and the greedy tokens against
+the fp32 graph's.
+
+    python benchmarks/lm_against_genai.py --ours FOLDER [FOLDER …] --genai GENAI_FOLDER [--json OUT]
+
+The first of --ours is the reference of the greedy comparison (the fp32 graph). onnxruntime-genai is
+not a dependency of the project: install it beside (`pip install --target DIR onnxruntime-genai
+--no-deps`, then PYTHONPATH=DIR) and build its folder with `python -m onnxruntime_genai.models.builder
+-i runs/lm/smollm2 -o GENAI_FOLDER -p int4 -e cpu`. Contexts are the first tokens of the LM eval
+text; each graph takes one prefill and DECODE_TOKENS steps in turn, the first round a warm-up."""
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from eval.decode import DECODE_CONTEXTS, DECODE_ROUNDS, DECODE_TOKENS, DecodeTimes, decode_ids, decode_times
+from eval.graph import make_session
+from eval.kinds import CAUSAL_LM
+from files.model_folder import graph_in
+from texts.tokens import load_tokenizer
+
+PROMPTS, PROMPT_TOKENS = 8, 24
+THREADS = 2
+
+
+def genai_model(folder: Path):
+    import onnxruntime_genai as og
+
+    config = og.Config(str(folder))
+    options = {"intra_op_num_threads": THREADS, "inter_op_num_threads": 1}
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": options}}}))
+    return og.Model(config)
+
+
+def genai_run(model, context: np.ndarray, new_tokens: int) -> tuple[DecodeTimes, list[int]]:
+    """GenAI's greedy decoding of `new_tokens` after `context`: its times and the new tokens."""
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(context) + new_tokens, do_sample=False)
+    generator = og.Generator(model, params)
+    start = time.perf_counter()
+    generator.append_tokens(np.asarray(context, dtype=np.int32))
+    prefill = (time.perf_counter() - start) * 1e3
+    steps = []
+    while not generator.is_done() and len(steps) < new_tokens:
+        start = time.perf_counter()
+        generator.generate_next_token()
+        steps.append((time.perf_counter() - start) * 1e3)
+    return DecodeTimes(prefill, steps), list(generator.get_sequence(0))[len(context) :]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ours", nargs="+", type=Path, required=True, help="model folders; the first is fp32")
+    p.add_argument("--genai", type=Path, required=True, help="a folder of onnxruntime-genai's model builder")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    tokenizer = load_tokenizer(args.ours[0])
+    passages, _ = CAUSAL_LM.passages(None, "eval")
+    stream = np.array([i for t in passages for i in tokenizer(t)["input_ids"]], dtype=np.int64)
+    sessions = {str(f): make_session(graph_in(f), threads=THREADS) for f in args.ours}
+    model = genai_model(args.genai)
+    names = [*sessions, "genai"]
+
+    prompts = [ids[:PROMPT_TOKENS] for t in passages if len(ids := tokenizer(t)["input_ids"]) >= PROMPT_TOKENS]
+    greedy = {name: [] for name in names}
+    for prompt in prompts[:PROMPTS]:
+        for name, session in sessions.items():
+            greedy[name].append(decode_ids(session, np.array(prompt), DECODE_TOKENS))
+        greedy["genai"].append(genai_run(model, np.array(prompt), DECODE_TOKENS)[1])
+    reference = greedy[names[0]]
+    result = {"greedy": {}, "decode": {name: {} for name in names}}
+    for name in names:
+        same = [a == b for a, b in zip(greedy[name], reference)]
+        first = [
+            next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), len(b)) for a, b in zip(greedy[name], reference)
+        ]
+        result["greedy"][name] = {
+            "identical": f"{sum(same)}/{len(same)}",
+            "mean_tokens_before_first_difference": float(np.mean(first)),
+        }
+    print(json.dumps(result["greedy"], indent=1), flush=True)
+
+    for length in DECODE_CONTEXTS:
+        context = np.resize(stream, length)
+        kept = {name: [] for name in names}
+        for round_ in range(DECODE_ROUNDS + 1):
+            for name in names:
+                if name == "genai":
+                    times = genai_run(model, context, DECODE_TOKENS)[0]
+                else:
+                    times = decode_times(sessions[name], context, DECODE_TOKENS)
+                if round_:
+                    kept[name].append(times)
+        for name in names:
+            steps = [ms for t in kept[name] for ms in t.step_ms]
+            prefill = float(np.median([t.prefill_ms for t in kept[name]]))
+            result["decode"][name][f"ctx{length}"] = DecodeTimes(prefill, steps).summary()
+    print(json.dumps(result["decode"], indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
