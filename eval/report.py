@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from eval.pareto import LATENCY, front_quality, pareto_flags
+from eval.pareto import LATENCY, cost_of, front_quality, pareto_flags
 from files.atomic import atomic_file
 
 __all__ = ["write_report", "markdown_table"]
@@ -64,7 +64,25 @@ def markdown_table(report: dict) -> str:
         title += f"  \nlatency on: {report['latency_input']}"
     fronts = " or ".join(f"{what} ({label})" for label, what in FRONTS.values())
     title += f"  \nfront: no other variant is as good in {front_quality(report)} and in {fronts}, and better in one\n\n"
-    return title + "\n".join(rows) + "\n"
+    return title + _headline(report) + "\n".join(rows) + "\n"
+
+
+def _headline(report: dict) -> str:
+    """A line per front: its variants but the original, cheapest first, each with its cost against the
+    original's and its quality on both texts, the second as prominently as the first."""
+    variants, quality = report["variants"], front_quality(report)
+    texts = [("quality", "eval text")] + ([("quality_second_text", "2nd text")] if "second_text" in report else [])
+    lines = []
+    for cost, (label, what) in FRONTS.items():
+        base = cost_of(variants[0], cost)
+        on = [v for v, flags in zip(variants[1:], pareto_flags(report)[1:]) if flags[cost]]
+        items = []
+        for v in sorted(on, key=lambda v: cost_of(v, cost)):
+            scores = " / ".join(f"{v.get(key, {}).get(quality, float('nan')):.3f} ({name})" for key, name in texts)
+            items.append(f"**{v['name']}** {_ratio(cost_of(v, cost), base)} {what}, {quality} {scores}")
+        if items:
+            lines.append(f"on the {label} front: " + "; ".join(items))
+    return "".join(f"{line}  \n" for line in lines) + ("\n" if lines else "")
 
 
 def _write_text(path: Path, text: str) -> None:

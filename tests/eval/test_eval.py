@@ -154,6 +154,7 @@ def test_bench_report_follows_the_contract(tiny_onnx, other_onnx, tiny_bert_dir,
     assert "| same |" in table
     assert "| recall_at_10 | cosine_mean (2nd) | recall_at_10 (2nd) |" in table
     assert f"(2nd) on: {report['second_text']}" in table
+    assert "on the size front: **same** 1.000× file size, recall_at_10 1.000 (eval text) / 1.000 (2nd text)" in table
     assert report["latency_input"] in table and "eval text" in report["latency_input"]
 
 
