@@ -14,13 +14,18 @@ a linear layer want a step ~10× smaller than a table's rows), the other paramet
 "all") at `rest_lr`; the rate warms up, then decays linearly to 0 at the end of the step or time
 budget. The student runs without dropout, as the teacher does. `cuda` with bf16 autocast when
 present, else the CPU with all cores (the thread setting restored after); the best weights by the
-kind's agreement on a held-out validation split are kept."""
+kind's agreement on a held-out validation split are kept. With a state file the fine-tune saves its
+state every `eval_every` steps and when stopped (Ctrl-C, SIGTERM), and `resume` goes on from it to
+the result of the same run unstopped (converters.finetune_state)."""
 
 import contextlib
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +34,7 @@ from tqdm.auto import tqdm
 from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import CompressorError
 from compressor.tied_logits import TiedLogits
+from converters.finetune_state import load_state, save_state
 from converters.kinds import ModelKind, kind_of
 
 __all__ = [
@@ -240,6 +246,23 @@ def _agreement(kind: ModelKind, student: nn.Module, batches, targets: list[Tenso
 
 
 @contextlib.contextmanager
+def _stop_on_sigterm():
+    """SIGTERM (a scheduler's stop) stops the fine-tune as Ctrl-C does: its state saved, its best weights kept."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+@contextlib.contextmanager
 def _threads(device: torch.device):
     """All cores for a CPU fine-tune, the process's setting restored after."""
     before = torch.get_num_threads()
@@ -262,16 +285,21 @@ def finetune_(
     device: torch.device | None = None,
     progress: bool = True,
     prior: Tensor | None = None,
+    state: Path | None = None,
+    resume: bool = False,
 ) -> FinetuneReport:
     """Train `student` in place to match `teacher` on `texts` (and, with cfg.synthetic, on token
     sequences drawn from `prior`, a (V,) distribution); keep its best weights by agreement on
-    `val_texts`. Returns what happened (steps, time, losses, why it stopped)."""
+    `val_texts`. Returns what happened (steps, time, losses, why it stopped). `state`: the file the
+    fine-tune's state is saved to; `resume`: go on from it."""
     if not texts:
         raise CompressorError("no fine-tune text: give a file with at least one passage")
     if not val_texts:
         raise CompressorError("no validation text for the fine-tune")
     if cfg.synthetic > 0 and prior is None:
         raise CompressorError("a fine-tune with synthetic sequences needs a token prior to draw them from")
+    if resume and state is None:
+        raise CompressorError("--resume goes on from a fine-tune state: give its file")
     device = device or pick_device()
     report = FinetuneReport(device=str(device))
     if cfg.steps == 0:
@@ -279,7 +307,8 @@ def finetune_(
         return report
     kind = kind_of(student)
     cfg = cfg.with_batch(kind)
-    with _threads(device):
+    saved = load_state(state, cfg, student) if resume else None  # a wrong state fails before any work
+    with _threads(device), _stop_on_sigterm():
         _train(
             kind,
             student,
@@ -293,13 +322,16 @@ def finetune_(
             progress,
             report,
             prior,
+            (state, saved),
         )
     return report
 
 
 def _train(
-    kind, student, teacher, tokenizer, texts, val_texts, cfg, compact_types, device, progress, report, prior
+    kind, student, teacher, tokenizer, texts, val_texts, cfg, compact_types, device, progress, report, prior, states
 ) -> None:
+    """The loop of finetune_; `states`: (the file to save the state to or None, the state resumed or None)."""
+    path, saved = states
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     teacher.to(device).eval()
@@ -316,13 +348,44 @@ def _train(
     optimizer = torch.optim.AdamW([{"params": ps, "lr": r} for ps, r in zip(groups, rates) if ps], weight_decay=0.0)
     for group in optimizer.param_groups:
         group["initial_lr"] = group["lr"]
-    best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
-    report.start_val_cosine = report.best_val_cosine = _agreement(kind, student, val, val_targets, device)
-
     window: list[float] = []
+    spent = 0.0
+    if saved is None:
+        best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
+        report.start_val_cosine = report.best_val_cosine = _agreement(kind, student, val, val_targets, device)
+    else:
+        student.load_state_dict(saved["student"])
+        optimizer.load_state_dict(saved["optimizer"])
+        generator.set_state(saved["generator"])
+        torch.set_rng_state(saved["torch_rng"])
+        best_state, window, spent = saved["best"], saved["window"], saved["seconds"]
+        report.steps, report.losses, report.best_step = saved["step"], saved["losses"], saved["best_step"]
+        report.start_val_cosine, report.best_val_cosine = saved["start_val"], saved["best_val"]
+
+    def save(drawn_from: Tensor) -> None:
+        """The state after report.steps steps; `drawn_from`: the sampler's state before the next step's draw."""
+        if path is None:
+            return
+        fields = {
+            "step": report.steps,
+            "seconds": time.perf_counter() - start,
+            "student": student.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "generator": drawn_from,
+            "torch_rng": torch.get_rng_state(),
+            "best": best_state,
+            "best_step": report.best_step,
+            "start_val": report.start_val_cosine,
+            "best_val": report.best_val_cosine,
+            "losses": report.losses,
+            "window": window,
+        }
+        save_state(path, cfg, student, fields)
+
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    start = time.perf_counter()
-    bar = tqdm(total=cfg.steps, desc="fine-tune", disable=not progress, unit="step")
+    start = time.perf_counter() - spent
+    before_draw = generator.get_state()
+    bar = tqdm(total=cfg.steps, initial=report.steps, desc="fine-tune", disable=not progress, unit="step")
     try:
         while True:
             elapsed = time.perf_counter() - start
@@ -330,6 +393,7 @@ def _train(
                 cfg.seconds is not None and elapsed >= cfg.seconds
             ):
                 break
+            before_draw = generator.get_state()  # a stop within this step saves the state before it
             picked = [windows[i] for i in torch.multinomial(weights, drawn, generator=generator).tolist()]
             if made:
                 picked += synthetic_windows(tokenizer, prior, made, cfg.max_length, generator)
@@ -362,8 +426,11 @@ def _train(
                 if score > report.best_val_cosine:
                     report.best_val_cosine, report.best_step = score, report.steps
                     best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
+                save(generator.get_state())
     except KeyboardInterrupt:
-        report.stopped = f"interrupted at step {report.steps}; kept the best weights"
+        save(before_draw)
+        resumable = f", saved its state to {str(path)!r} (--resume goes on)" if path is not None else ""
+        report.stopped = f"interrupted at step {report.steps}; kept the best weights{resumable}"
     finally:
         bar.close()
     report.seconds = time.perf_counter() - start

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model, read_meta, save_compressed
-from converters.cli.options import finetune_options
+from converters.cli.options import FINETUNE_DEFAULTS, finetune_options
 from converters.cli.steps import (
     check_kind_options,
     check_outputs,
@@ -14,8 +14,10 @@ from converters.cli.steps import (
     say,
 )
 from converters.compress import CompressionReport
+from converters.finetune_state import check_resumable
 from converters.kinds import kind_named, kind_of
 from converters.plan import Plan
+from files.atomic import check_writable
 
 HELP = "distil the original model into a compressed checkpoint, in place"
 
@@ -23,6 +25,19 @@ HELP = "distil the original model into a compressed checkpoint, in place"
 def add_arguments(p) -> None:
     p.add_argument("checkpoint", type=Path, help="compressed checkpoint directory (written by compress)")
     finetune_options(p, run=False)
+    p.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help=f"save the fine-tune's state to this file every {FINETUNE_DEFAULTS.eval_every} steps (each validation) "
+        "and when stopped (Ctrl-C, SIGTERM), so that --resume can go on from it (default: not saved)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from the state in --state: the same checkpoint, settings and budget, to the result of the run "
+        "unstopped",
+    )
 
 
 def run(args) -> None:
@@ -30,6 +45,12 @@ def run(args) -> None:
     check_outputs(args, checkpoint_folder=args.checkpoint)
     check_kind_options(args, kind_named(meta.get("kind", "encoder")))
     cfg = finetune_config(args)  # a bad option fails now, before two models load
+    if args.resume and args.state is None:
+        raise CompressorError("--resume goes on from a fine-tune state: give its file with --state")
+    if args.resume:
+        check_resumable(args.state)
+    if args.state is not None:
+        check_writable(args.state, "fine-tune state file")
     teacher_dir = Path(meta["source"])
     if not (teacher_dir / "config.json").is_file():
         raise CompressorError(
@@ -41,7 +62,8 @@ def run(args) -> None:
     if cfg.steps == 0:
         say("--steps 0: nothing to fine-tune; the checkpoint is unchanged")
         return
-    result = finetune_and_say(student, teacher, teacher_dir, args, finetune_texts(args, kind_of(student)))
+    texts = finetune_texts(args, kind_of(student))
+    result = finetune_and_say(student, teacher, teacher_dir, args, texts, state=args.state, resume=args.resume)
     plan = Plan.from_dict(meta["plan"])
     report = CompressionReport(**meta["report"])
     save_compressed(student, plan, report, teacher_dir, args.checkpoint, finetune=result)

@@ -348,15 +348,18 @@ def finetune_texts(args, kind: ModelKind) -> tuple[list[str], list[str], str]:
     return texts[:-held], texts[-held:], where
 
 
-def finetune_and_say(student: nn.Module, teacher: nn.Module, source: Path, args, texts) -> dict:
-    """Distil `teacher` into `student` in place; what happened, for the checkpoint and the report."""
+def finetune_and_say(
+    student: nn.Module, teacher: nn.Module, source: Path, args, texts, state=None, resume=False
+) -> dict:
+    """Distil `teacher` into `student` in place (`state`, `resume`: its state file, and whether to go on
+    from it); what happened, for the checkpoint and the report."""
     cfg = finetune_config(args)
     train, val, where = texts
     compact = tuple(compact_modules().values())
     tokenizer = load_tokenizer(source)
     vocab = student.get_input_embeddings().num_embeddings
     prior = token_prior(tokenizer, vocab) if cfg.synthetic > 0 else None
-    report = finetune_(student, teacher, tokenizer, train, val, cfg, compact, prior=prior)
+    report = finetune_(student, teacher, tokenizer, train, val, cfg, compact, prior=prior, state=state, resume=resume)
     say(
         f"fine-tune on {where} ({len(train)} passages, {len(val)} held out) on {report.device}: {report.steps} steps "
         f"in {report.seconds:.0f} s ({report.steps_per_second:.2f} steps/s); {kind_of(student).agreement_name} "

@@ -167,6 +167,10 @@ def test_finetune_command_and_run_with_finetune(tiny_bert_dir, eval_text_file, t
     assert code == 0, err
     assert "3 steps" in err and "validation cosine" in err
     assert json.loads((ckpt / "compressor.json").read_text())["finetune"]["steps"] == 3
+    state = tmp_path / "ft.state"
+    for extra, message in (((), "give its file with --state"), (("--state", state), "no fine-tune state")):
+        code, _, err = run_cli(capsys, "finetune", ckpt, "--steps", 3, "--data", eval_text_file, "--resume", *extra)
+        assert code == 2 and message in err and not state.exists(), err
     out_dir = tmp_path / "run"
     code, _, err = run_cli(
         capsys,
