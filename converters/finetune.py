@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import CompressorError
 from compressor.tied_logits import TiedLogits
+from converters.distributed import agree_to_stop, process_group, world, wrap
 from converters.finetune_state import load_state, save_state
 from converters.kinds import ModelKind, kind_of
 
@@ -45,6 +46,7 @@ __all__ = [
     "finetune_",
     "trainable_parameters",
     "pick_device",
+    "step_loss",
 ]
 
 TRAINABLE = ("compressed", "all")
@@ -135,7 +137,8 @@ class FinetuneReport:
 
 
 def pick_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """cuda when present (under torchrun the process's own GPU), else the CPU."""
+    return torch.device("cuda", world().local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def trainable_parameters(
@@ -264,10 +267,10 @@ def _stop_on_sigterm():
 
 @contextlib.contextmanager
 def _threads(device: torch.device):
-    """All cores for a CPU fine-tune, the process's setting restored after."""
+    """All cores for a CPU fine-tune, shared by torchrun's processes, the process's setting restored after."""
     before = torch.get_num_threads()
     if device.type == "cpu":
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world().size))
     try:
         yield
     finally:
@@ -300,6 +303,8 @@ def finetune_(
         raise CompressorError("a fine-tune with synthetic sequences needs a token prior to draw them from")
     if resume and state is None:
         raise CompressorError("--resume goes on from a fine-tune state: give its file")
+    if state is not None and world().size > 1:
+        raise CompressorError("a fine-tune state is saved by one process: run --state and --resume without torchrun")
     device = device or pick_device()
     report = FinetuneReport(device=str(device))
     if cfg.steps == 0:
@@ -308,7 +313,7 @@ def finetune_(
     kind = kind_of(student)
     cfg = cfg.with_batch(kind)
     saved = load_state(state, cfg, student) if resume else None  # a wrong state fails before any work
-    with _threads(device), _stop_on_sigterm():
+    with process_group(device), _threads(device), _stop_on_sigterm():
         _train(
             kind,
             student,
@@ -327,21 +332,36 @@ def finetune_(
     return report
 
 
+def step_loss(kind: ModelKind, student: nn.Module, teacher: nn.Module, ids: Tensor, mask: Tensor, cfg) -> Tensor:
+    """The distillation loss of one batch (the student, or its DistributedDataParallel, without dropout;
+    bf16 autocast on cuda; the teacher in full precision, as the validation targets are)."""
+    with torch.no_grad():
+        target, target_layers = kind.outputs(teacher, ids, mask)
+    student.eval()  # no dropout: the teacher's targets are deterministic, so is the match
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=ids.device.type == "cuda"):
+        out, layers = kind.outputs(student, ids, mask)
+    loss = kind.distill_loss(out, target, mask, cfg)
+    if cfg.layer_weight:
+        loss = loss + cfg.layer_weight * layer_loss(layers, target_layers, mask)
+    return loss
+
+
 def _train(
     kind, student, teacher, tokenizer, texts, val_texts, cfg, compact_types, device, progress, report, prior, states
 ) -> None:
     """The loop of finetune_; `states`: (the file to save the state to or None, the state resumed or None)."""
     path, saved = states
+    here = world()  # under torchrun each process draws its share of a batch; rank 0 evaluates and logs
     torch.manual_seed(cfg.seed)
-    generator = torch.Generator().manual_seed(cfg.seed)
+    generator = torch.Generator().manual_seed(cfg.seed + here.rank)
     teacher.to(device).eval()
     student.to(device)
     windows = _windows(tokenizer, texts, cfg.max_length)
     weights = window_weights(windows, cfg.rare_share)
-    made = round(cfg.synthetic * cfg.batch_size)  # synthetic windows per batch
-    drawn = min(cfg.batch_size - made, len(windows))
+    made = round(cfg.synthetic * cfg.batch_size) // here.size  # synthetic windows per batch
+    drawn = max(1, min(cfg.batch_size // here.size - made, len(windows)))
     val = _batches(tokenizer, val_texts, cfg)
-    val_targets = _outputs(kind, teacher, val, device)
+    val_targets = _outputs(kind, teacher, val, device) if here.main else []
     groups = trainable_parameters(student, cfg.trainable, compact_types)
     report.trainable_params = sum(p.numel() for ps in groups for p in ps)
     rates = (cfg.lr, cfg.linear_lr, cfg.rest_lr)
@@ -352,7 +372,8 @@ def _train(
     spent = 0.0
     if saved is None:
         best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
-        report.start_val_cosine = report.best_val_cosine = _agreement(kind, student, val, val_targets, device)
+        if here.main:
+            report.start_val_cosine = report.best_val_cosine = _agreement(kind, student, val, val_targets, device)
     else:
         student.load_state_dict(saved["student"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -382,32 +403,27 @@ def _train(
         }
         save_state(path, cfg, student, fields)
 
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    trained = wrap(student, device)  # DistributedDataParallel under torchrun
     start = time.perf_counter() - spent
     before_draw = generator.get_state()
-    bar = tqdm(total=cfg.steps, initial=report.steps, desc="fine-tune", disable=not progress, unit="step")
+    show = progress and here.main
+    bar = tqdm(total=cfg.steps, initial=report.steps, desc="fine-tune", disable=not show, unit="step")
     try:
         while True:
             elapsed = time.perf_counter() - start
-            if (cfg.steps is not None and report.steps >= cfg.steps) or (
+            spent_all = (cfg.steps is not None and report.steps >= cfg.steps) or (
                 cfg.seconds is not None and elapsed >= cfg.seconds
-            ):
+            )
+            if agree_to_stop(spent_all, device):
                 break
             before_draw = generator.get_state()  # a stop within this step saves the state before it
             picked = [windows[i] for i in torch.multinomial(weights, drawn, generator=generator).tolist()]
             if made:
                 picked += synthetic_windows(tokenizer, prior, made, cfg.max_length, generator)
             ids, mask = (t.to(device) for t in _pad(tokenizer, picked))
-            with torch.no_grad():  # the teacher in full precision, as the validation targets are
-                target, target_layers = kind.outputs(teacher, ids, mask)
-            student.eval()  # no dropout: the teacher's targets are deterministic, so is the match
-            with autocast:
-                out, layers = kind.outputs(student, ids, mask)
-            loss = kind.distill_loss(out, target, mask, cfg)
-            if cfg.layer_weight:
-                loss = loss + cfg.layer_weight * layer_loss(layers, target_layers, mask)
+            loss = step_loss(kind, trained, teacher, ids, mask, cfg)
             value = float(loss.detach())
-            if not math.isfinite(value):
+            if agree_to_stop(not math.isfinite(value), device):
                 report.stopped = f"loss became {value} at step {report.steps + 1}; kept the best weights"
                 break
             optimizer.zero_grad(set_to_none=True)
@@ -419,7 +435,7 @@ def _train(
             window.append(value)
             bar.update()
             bar.set_postfix(loss=f"{value:.4f}", steps_s=f"{report.steps / (time.perf_counter() - start):.2f}")
-            if report.steps % cfg.eval_every == 0:
+            if report.steps % cfg.eval_every == 0 and here.main:
                 report.losses.append(sum(window) / len(window))
                 window = []
                 score = _agreement(kind, student, val, val_targets, device)
@@ -434,12 +450,13 @@ def _train(
     finally:
         bar.close()
     report.seconds = time.perf_counter() - start
-    if not report.stopped:
+    if not report.stopped and here.main:
         score = _agreement(kind, student, val, val_targets, device)
         if score > report.best_val_cosine:
             report.best_val_cosine, report.best_step = score, report.steps
             best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
-    student.load_state_dict(best_state)
+    if here.main:  # the others hold the last step's weights, which they share with it
+        student.load_state_dict(best_state)
     for p in student.parameters():
         p.requires_grad_(False)
     student.to("cpu").eval()

@@ -8,6 +8,7 @@ import os
 from compressor.errors import CompressorError
 from converters.cli import bench, compress, export, finetune, generate, run, sweep, tie
 from converters.cli.steps import say
+from converters.distributed import world
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -39,6 +40,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = build_parser().parse_args(argv)
     try:
+        if world().size > 1 and args.command != "finetune":
+            raise CompressorError(
+                f"under torchrun only compressor finetune runs (one process per share of each batch); run "
+                f"{args.command} in one process"
+            )
         COMMANDS[args.command].run(args)
     except CompressorError as e:
         say(f"error: {e}")

@@ -14,6 +14,7 @@ from converters.cli.steps import (
     say,
 )
 from converters.compress import CompressionReport
+from converters.distributed import world
 from converters.finetune_state import check_resumable
 from converters.kinds import kind_named, kind_of
 from converters.plan import Plan
@@ -64,6 +65,8 @@ def run(args) -> None:
         return
     texts = finetune_texts(args, kind_of(student))
     result = finetune_and_say(student, teacher, teacher_dir, args, texts, state=args.state, resume=args.resume)
+    if not world().main:  # under torchrun the first process writes
+        return
     plan = Plan.from_dict(meta["plan"])
     report = CompressionReport(**meta["report"])
     save_compressed(student, plan, report, teacher_dir, args.checkpoint, finetune=result)

@@ -17,6 +17,7 @@ from converters.budget import check_budget_fits, parse_budget, plan_for_budget
 from converters.calibration import Calibration, cached_calibration, default_cache_dir, token_counts
 from converters.checkpoint import is_compressed_dir, load_model
 from converters.compress import CompressionReport, compress_
+from converters.distributed import world
 from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds import KINDS, ModelKind, kind_of
 from converters.plan import WIDTHS, Plan, match_plan
@@ -52,7 +53,9 @@ __all__ = [
 
 
 def say(message: str) -> None:
-    print(f"compressor: {message}", file=sys.stderr)
+    """A line on stderr, from the first process only under torchrun."""
+    if world().main:
+        print(f"compressor: {message}", file=sys.stderr)
 
 
 def check_outputs(args, **outputs: Path) -> None:

@@ -89,7 +89,8 @@ class OwnLMKind(CausalLMKind):
         return model(ids, mask)
 
     def outputs(self, model: nn.Module, ids: Tensor, mask: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        return model(ids, mask), (model.get_input_embeddings()(ids),)
+        inner = getattr(model, "module", model)  # under DistributedDataParallel, the model it wraps
+        return model(ids, mask), (inner.get_input_embeddings()(ids),)
 
     def output_head(self, model: nn.Module) -> str | None:
         return None if model.head_name is None else f"module.{model.head_name}"
