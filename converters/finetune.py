@@ -24,6 +24,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -290,11 +291,13 @@ def finetune_(
     prior: Tensor | None = None,
     state: Path | None = None,
     resume: bool = False,
+    on_eval: Callable[[int, float, nn.Module], None] | None = None,
 ) -> FinetuneReport:
     """Train `student` in place to match `teacher` on `texts` (and, with cfg.synthetic, on token
     sequences drawn from `prior`, a (V,) distribution); keep its best weights by agreement on
     `val_texts`. Returns what happened (steps, time, losses, why it stopped). `state`: the file the
-    fine-tune's state is saved to; `resume`: go on from it."""
+    fine-tune's state is saved to; `resume`: go on from it; `on_eval(step, agreement, student)`: called
+    at each validation (a recovery curve's measures)."""
     if not texts:
         raise CompressorError("no fine-tune text: give a file with at least one passage")
     if not val_texts:
@@ -328,6 +331,7 @@ def finetune_(
             report,
             prior,
             (state, saved),
+            on_eval,
         )
     return report
 
@@ -347,7 +351,20 @@ def step_loss(kind: ModelKind, student: nn.Module, teacher: nn.Module, ids: Tens
 
 
 def _train(
-    kind, student, teacher, tokenizer, texts, val_texts, cfg, compact_types, device, progress, report, prior, states
+    kind,
+    student,
+    teacher,
+    tokenizer,
+    texts,
+    val_texts,
+    cfg,
+    compact_types,
+    device,
+    progress,
+    report,
+    prior,
+    states,
+    on_eval,
 ) -> None:
     """The loop of finetune_; `states`: (the file to save the state to or None, the state resumed or None)."""
     path, saved = states
@@ -442,6 +459,8 @@ def _train(
                 if score > report.best_val_cosine:
                     report.best_val_cosine, report.best_step = score, report.steps
                     best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
+                if on_eval is not None:
+                    on_eval(report.steps, score, student)
                 save(generator.get_state())
     except KeyboardInterrupt:
         save(before_draw)

@@ -89,7 +89,8 @@ class OwnLMKind(CausalLMKind):
         return model(ids, mask)
 
     def outputs(self, model: nn.Module, ids: Tensor, mask: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        inner = getattr(model, "module", model)  # under DistributedDataParallel, the model it wraps
+        ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+        inner = model.module if ddp else model  # under torchrun, the model DistributedDataParallel wraps
         return model(ids, mask), (inner.get_input_embeddings()(ids),)
 
     def output_head(self, model: nn.Module) -> str | None:
