@@ -22,8 +22,7 @@ from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.quantization.correction import check_correction_share
 from converters.quantization.int4 import check_int4_options
-from converters.quantization.quantize import PLANNED, quantize_onnx, weight_width
-from converters.quantization.table_head import check_table_head
+from converters.quantization.quantize import PLANNED, check_table_head, quantize_onnx, weight_width
 from converters.quantization.training import trainer
 from files.model_folder import check_model_folder, graph_file, lacks_tokenizer, load_lines, model_folder, own_ops
 from texts.prior import check_prior, token_prior
@@ -79,7 +78,7 @@ def run(args) -> None:
     folder = out.suffix != ".onnx"
     check_int4_options(args.block_size, args.accuracy_level)
     check_correction_share(args.correction_share)
-    check_table_head(args.table_head)
+    check_table_head(args.table_head, [args.quantize])
     if args.quantize in PLANNED:
         raise CompressorError(
             f"--quantize {args.quantize} takes each layer's width from a byte budget: use compressor run --budget SIZE "

@@ -32,7 +32,7 @@ from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.quantization.correction import check_correction_share
 from converters.quantization.int4 import check_int4_options
-from converters.quantization.table_head import check_table_head
+from converters.quantization.quantize import check_table_head
 from converters.recipes import DEFAULT_RECIPE, with_default_recipe
 from converters.registry import default_method
 
@@ -65,7 +65,7 @@ def run(args) -> None:
     check_runs(args.runs)
     check_int4_options(args.block_size, args.accuracy_level)
     check_correction_share(args.correction_share)
-    check_table_head(args.table_head)
+    check_table_head(args.table_head, args.quantize)
     check_outputs(args, output_folder=args.out)
     check_method_options(args)
     source = resolve_model_dir(args.model)

@@ -38,7 +38,7 @@ from converters.quantization.int4 import (
 )
 from converters.quantization.mixed import quantize_mixed
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
-from converters.quantization.table_head import TABLE_HEAD, check_table_head, frequent_ids
+from converters.quantization.table_head import TABLE_HEAD, frequent_ids
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
@@ -56,6 +56,7 @@ __all__ = [
     "is_quantized",
     "tied_products_as_matmul",
     "weight_width",
+    "check_table_head",
 ]
 
 SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "int4-corrected", "int4-trained", "mixed")
@@ -76,6 +77,15 @@ CALIBRATION_PASSAGES = 1024
 # 1.0 at any width (eval.kinds.CAUSAL_LM.gated).
 REL_TOL = {"int8": 0.35, "int4": 0.5, "mixed": 0.5}
 PARITY_BATCHES = 4  # batches of the calibration text the gate reads
+HEAD_SCHEMES = ("int4-aware", *CORRECTED)  # the schemes that may keep the word table's frequent rows in 8 bits
+
+
+def check_table_head(rows: int, schemes) -> None:
+    """--table-head: a number of rows, 0 or more, asked with a scheme that takes it."""
+    if rows < 0:
+        raise CompressorError(f"--table-head is a number of table rows, 0 or more, got {rows}")
+    if rows and not set(schemes or ()) & set(HEAD_SCHEMES):
+        raise CompressorError(f"--table-head goes with --quantize {' or '.join(HEAD_SCHEMES)}")
 
 
 def weight_width(scheme: str | None) -> int | None:
@@ -221,7 +231,7 @@ def quantize_onnx(
     if scheme.startswith("int4") or scheme in PLANNED:
         check_int4_options(block, accuracy_level)
     check_correction_share(correction)
-    check_table_head(table_head)
+    check_table_head(table_head, HEAD_SCHEMES)  # its rows only: run gives one --table-head to every row
     if scheme in PLANNED and not widths:
         raise CompressorError(f"{scheme} quantizes each module at the width a byte budget chose; this model has none")
     if scheme in CALIBRATED and not calibration:
@@ -239,7 +249,7 @@ def quantize_onnx(
         if scheme in SMOOTHING:
             proto = smooth(proto, activation_absmax(proto, calibration), SMOOTHING[scheme])
         width, eight_bit = scheme.split("-")[0], ()
-        head = frequent_ids(calibration, vocab, table_head) if width == "int4" and scheme in CALIBRATED else None
+        head = frequent_ids(calibration, vocab, table_head) if scheme in HEAD_SCHEMES else None
         if scheme == "int4-aware":
             losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))

@@ -24,7 +24,6 @@ __all__ = [
     "eight_bit_gather",
     "split_tables",
     "frequent_ids",
-    "check_table_head",
 ]
 
 # Rows of the word table kept in 8 bits under the data-aware 4-bit schemes by default: none. On
@@ -32,11 +31,6 @@ __all__ = [
 # int4-aware (0.890 / 0.895 both ways) or int4-trained (BENCHMARKS.md, "The word table by frequency").
 TABLE_HEAD = 0
 HEAD_SUFFIX, TAIL_SUFFIX = "_head", "_tail"  # of the split lookup's two Gathers' outputs
-
-
-def check_table_head(rows: int) -> None:
-    if rows < 0:
-        raise CompressorError(f"--table-head is a number of table rows, 0 or more, got {rows}")
 
 
 def word_table(graph: onnx.GraphProto, tables: set[str], block: int) -> onnx.NodeProto | None:

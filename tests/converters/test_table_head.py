@@ -9,7 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compressor.errors import CompressorError
 from converters.quantization.int4 import name_nodes, quantize_tables
-from converters.quantization.table_head import check_table_head, frequent_ids, split_table, split_tables
+from converters.quantization.quantize import check_table_head
+from converters.quantization.table_head import frequent_ids, split_table, split_tables
 from eval.graph import make_session
 
 ROWS, COLS, BLOCK = 200, 64, 32
@@ -72,5 +73,8 @@ def test_bad_heads_are_refused(tmp_path, head):
     model, _ = _lookup(tmp_path)
     with pytest.raises(CompressorError, match="distinct ids"):
         split_table(model, model.graph.node[0], head)
-    with pytest.raises(CompressorError, match="--table-head"):
-        check_table_head(-1)
+    with pytest.raises(CompressorError, match="0 or more"):
+        check_table_head(-1, ["int4-aware"])
+    with pytest.raises(CompressorError, match="goes with --quantize int4-aware"):
+        check_table_head(16, ["int8", "int4"])
+    check_table_head(16, ["int8", "int4-trained"])  # run: one of its schemes takes it
