@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from compressor.errors import CompressorError
@@ -72,7 +73,9 @@ def check_vocabulary(path: Path) -> None:
 
 def load_hf(from_pretrained: Callable[..., nn.Module], path: Path) -> nn.Module:
     """`from_pretrained(path)` of a transformers Auto class, in eval mode, with eager attention (its
-    masking traces into ONNX faithfully); offline, without remote code, one clear error on failure."""
+    masking traces into ONNX faithfully), in float32 whatever the weights are stored in (transformers 5
+    keeps a bf16 checkpoint in bf16, which the fits and the export do not take); offline, without
+    remote code, one clear error on failure."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers.utils import logging as hf_logging
 
@@ -81,7 +84,9 @@ def load_hf(from_pretrained: Callable[..., nn.Module], path: Path) -> nn.Module:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = from_pretrained(path, attn_implementation="eager", local_files_only=True, trust_remote_code=False)
+            model = from_pretrained(
+                path, attn_implementation="eager", dtype=torch.float32, local_files_only=True, trust_remote_code=False
+            )
     except (OSError, ValueError, KeyError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CompressorError(f"could not load a model from {str(path)!r}: {first}") from None

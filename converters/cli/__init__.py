@@ -6,7 +6,7 @@ import argparse
 import os
 
 from compressor.errors import CompressorError
-from converters.cli import bench, compress, export, finetune, generate, run, sweep, tie
+from converters.cli import bench, compress, export, finetune, generate, pack, run, sweep, tie
 from converters.cli.steps import say
 from converters.distributed import world
 
@@ -16,6 +16,7 @@ COMMANDS = {
     "compress": compress,
     "tie": tie,
     "finetune": finetune,
+    "pack": pack,
     "export": export,
     "bench": bench,
     "generate": generate,
