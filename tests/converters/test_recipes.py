@@ -133,7 +133,8 @@ def test_run_without_method_options_takes_the_default_recipe():
     args = with_default_recipe(_run_args("--out", "x"))
     recipe = {k: v for k, v in DEFAULT_RECIPE.items() if k not in ("name", "finetune_time", "quantize")}
     assert {k: getattr(args, k) for k in recipe} == recipe and args.out.name == "x"
-    assert args.ft_time == DEFAULT_RECIPE.get("finetune_time") and args.quantize == ["int8-aware"]
+    schemes = [q for q in DEFAULT_RECIPE["quantize"] if q != "fp32"]
+    assert args.ft_time == DEFAULT_RECIPE.get("finetune_time") and args.quantize == schemes
     mine = with_default_recipe(_run_args("--finetune-time", "7", "--quantize", "int8", "--runs", "3"))
     assert (mine.method, mine.ft_time, mine.quantize, mine.runs) == (args.method, 7.0, ["int8"], 3)  # given: kept
     for given in (["--rank", "64"], ["--method", "tt"], ["--targets", "ffn"], ["--budget", "0.5"]):
