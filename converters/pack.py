@@ -50,6 +50,8 @@ def _write_original(source: Path, folder: Path) -> None:
 
 def _wheels(folder: Path, extra: list[str]) -> None:
     """The project's wheel, built here, and those of `extra` (requirement strings) from this machine's index."""
+    if not (PROJECT / "pyproject.toml").is_file():
+        raise CompressorError("compressor pack builds the project's wheel from its source checkout; run it from one")
     folder.mkdir()
     pip = [sys.executable, "-m", "pip"]
     commands = [[*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(PROJECT), "-w", str(folder)]]
