@@ -50,8 +50,6 @@ def _write_original(source: Path, folder: Path) -> None:
 
 def _wheels(folder: Path, extra: list[str]) -> None:
     """The project's wheel, built here, and those of `extra` (requirement strings) from this machine's index."""
-    if not (PROJECT / "pyproject.toml").is_file():
-        raise CompressorError("compressor pack builds the project's wheel from its source checkout; run it from one")
     folder.mkdir()
     pip = [sys.executable, "-m", "pip"]
     commands = [[*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(PROJECT), "-w", str(folder)]]
@@ -68,6 +66,8 @@ def pack_finetune(
     checkpoint: Path, out: Path, seconds: float, extra_wheels: list[str] = (), limit: int = PACK_LIMIT
 ) -> int:
     """Write the pack of `checkpoint`'s fine-tune to the new folder `out` (whole or not at all); its bytes."""
+    if not (PROJECT / "pyproject.toml").is_file():
+        raise CompressorError("compressor pack builds the project's wheel from its source checkout; run it from one")
     meta = read_meta(checkpoint)
     source = Path(meta["source"])
     if not (source / "config.json").is_file():
