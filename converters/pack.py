@@ -6,8 +6,10 @@ there and fine-tunes it, writing the checkpoint under $OUT. The student is made 
 carried: the original in bf16 and a plan are smaller than both models."""
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -33,6 +35,7 @@ compressor compress original --plan plan.json --calib calib.txt --out "$OUT/chec
 compressor finetune "$OUT/checkpoint" --data finetune.txt --time "${{SECONDS_BUDGET:-{seconds:g}}}"
 """
 PROJECT = Path(__file__).resolve().parents[1]  # where pyproject.toml is, for the project's wheel
+PACKAGES = ("compressor", "converters", "eval", "files", "texts")  # pyproject.toml's packages.find
 
 
 def folder_bytes(folder: Path) -> int:
@@ -48,18 +51,33 @@ def _write_original(source: Path, folder: Path) -> None:
     copy_source_files(source, folder)
 
 
+def _source_copy(work: Path) -> Path:
+    """The project's sources (pyproject.toml, README.md, its packages) copied under `work`, so that building
+    its wheel leaves nothing (build/, *.egg-info) in the user's checkout."""
+    copy = work / "source"
+    copy.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(PROJECT / name, copy / name)
+    for package in PACKAGES:
+        shutil.copytree(PROJECT / package, copy / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
 def _wheels(folder: Path, extra: list[str]) -> None:
-    """The project's wheel, built here, and those of `extra` (requirement strings) from this machine's index."""
+    """The project's wheel, built from a copy of its sources, and those of `extra` (requirement strings)
+    from this machine's index."""
     folder.mkdir()
     pip = [sys.executable, "-m", "pip"]
-    commands = [[*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(PROJECT), "-w", str(folder)]]
-    if extra:
-        commands.append([*pip, "download", "--quiet", "--no-deps", *extra, "-d", str(folder)])
-    for command in commands:
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode:
-            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise CompressorError(f"pip {command[3]} for the pack failed: {last}")
+    with tempfile.TemporaryDirectory() as work:
+        source = _source_copy(Path(work))
+        commands = [[*pip, "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(source), "-w", str(folder)]]
+        if extra:
+            commands.append([*pip, "download", "--quiet", "--no-deps", *extra, "-d", str(folder)])
+        for command in commands:
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode:
+                last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+                raise CompressorError(f"pip {command[3]} for the pack failed: {last}")
 
 
 def pack_finetune(
