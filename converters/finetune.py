@@ -36,6 +36,8 @@ from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import CompressorError
 from compressor.tied_logits import TiedLogits
 from converters.distributed import agree_to_stop, process_group, world, wrap
+from converters.finetune_data import batches, pad, synthetic_windows, window_weights, windows
+from converters.finetune_loss import agreement, outputs, step_loss
 from converters.finetune_state import load_state, save_state
 from converters.kinds import ModelKind, kind_of
 
@@ -47,7 +49,6 @@ __all__ = [
     "finetune_",
     "trainable_parameters",
     "pick_device",
-    "step_loss",
 ]
 
 TRAINABLE = ("compressed", "all")
@@ -161,68 +162,6 @@ def trainable_parameters(
     return groups
 
 
-def _windows(tokenizer, texts: list[str], length: int) -> list[list[int]]:
-    """Each passage cut into consecutive windows of at most `length` tokens, each with its special
-    tokens ([CLS] … [SEP]): the whole text is seen, not only each passage's start."""
-    enc = tokenizer(texts, truncation=True, max_length=length, return_overflowing_tokens=True, stride=0)
-    return list(enc["input_ids"])
-
-
-def _pad(tokenizer, windows: list[list[int]]) -> tuple[Tensor, Tensor]:
-    enc = tokenizer.pad({"input_ids": windows}, padding=True, return_tensors="pt")
-    return enc["input_ids"], enc["attention_mask"]
-
-
-def _batches(tokenizer, texts: list[str], cfg: FinetuneConfig) -> list[tuple[Tensor, Tensor]]:
-    """Windows of at most max_length tokens, sorted by length and cut into batches, each padded to its longest."""
-    windows = sorted(_windows(tokenizer, texts, cfg.max_length), key=len)
-    return [_pad(tokenizer, windows[i : i + cfg.batch_size]) for i in range(0, len(windows), cfg.batch_size)]
-
-
-def window_weights(windows: list[list[int]], rare_share: float) -> Tensor:
-    """The probability of drawing each window: (1 − ρ)/N + ρ r_i / Σ r, r_i = Σ over the distinct
-    tokens t of window i of 1 / count(t), count over all windows: every token type weighs about alike."""
-    if rare_share == 0:
-        return torch.full((len(windows),), 1 / len(windows), dtype=torch.float64)
-    ids = [torch.as_tensor(sorted(set(w)), dtype=torch.long) for w in windows]
-    counts = torch.bincount(torch.cat([torch.as_tensor(w, dtype=torch.long) for w in windows])).to(torch.float64)
-    rarity = torch.stack([(1.0 / counts[i]).sum() for i in ids])
-    return (1 - rare_share) / len(windows) + rare_share * rarity / rarity.sum()
-
-
-def _special_ends(tokenizer) -> tuple[list[int], list[int]]:
-    """The special tokens the tokenizer puts before and after a passage's own ([CLS] and [SEP] for BERT)."""
-    whole = tokenizer("word")["input_ids"]
-    body = tokenizer("word", add_special_tokens=False)["input_ids"]
-    at = next((i for i in range(len(whole) - len(body) + 1) if whole[i : i + len(body)] == body), None)
-    if at is None:
-        raise CompressorError(
-            "the tokenizer splits a passage's own tokens around its special ones: no synthetic windows"
-        )
-    return whole[:at], whole[at + len(body) :]
-
-
-def synthetic_windows(tokenizer, prior: Tensor, count: int, length: int, generator: torch.Generator) -> list[list[int]]:
-    """`count` windows of `length` tokens, the tokenizer's special tokens at their ends, whose other
-    tokens are drawn independently from prior^½ (flattened towards the rare tokens), special tokens left out."""
-    weights = prior.clone().sqrt()
-    weights[list(tokenizer.all_special_ids)] = 0
-    before, after = _special_ends(tokenizer)
-    inner = length - len(before) - len(after)
-    draws = torch.multinomial(weights, count * inner, replacement=True, generator=generator).view(count, inner)
-    return [before + row.tolist() + after for row in draws]
-
-
-def layer_loss(student: tuple[Tensor, ...], teacher: tuple[Tensor, ...], mask: Tensor) -> Tensor:
-    """mean over layers l of ‖h_s^l − h_t^l‖² / ‖h_t^l‖² over real tokens."""
-    real = mask.bool()
-    terms = [
-        ((s.float() - t.float())[real] ** 2).sum() / (t.float()[real] ** 2).sum().clamp_min(1e-12)
-        for s, t in zip(student, teacher)
-    ]
-    return torch.stack(terms).mean()
-
-
 def _lr_factor(cfg: FinetuneConfig, step: int, elapsed: float) -> float:
     """Multiplier of the learning rate at `step` (0-based) after `elapsed` seconds: 1 when constant;
     linear: min(1, (step+1)/warmup) · (1 − progress), progress the larger spent fraction of the budgets."""
@@ -231,22 +170,6 @@ def _lr_factor(cfg: FinetuneConfig, step: int, elapsed: float) -> float:
     spent = [step / cfg.steps] if cfg.steps else []
     spent += [elapsed / cfg.seconds] if cfg.seconds else []
     return min(1.0, (step + 1) / max(cfg.warmup_steps, 1)) * max(0.0, 1.0 - max(spent))
-
-
-@torch.no_grad()
-def _outputs(kind: ModelKind, model: nn.Module, batches, device) -> list[Tensor]:
-    """The model's output on each batch, float32 on the CPU."""
-    model.eval()
-    return [kind.output(model, ids.to(device), mask.to(device)).float().cpu() for ids, mask in batches]
-
-
-def _agreement(kind: ModelKind, student: nn.Module, batches, targets: list[Tensor], device) -> float:
-    """The kind's agreement with the teacher, averaged over the validation batches' examples."""
-    scores = [
-        kind.agreement(out, t, mask)
-        for out, t, (_, mask) in zip(_outputs(kind, student, batches, device), targets, batches)
-    ]
-    return float(torch.cat(scores).mean())
 
 
 @contextlib.contextmanager
@@ -336,20 +259,6 @@ def finetune_(
     return report
 
 
-def step_loss(kind: ModelKind, student: nn.Module, teacher: nn.Module, ids: Tensor, mask: Tensor, cfg) -> Tensor:
-    """The distillation loss of one batch (the student, or its DistributedDataParallel, without dropout;
-    bf16 autocast on cuda; the teacher in full precision, as the validation targets are)."""
-    with torch.no_grad():
-        target, target_layers = kind.outputs(teacher, ids, mask)
-    student.eval()  # no dropout: the teacher's targets are deterministic, so is the match
-    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=ids.device.type == "cuda"):
-        out, layers = kind.outputs(student, ids, mask)
-    loss = kind.distill_loss(out, target, mask, cfg)
-    if cfg.layer_weight:
-        loss = loss + cfg.layer_weight * layer_loss(layers, target_layers, mask)
-    return loss
-
-
 def _train(
     kind,
     student,
@@ -373,12 +282,12 @@ def _train(
     generator = torch.Generator().manual_seed(cfg.seed + here.rank)
     teacher.to(device).eval()
     student.to(device)
-    windows = _windows(tokenizer, texts, cfg.max_length)
-    weights = window_weights(windows, cfg.rare_share)
+    pool = windows(tokenizer, texts, cfg.max_length)  # what each step draws from
+    weights = window_weights(pool, cfg.rare_share)
     made = round(cfg.synthetic * cfg.batch_size) // here.size  # synthetic windows per batch
-    drawn = max(1, min(cfg.batch_size // here.size - made, len(windows)))
-    val = _batches(tokenizer, val_texts, cfg)
-    val_targets = _outputs(kind, teacher, val, device) if here.main else []
+    drawn = max(1, min(cfg.batch_size // here.size - made, len(pool)))
+    val = batches(tokenizer, val_texts, cfg)
+    val_targets = outputs(kind, teacher, val, device) if here.main else []
     groups = trainable_parameters(student, cfg.trainable, compact_types)
     report.trainable_params = sum(p.numel() for ps in groups for p in ps)
     rates = (cfg.lr, cfg.linear_lr, cfg.rest_lr)
@@ -390,7 +299,7 @@ def _train(
     if saved is None:
         best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
         if here.main:
-            report.start_val_cosine = report.best_val_cosine = _agreement(kind, student, val, val_targets, device)
+            report.start_val_cosine = report.best_val_cosine = agreement(kind, student, val, val_targets, device)
     else:
         student.load_state_dict(saved["student"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -434,10 +343,10 @@ def _train(
             if agree_to_stop(spent_all, device):
                 break
             before_draw = generator.get_state()  # a stop within this step saves the state before it
-            picked = [windows[i] for i in torch.multinomial(weights, drawn, generator=generator).tolist()]
+            picked = [pool[i] for i in torch.multinomial(weights, drawn, generator=generator).tolist()]
             if made:
                 picked += synthetic_windows(tokenizer, prior, made, cfg.max_length, generator)
-            ids, mask = (t.to(device) for t in _pad(tokenizer, picked))
+            ids, mask = (t.to(device) for t in pad(tokenizer, picked))
             loss = step_loss(kind, trained, teacher, ids, mask, cfg)
             value = float(loss.detach())
             if agree_to_stop(not math.isfinite(value), device):
@@ -455,7 +364,7 @@ def _train(
             if report.steps % cfg.eval_every == 0 and here.main:
                 report.losses.append(sum(window) / len(window))
                 window = []
-                score = _agreement(kind, student, val, val_targets, device)
+                score = agreement(kind, student, val, val_targets, device)
                 if score > report.best_val_cosine:
                     report.best_val_cosine, report.best_step = score, report.steps
                     best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
@@ -470,7 +379,7 @@ def _train(
         bar.close()
     report.seconds = time.perf_counter() - start
     if not report.stopped and here.main:
-        score = _agreement(kind, student, val, val_targets, device)
+        score = agreement(kind, student, val, val_targets, device)
         if score > report.best_val_cosine:
             report.best_val_cosine, report.best_step = score, report.steps
             best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}

@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import converters.finetune as ft
 from converters.checkpoint import load_model
 from converters.compress import compress_
-from converters.distributed import world, wrap
-from converters.finetune import FinetuneConfig, finetune_, step_loss, trainable_parameters
+from converters.distributed import process_group, world, wrap
+from converters.finetune import FinetuneConfig, finetune_, trainable_parameters
+from converters.finetune_loss import step_loss
 from converters.kinds.encoder import ENCODER
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
@@ -58,7 +58,7 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
     student, teacher, tokenizer = _pair(model_dir)
     ids, mask = _batch(tokenizer)
     half = slice(4 * rank, 4 * rank + 4)
-    with ft.process_group(torch.device("cpu")):
+    with process_group(torch.device("cpu")):
         grads = _gradients(student, teacher, ids[half], mask[half])
     student, teacher, tokenizer = _pair(model_dir)
     report = finetune_(student, teacher, tokenizer, TEXTS, TEXTS[:8], COSINE_ONLY, COMPACT, progress=False)

@@ -2,6 +2,8 @@ import pytest
 import torch
 
 import converters.finetune as ft
+import converters.finetune_data as fd
+import converters.finetune_loss as fl
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
@@ -28,8 +30,8 @@ def pair(tiny_bert_dir):
 
 
 def loss_on(student, teacher, tok, cfg):
-    batches = ft._batches(tok, TEXTS, cfg)
-    targets = ft._outputs(ENCODER, teacher, batches, torch.device("cpu"))
+    batches = fd.batches(tok, TEXTS, cfg)
+    targets = fl.outputs(ENCODER, teacher, batches, torch.device("cpu"))
     with torch.no_grad():
         return sum(
             float(ENCODER.distill_loss(ENCODER.output(student, i, m), t, m, cfg)) for (i, m), t in zip(batches, targets)
@@ -46,8 +48,8 @@ def test_a_few_steps_lower_the_loss_and_train_only_the_compressed_layers(pair):
     assert report.steps == 30 and report.device == "cpu"
     assert loss_on(student, teacher, tok, cfg) < before
     assert report.best_step > 0 and report.best_val_cosine > report.start_val_cosine
-    val = ft._batches(tok, TEXTS[:8], cfg)
-    kept = ft._agreement(ENCODER, student, val, ft._outputs(ENCODER, teacher, val, torch.device("cpu")), "cpu")
+    val = fd.batches(tok, TEXTS[:8], cfg)
+    kept = fl.agreement(ENCODER, student, val, fl.outputs(ENCODER, teacher, val, torch.device("cpu")), "cpu")
     assert kept == pytest.approx(report.best_val_cosine, abs=1e-6)  # the best weights are the ones kept
     after = student.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in frozen.items())  # frozen weights bit-identical
@@ -171,7 +173,7 @@ def test_batches_cover_whole_passages_in_windows(tiny_bert_dir):
     tok = load_tokenizer(load_model(tiny_bert_dir)[1])
     long_text = " ".join(TEXTS)
     cfg = FinetuneConfig(max_length=16, batch_size=4)
-    batches = ft._batches(tok, [long_text], cfg)
+    batches = fd.batches(tok, [long_text], cfg)
     words = tok(long_text, add_special_tokens=False)["input_ids"]
     windows = [row[mask.bool()].tolist() for ids, masks in batches for row, mask in zip(ids, masks)]
     assert len(windows) > 1 and all(len(w) <= 16 for w in windows)
@@ -192,10 +194,10 @@ def test_the_process_thread_setting_is_restored(pair):
 
 
 def layer_loss_on(student, teacher, tok, cfg):
-    batches = ft._batches(tok, TEXTS, cfg)
+    batches = fd.batches(tok, TEXTS, cfg)
     with torch.no_grad():
         return sum(
-            float(ft.layer_loss(ENCODER.outputs(student, i, m)[1], ENCODER.outputs(teacher, i, m)[1], m))
+            float(fl.layer_loss(ENCODER.outputs(student, i, m)[1], ENCODER.outputs(teacher, i, m)[1], m))
             for i, m in batches
         )
 
@@ -230,7 +232,7 @@ def test_layer_loss_is_the_mean_relative_error_of_the_layers():
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     student = (teacher[0], 2 * teacher[1], teacher[2].clone())
     student[2][0, 2] += 100.0  # padding: ignored
-    assert float(ft.layer_loss(student, teacher, mask)) == pytest.approx(1 / 3, abs=1e-6)
+    assert float(fl.layer_loss(student, teacher, mask)) == pytest.approx(1 / 3, abs=1e-6)
 
 
 def test_linear_factors_and_tables_train_at_their_own_rates(tiny_bert_dir, monkeypatch):
@@ -252,11 +254,11 @@ def test_linear_factors_and_tables_train_at_their_own_rates(tiny_bert_dir, monke
 
 def test_rare_windows_are_drawn_more_often():
     windows = [[0, 1, 2], [0, 1, 2], [0, 1, 2], [0, 1, 9]]  # token 9 appears once
-    uniform, rare = ft.window_weights(windows, 0.0), ft.window_weights(windows, 1.0)
+    uniform, rare = fd.window_weights(windows, 0.0), fd.window_weights(windows, 1.0)
     assert torch.allclose(uniform, torch.full((4,), 0.25, dtype=torch.float64), atol=1e-12)
     # r_i = Σ 1/count over distinct tokens: 1/4 + 1/4 + 1/3 for the common windows, 1/4 + 1/4 + 1 for the rare one
     assert torch.allclose(rare, torch.tensor([5 / 24, 5 / 24, 5 / 24, 3 / 8], dtype=torch.float64), atol=1e-12)
-    assert torch.allclose(ft.window_weights(windows, 0.5), (uniform + rare) / 2, atol=1e-6)
+    assert torch.allclose(fd.window_weights(windows, 0.5), (uniform + rare) / 2, atol=1e-6)
 
 
 def test_synthetic_windows_draw_from_the_prior_between_special_tokens(tiny_bert_dir):
@@ -264,7 +266,7 @@ def test_synthetic_windows_draw_from_the_prior_between_special_tokens(tiny_bert_
     prior = torch.zeros(tok.vocab_size, dtype=torch.float64)
     allowed = tok.convert_tokens_to_ids(["python", "module", tok.cls_token])
     prior[allowed] = 1 / 3  # a special token in the prior is never drawn
-    rows = ft.synthetic_windows(tok, prior, 5, 12, torch.Generator().manual_seed(0))
+    rows = fd.synthetic_windows(tok, prior, 5, 12, torch.Generator().manual_seed(0))
     assert len(rows) == 5 and all(len(r) == 12 and r[0] == tok.cls_token_id and r[-1] == tok.sep_token_id for r in rows)
     assert {t for r in rows for t in r[1:-1]} <= set(allowed[:2])
 
