@@ -11,6 +11,7 @@ from converters.cli.options import (
     method_options,
     quantize_option,
 )
+from converters.cli.recipes import DEFAULT_RECIPE, with_default_recipe
 from converters.cli.steps import (
     check_kind_options,
     check_method_options,
@@ -33,7 +34,6 @@ from converters.loading import resolve_model_dir
 from converters.quantization.correction import check_correction_share
 from converters.quantization.int4 import check_int4_options
 from converters.quantization.quantize import check_table_head
-from converters.recipes import DEFAULT_RECIPE, with_default_recipe
 from converters.registry import default_method
 
 HELP = "compress, export and bench the original and each variant in one run"
@@ -42,7 +42,7 @@ HELP = "compress, export and bench the original and each variant in one run"
 def add_arguments(p) -> None:
     p.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
     method_options(p, many=True)
-    p.set_defaults(method=None)  # none given: the default recipe (converters/recipes.py)
+    p.set_defaults(method=None)  # none given: the default recipe (converters/cli/recipes.py)
     quantize_option(
         p,
         "also measure the original and every variant quantized with these schemes, as NAME-SCHEME (the "

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from converters.cli.options import MODEL_HELP, bench_options, calibration_options
+from converters.cli.recipes import load_recipes
 from converters.cli.steps import (
     check_kind_options,
     check_method_options,
@@ -24,7 +25,6 @@ from converters.cli.steps import (
 from converters.cli.variants import Variants, output_folder
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
-from converters.recipes import load_recipes
 
 HELP = "run a grid of recipes and measure them side by side; Pareto table and plots"
 
@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
         default=None,
         help='a JSON recipe file, {"variants": [{"name": ..., "method": ..., OPTION: VALUE, ..., "quantize": '
         '["fp32", "int8", "int8-aware"]}, ...]}, the options spelled as run\'s flags (rank, dense_head, kind, '
-        "budget, targets, finetune_time, lr, ...) (default: the built-in grid, converters/recipes.py)",
+        "budget, targets, finetune_time, lr, ...) (default: the built-in grid, converters/cli/recipes.py)",
     )
     p.add_argument("--out", type=Path, default=Path("runs/sweep"), help="output directory (default: runs/sweep)")
     calibration_options(p)

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from compressor.errors import CompressorError
+from converters.cli.options import finetune_options, method_options
+from converters.cli.steps import check_method_options
 from converters.quantization.quantize import SCHEMES
 from converters.registry import methods
-
-# converters.cli is imported inside the functions below, so that a command may import this module.
 
 __all__ = [
     "DEFAULT_RECIPE",
@@ -114,8 +114,6 @@ def _variant_options() -> dict[str, argparse.Action]:
     """Recipe key → the action of `compressor run` it sets: the method and fine-tune options, one
     value each (--targets: a list), less --method, --plan (a recipe is the plan) and the options of
     the whole sweep."""
-    from converters.cli.options import finetune_options, method_options
-
     recorder = _Recorder()
     method_options(recorder, many=False)
     finetune_options(recorder, run=True)
@@ -124,7 +122,7 @@ def _variant_options() -> dict[str, argparse.Action]:
 
 @functools.cache
 def _run_defaults() -> tuple[tuple[str, Any], ...]:
-    from converters.cli import run
+    from converters.cli import run  # which imports this module
 
     parser = argparse.ArgumentParser()
     run.add_arguments(parser)
@@ -241,8 +239,6 @@ def _recipe(entry: object, where: str) -> Recipe:
 
 def _check(recipe: Recipe, where: str) -> None:
     """The options make a plan (or a budget) as `compressor run` would, without touching the disk."""
-    from converters.cli.steps import check_method_options
-
     args = recipe.namespace()
     args.no_cache = True  # the cache folder is the sweep's to check
     try:
@@ -288,8 +284,6 @@ def load_recipes(path: str | Path | None = None) -> list[Recipe]:
 @functools.cache
 def _method_dests() -> frozenset[str]:
     """The dests of `compressor run`'s method options (--method, its options, --targets, --budget, --plan)."""
-    from converters.cli.options import method_options
-
     recorder = _Recorder()
     method_options(recorder, many=False)
     return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE, *PRIOR_DESTS}

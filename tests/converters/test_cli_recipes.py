@@ -7,9 +7,9 @@ import json
 import pytest
 
 from compressor.errors import CompressorError
+from converters.cli.recipes import DEFAULT_RECIPES, QUANTIZE_CHOICES, Recipe, load_recipes, parse_recipes
 from converters.cli.steps import plans_from_args
 from converters.quantization.quantize import SCHEMES
-from converters.recipes import DEFAULT_RECIPES, QUANTIZE_CHOICES, Recipe, load_recipes, parse_recipes
 
 VALID = {
     "variants": [
@@ -128,7 +128,7 @@ def _run_args(*argv: str) -> argparse.Namespace:
 
 
 def test_run_without_method_options_takes_the_default_recipe():
-    from converters.recipes import DEFAULT_RECIPE, with_default_recipe
+    from converters.cli.recipes import DEFAULT_RECIPE, with_default_recipe
 
     args = with_default_recipe(_run_args("--out", "x"))
     recipe = {k: v for k, v in DEFAULT_RECIPE.items() if k not in ("name", "finetune_time", "quantize")}
