@@ -84,6 +84,8 @@ def pack_finetune(
     checkpoint: Path, out: Path, seconds: float, extra_wheels: list[str] = (), limit: int = PACK_LIMIT
 ) -> int:
     """Write the pack of `checkpoint`'s fine-tune to the new folder `out` (whole or not at all); its bytes."""
+    if Path(out).exists() and not (Path(out) / "run.sh").is_file():  # a pack is replaced whole, nothing else
+        raise CompressorError(f"{str(out)!r} is there and is not a pack; give a new folder")
     if not (PROJECT / "pyproject.toml").is_file():
         raise CompressorError("compressor pack builds the project's wheel from its source checkout; run it from one")
     meta = read_meta(checkpoint)

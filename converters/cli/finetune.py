@@ -50,6 +50,8 @@ def run(args) -> None:
         raise CompressorError("--resume goes on from a fine-tune state: give its file with --state")
     if args.resume:
         check_resumable(args.state)
+    if args.state is not None and not args.resume and args.state.exists():
+        raise CompressorError(f"{str(args.state)!r} is there: --resume goes on from it, or give a new file")
     if args.state is not None:
         check_writable(args.state, "fine-tune state file")
     teacher_dir = Path(meta["source"])

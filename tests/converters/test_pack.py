@@ -56,3 +56,11 @@ def test_a_pack_over_its_limit_is_not_written(packed):
     with pytest.raises(CompressorError, match="MiB, above the 0 MiB"):
         pack_finetune(root / "ckpt", root / "small", 60.0, limit=1000)
     assert not (root / "small").exists()
+
+
+def test_a_folder_that_is_not_a_pack_is_not_replaced(packed):
+    root, _ = packed
+    before = sorted(p.name for p in (root / "ckpt").iterdir())
+    with pytest.raises(CompressorError, match="is there and is not a pack"):
+        pack_finetune(root / "ckpt", root / "ckpt", 60.0)
+    assert sorted(p.name for p in (root / "ckpt").iterdir()) == before

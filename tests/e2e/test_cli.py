@@ -171,6 +171,9 @@ def test_finetune_command_and_run_with_finetune(tiny_bert_dir, eval_text_file, t
     for extra, message in (((), "give its file with --state"), (("--state", state), "no fine-tune state")):
         code, _, err = run_cli(capsys, "finetune", ckpt, "--steps", 3, "--data", eval_text_file, "--resume", *extra)
         assert code == 2 and message in err and not state.exists(), err
+    state.write_text("mine")
+    code, _, err = run_cli(capsys, "finetune", ckpt, "--steps", 3, "--data", eval_text_file, "--state", state)
+    assert code == 2 and "is there: --resume goes on from it" in err and state.read_text() == "mine", err
     out_dir = tmp_path / "run"
     code, _, err = run_cli(
         capsys,
