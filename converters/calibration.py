@@ -12,6 +12,8 @@ import dataclasses
 import hashlib
 import json
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,7 +28,15 @@ from converters.kinds import kind_of
 from files.atomic import atomic_file, cache_dir
 from texts.tokens import encode_passages
 
-__all__ = ["Calibration", "calibrate", "cached_calibration", "default_cache_dir", "token_counts", "MIN_CALIB_TOKENS"]
+__all__ = [
+    "Calibration",
+    "calibrate",
+    "cached_calibration",
+    "statistics_bytes",
+    "default_cache_dir",
+    "token_counts",
+    "MIN_CALIB_TOKENS",
+]
 
 MIN_CALIB_TOKENS = 64
 
@@ -66,8 +76,21 @@ class Calibration:
 
 
 def _accumulate(store: dict[str, Tensor], name: str, rows: Tensor, scale: float = 1.0) -> None:
+    """store[name] += scale · rowsᵀ rows, in place (float64)."""
     rows = rows.detach().to(torch.float64)
-    store[name] = store.get(name, 0) + scale * (rows.T @ rows)
+    if name not in store:
+        store[name] = torch.zeros(rows.shape[1], rows.shape[1], dtype=torch.float64)
+    store[name].addmm_(rows.T, rows, alpha=scale)
+
+
+def statistics_bytes(model: nn.Module, linear_names: list[str], sensitivity: bool) -> int:
+    """What calibrate() holds at most (layers reading one input share their Gram, which only lowers
+    it): a float64 in × in Gram per layer, and with sensitivity an out × out matrix per layer and one for the table."""
+    grams = sum(model.get_submodule(n).weight.shape[-1] ** 2 for n in linear_names)
+    if sensitivity:
+        grams += sum(model.get_submodule(n).weight.shape[0] ** 2 for n in linear_names)
+        grams += model.get_input_embeddings().embedding_dim ** 2
+    return 8 * grams
 
 
 def calibrate(
@@ -80,10 +103,12 @@ def calibrate(
     progress: bool = True,
     sensitivity: bool = False,
     probes: int = 2,
+    on_estimate: Callable[[float], None] | None = None,
 ) -> Calibration:
-    """Forward the model over `texts`; Gram matrices of the inputs of `linear_names`, and with
-    `sensitivity` the output sensitivities of those layers and of the input embedding (a backward
-    pass per probe of the model kind's output)."""
+    """Forward the model over `texts`; Gram matrices of the inputs of `linear_names` (layers fed the
+    same tensor, as query, key and value are, share one Gram object), and with `sensitivity` the output
+    sensitivities of those layers and of the input embedding (a backward pass per probe of the model
+    kind's output). `on_estimate(seconds)`: the whole pass's time, extrapolated from its first batch."""
     kind = kind_of(model)
     embedding = model.get_input_embeddings()
     vocab = embedding.num_embeddings
@@ -91,14 +116,23 @@ def calibrate(
     grams: dict[str, Tensor] = {}
     sens: dict[str, Tensor] = {}
     current_mask: list[Tensor] = []  # the running batch's attention mask, read by the hooks
+    first_batch = [True]
 
     def watch_output(name: str, output: Tensor) -> None:
         real = current_mask[0]
         output.register_hook(lambda g: _accumulate(sens, name, g[real], 1.0 / probes))
 
+    shares: dict[str, str] = {}  # layer → the layer before it that read the same input tensor
+    last_input: list = [None, None]  # the input tensor the previous hook saw, and its layer
+
     def gram_hook(name):
         def hook(module, inputs, output):
-            _accumulate(grams, name, inputs[0][current_mask[0]])
+            x = inputs[0]
+            if last_input[0] is x and first_batch[0]:
+                shares[name] = shares.get(last_input[1], last_input[1])
+            if name not in shares:
+                _accumulate(grams, name, x[current_mask[0]])
+            last_input[:] = [x, name]
             if sensitivity:
                 watch_output(name, output)
 
@@ -119,6 +153,7 @@ def calibrate(
             p.requires_grad_(False)
         steps = (len(texts) + batch - 1) // batch
         desc = "calibrate (with sensitivity)" if sensitivity else "calibrate"
+        start = time.perf_counter()
         for feed in tqdm(
             encode_passages(tokenizer, texts, max_length, batch, tensors="pt"),
             total=steps,
@@ -133,11 +168,16 @@ def calibrate(
                 if sensitivity:
                     for i, probe in enumerate(kind.probes(output, mask, probes, generator)):
                         probe.backward(retain_graph=i < probes - 1)
+            last_input[:] = [None, None]
+            if first_batch[0] and on_estimate is not None:
+                on_estimate((time.perf_counter() - start) * steps)
+            first_batch[0] = False
     finally:
         for h in handles:
             h.remove()
         for p, flag in frozen.items():
             p.requires_grad_(flag)
+    grams.update({name: grams[first] for name, first in shares.items()})
     calib = Calibration(grams, counts, tuple(tokenizer.all_special_ids), sens)
     if calib.tokens < MIN_CALIB_TOKENS:
         raise CompressorError(f"calibration text has {calib.tokens} tokens; at least {MIN_CALIB_TOKENS} are needed")
@@ -178,8 +218,10 @@ def _read(path: Path) -> Calibration | None:
     try:
         with safe_open(str(path), framework="pt") as f:
             special = tuple(json.loads(f.metadata()["special_ids"]))
+            shares = json.loads(f.metadata().get("shares", "{}"))
         data = load_file(path)
         counts = data.pop("__counts__")
+        data.update({name: data[first] for name, first in shares.items()})
     except (SafetensorError, OSError, KeyError, TypeError, ValueError) as e:
         print(
             f"compressor: the calibration cache {path} is damaged ({e}); removed, computing it again", file=sys.stderr
@@ -199,26 +241,31 @@ def cached_calibration(
     max_length: int = 128,
     progress: bool = True,
     sensitivity: bool = False,
+    on_estimate: Callable[[float], None] | None = None,
 ) -> Calibration:
     """calibrate(...), read from `cache_dir` when the same weights, text and layers were seen (a
     calibration with sensitivities serves a request without them too); None: no cache."""
+    options = {"progress": progress, "sensitivity": sensitivity, "on_estimate": on_estimate}
     if cache_dir is None:
-        return calibrate(model, tokenizer, texts, linear_names, max_length, progress=progress, sensitivity=sensitivity)
+        return calibrate(model, tokenizer, texts, linear_names, max_length, **options)
     key = _key(model, texts, linear_names, max_length)
     with_sens = Path(cache_dir) / f"calibration-{key}-sensitivity.safetensors"
     plain = Path(cache_dir) / f"calibration-{key}.safetensors"
     for path in [with_sens] if sensitivity else [plain, with_sens]:
         if path.is_file() and (cached := _read(path)) is not None:
             return cached
-    calib = calibrate(model, tokenizer, texts, linear_names, max_length, progress=progress, sensitivity=sensitivity)
+    calib = calibrate(model, tokenizer, texts, linear_names, max_length, **options)
+    firsts: dict[int, str] = {}
+    shares = {k: firsts.setdefault(id(v), k) for k, v in calib.grams.items() if firsts.setdefault(id(v), k) != k}
     tensors = {
-        **{k: v.contiguous() for k, v in calib.grams.items()},
+        **{k: v.contiguous() for k, v in calib.grams.items() if k not in shares},
         **{SENSITIVITY_PREFIX + k: v.contiguous() for k, v in calib.sensitivities.items()},
         "__counts__": calib.counts,
     }
+    metadata = {"special_ids": json.dumps(list(calib.special_ids)), "shares": json.dumps(shares)}
     try:
         with atomic_file(with_sens if sensitivity else plain) as tmp:
-            save_file(tensors, str(tmp), metadata={"special_ids": json.dumps(list(calib.special_ids))})
+            save_file(tensors, str(tmp), metadata=metadata)
     except (OSError, SafetensorError, CompressorError) as e:  # an unwritable cache costs a recomputation only
         print(f"compressor: warning: the calibration was not cached: {e}", file=sys.stderr)
     return calib

@@ -2,7 +2,9 @@
 and only then swap them in, so a failure never leaves the model half-rewritten."""
 
 import functools
+import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -63,12 +65,17 @@ def refuse_save_pretrained_(model: nn.Module) -> None:
 
 
 def compress_(
-    model: nn.Module, plan: Plan, calibration: Calibration | None = None, progress: bool = True
+    model: nn.Module,
+    plan: Plan,
+    calibration: Calibration | None = None,
+    progress: bool = True,
+    on_estimate: Callable[[int, float], None] | None = None,
 ) -> CompressionReport:
     """Replace, in place, each module the plan matches by its compact form (a tied output head then
     computes through the compressed table); with `plan.tie`, tie the model first (checked with the
     rest of the plan). Methods that look at data (activation-aware, frequency-weighted, dense head)
-    need `calibration`."""
+    need `calibration`. `on_estimate(modules, seconds)`: after the first module, the whole build's time
+    extrapolated from it."""
     if plan.tie is not None:
         check_tie(model, plan.tie)
     jobs = _jobs(model, plan)
@@ -84,7 +91,10 @@ def compress_(
         tie_(model, plan.tie)
         jobs = _jobs(model, plan)  # the same modules, the input table now tied
     built = {}
-    for name, cfg, handler in tqdm(jobs, desc="compress", disable=not progress or len(jobs) < 2):
+    start = time.perf_counter()
+    for i, (name, cfg, handler) in enumerate(tqdm(jobs, desc="compress", disable=not progress or len(jobs) < 2)):
+        if on_estimate is not None and i == 1:
+            on_estimate(len(jobs), (time.perf_counter() - start) * len(jobs))
         dense = model.get_submodule(name)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

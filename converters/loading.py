@@ -3,6 +3,7 @@ and finding the default model, all-MiniLM-L6-v2, inside the PyPI package gt-all-
 
 import json
 import os
+import struct
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ __all__ = [
     "resolve_model_dir",
     "load_hf",
     "check_vocabulary",
+    "check_fits_memory",
 ]
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -46,7 +48,43 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
             "(expected a Hugging Face model directory or a compressed checkpoint)"
         )
     check_vocabulary(path)
+    check_fits_memory(path)
     return path
+
+
+def _stored_parameters(path: Path) -> int:
+    """The parameters the folder's safetensors files hold, read from their headers (no weights loaded)."""
+    total = 0
+    for file in path.glob("*.safetensors"):
+        with open(file, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                total += int(torch.Size(entry["shape"]).numel())
+    return total
+
+
+def available_memory() -> int:
+    """Bytes this machine can still give (MemAvailable); 0 where /proc/meminfo is not there."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def check_fits_memory(path: Path) -> None:
+    """A model whose float32 weights (as the fits hold them) exceed the memory available is refused
+    before loading, its size said from the safetensors headers."""
+    params, free = _stored_parameters(path), available_memory()
+    if free and params * 4 > free:
+        raise CompressorError(
+            f"{str(path)!r} holds {params / 1e9:.2f}B parameters, {params * 4 / 2**30:.1f} GiB in float32, and this "
+            f"machine has {free / 2**30:.1f} GiB available: it does not fit in memory"
+        )
 
 
 def check_vocabulary(path: Path) -> None:

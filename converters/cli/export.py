@@ -8,6 +8,7 @@ from pathlib import Path
 from compressor.errors import CompressorError
 from converters.calibration import Calibration, token_counts
 from converters.checkpoint import load_model
+from converters.cli.calibrating import quantize_calibration
 from converters.cli.options import (
     calibration_options,
     data_option,
@@ -16,7 +17,7 @@ from converters.cli.options import (
     prior_options,
     quantize_option,
 )
-from converters.cli.steps import check_outputs, correction_fit, quantize_calibration, say
+from converters.cli.steps import check_outputs, correction_fit, say
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from converters.cli.calibrating import quantize_calibration
 from converters.cli.options import (
     MODEL_HELP,
     bench_options,
@@ -23,7 +24,6 @@ from converters.cli.steps import (
     finetune_config,
     finetune_texts,
     load_original,
-    quantize_calibration,
     say,
     second_texts,
 )

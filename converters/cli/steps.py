@@ -2,9 +2,7 @@
 and the texts, each saying on stderr what it did."""
 
 import argparse
-import dataclasses
 import itertools
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -14,21 +12,27 @@ from torch import nn
 from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import CompressorError
 from converters.budget import check_budget_fits, parse_budget, plan_for_budget
-from converters.calibration import Calibration, cached_calibration, default_cache_dir, token_counts
+from converters.calibration import (
+    Calibration,
+    default_cache_dir,
+    statistics_bytes,
+)
 from converters.checkpoint import is_compressed_dir, load_model
+from converters.cli.calibrating import calibration
+from converters.cli.say import say
 from converters.compress import CompressionReport, compress_
-from converters.distributed import world
 from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds import KINDS, ModelKind, kind_of
+from converters.loading import available_memory
 from converters.plan import WIDTHS, Plan, match_plan
 from converters.quantization.int4 import INT4_BLOCK
-from converters.quantization.quantize import CALIBRATED, CALIBRATION_PASSAGES, TRAINED
+from converters.quantization.quantize import TRAINED
 from converters.quantization.training import CORRECTION_LR, CORRECTION_SECONDS, GraphLayerNorm
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from files.atomic import check_writable
 from texts.corpus import SECOND, read_passages
 from texts.prior import check_prior, check_wordfreq, token_prior
-from texts.tokens import encode_passages, load_tokenizer
+from texts.tokens import load_tokenizer
 
 __all__ = [
     "say",
@@ -37,8 +41,6 @@ __all__ = [
     "check_method_options",
     "check_plans",
     "plans_and_calibration",
-    "calib_texts",
-    "quantize_calibration",
     "compress_and_say",
     "load_original",
     "eval_texts",
@@ -52,12 +54,6 @@ __all__ = [
 ]
 
 
-def say(message: str) -> None:
-    """A line on stderr, from the first process only under torchrun."""
-    if world().main:
-        print(f"compressor: {message}", file=sys.stderr)
-
-
 def check_outputs(args, **outputs: Path) -> None:
     """Before any work: every output (what=path) can be written."""
     for what, path in outputs.items():
@@ -69,9 +65,10 @@ def _method_names(args: argparse.Namespace) -> list[str]:
     return [args.method] if isinstance(args.method, str) else list(dict.fromkeys(args.method))
 
 
-def _config_sets(args: argparse.Namespace) -> list[tuple]:
+def _config_sets(args: argparse.Namespace, default_kind: str | None = None) -> list[tuple]:
     """One config per method of --method, for each combination of the values given to their options
-    (in their order); a flag the methods share gives each of them the same value."""
+    (in their order); a flag the methods share gives each of them the same value. `default_kind`: the
+    kind where --kind was not given (else each method's own default)."""
     chosen = [method_named(name) for name in _method_names(args)]
     own = {o.dest for m in chosen for o in m.options}
     for name, other in methods().items():
@@ -80,7 +77,10 @@ def _config_sets(args: argparse.Namespace) -> list[tuple]:
                 names = " or ".join(m.name for m in chosen)
                 raise CompressorError(f"{option.flag} is an option of --method {name}, not of {names}")
     dests = list(dict.fromkeys(o.dest for m in chosen for o in m.options))
-    lists = [v if isinstance(v, list) else [v] for v in (getattr(args, d, None) for d in dests)]
+    given = {d: getattr(args, d, None) for d in dests}
+    if default_kind is not None and given.get("kind") is None:
+        given["kind"] = default_kind
+    lists = [v if isinstance(v, list) else [v] for v in given.values()]
     sets = []
     for combo in itertools.product(*lists):
         values = dict(zip(dests, combo))
@@ -88,9 +88,9 @@ def _config_sets(args: argparse.Namespace) -> list[tuple]:
     return sets
 
 
-def plans_from_args(args: argparse.Namespace) -> list[Plan]:
+def plans_from_args(args: argparse.Namespace, default_kind: str | None = None) -> list[Plan]:
     """One plan from --plan, else one per combination of the method's option values (a --budget
-    plan needs the model and is made by plans_and_calibration)."""
+    plan needs the model and is made by plans_and_calibration); `default_kind` as _config_sets."""
     if args.plan is not None:
         if not args.plan.is_file():
             raise CompressorError(f"plan file {str(args.plan)!r} does not exist")
@@ -107,7 +107,8 @@ def plans_from_args(args: argparse.Namespace) -> list[Plan]:
             f"--method {' '.join(names)} needs --budget, which chooses among them layer by layer; without it "
             "name one method, or map targets to methods in a --plan"
         )
-    return [Plan(tuple((t, cfg) for t in args.targets for cfg in configs)) for configs in _config_sets(args)]
+    sets = _config_sets(args, default_kind)
+    return [Plan(tuple((t, cfg) for t in args.targets for cfg in configs)) for configs in sets]
 
 
 def _linear_names(model: nn.Module, plans: list[Plan]) -> list[str]:
@@ -116,57 +117,6 @@ def _linear_names(model: nn.Module, plans: list[Plan]) -> list[str]:
         n for plan in plans for n in match_plan(plan, model) if not isinstance(model.get_submodule(n), nn.Embedding)
     }
     return sorted(names)
-
-
-def _all_calib_texts(args, kind_graph) -> tuple[list[str], str]:
-    """Every passage of --calib (or the kind's default calib split), and where they come from."""
-    if args.calib_passages < 1:
-        raise CompressorError(f"--calib-passages must be at least 1, got {args.calib_passages}")
-    return kind_graph.passages(args.calib, "calib")
-
-
-def calib_texts(args, kind_graph, most: int | None = None) -> tuple[list[str], str]:
-    """The passages of --calib (or the kind's default calib split), cut to `most` (default: --calib-passages)."""
-    texts, where = _all_calib_texts(args, kind_graph)
-    return texts[: most or args.calib_passages], where
-
-
-def quantize_calibration(args, schemes: list[str], kind_graph, source: Path) -> list[dict] | None:
-    """The graph's input batches of the calibration text, when `schemes` holds any: the aware schemes
-    calibrate on them, and every quantized graph is judged against its fp32 graph on them (text, not
-    random ids: random ids make activations no text makes)."""
-    if not schemes:
-        return None
-    texts, where = calib_texts(args, kind_graph, CALIBRATION_PASSAGES)
-    aware = ", ".join(s for s in schemes if s in CALIBRATED)
-    if aware:
-        say(f"{aware}: activation ranges from {len(texts)} passages of {where}")
-    return encode_passages(load_tokenizer(source), texts)
-
-
-def _calibration(args, model: nn.Module, source: Path, linear: list[str], sensitivity: bool) -> Calibration:
-    every, where = _all_calib_texts(args, kind_of(model).graph)
-    texts = every[: args.calib_passages]
-    start = time.perf_counter()
-    cache = None if args.no_cache else default_cache_dir()
-    tokenizer = load_tokenizer(source)
-    calib = cached_calibration(cache, model, tokenizer, texts, linear, sensitivity=sensitivity)
-    cached = "not cached" if cache is None else f"cache: {cache}"
-    say(
-        f"calibration: {len(texts)} passages from {where}, {calib.tokens:,} tokens, "
-        f"{len(linear)} linear layer(s), {time.perf_counter() - start:.1f} s ({cached})"
-    )
-    calib = dataclasses.replace(calib, counts=token_counts(tokenizer, every, calib.counts.numel()))
-    say(f"token counts: all {len(every):,} passages of the calibration text, {calib.tokens:,} tokens")
-    if args.freq_prior == "none" or args.prior_weight == 0:
-        return calib
-    prior = token_prior(tokenizer, calib.counts.numel())
-    seen = int((calib.counts > 0).sum())
-    say(
-        f"token frequencies: the calibration counts ({seen:,} distinct tokens) blended with {args.freq_prior}'s "
-        f"English word frequencies ({int((prior > 0).sum()):,} tokens) at weight {args.prior_weight:g}"
-    )
-    return calib.with_prior(prior, args.prior_weight)
 
 
 def _check_budget(args: argparse.Namespace) -> None:
@@ -245,30 +195,57 @@ def _block(args: argparse.Namespace) -> int:
     return getattr(args, "block_size", None) or INT4_BLOCK
 
 
+def _lighter_kind(args, model: nn.Module, linear: list[str], sensitivity: bool) -> str | None:
+    """ "aware" when the default kind (fisher) was not asked for by name and its output sensitivities
+    would not fit in the memory left (said); None: the plans stand."""
+    if not sensitivity or getattr(args, "kind", None) is not None or args.plan is not None:
+        return None
+    need, free = statistics_bytes(model, linear, True), available_memory()
+    if not free or need <= free:
+        return None
+    say(
+        f"the default kind, fisher, needs output sensitivities and Grams of up to {need / 2**30:.1f} GiB and "
+        f"{free / 2**30:.1f} GiB are available: this model is fitted with --kind aware"
+    )
+    return "aware"
+
+
 def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Plan], Calibration | None]:
-    """The plans to apply (checked first: check_plans), and calibration statistics when any of them needs data."""
+    """The plans to apply (checked first: check_plans), and calibration statistics when any of them needs data;
+    the default kind lighter where its statistics would not fit (_lighter_kind)."""
     plans = check_plans(args, model)
     if args.budget is not None:
         sets = _config_sets(args)
         probes = [Plan(tuple((t, cfg) for t in args.targets)) for configs in sets for cfg in configs]
+        linear = _linear_names(model, probes)
         sensitivity = any(method_of(cfg).needs_sensitivity(cfg) for configs in sets for cfg in configs)
-        calib = _calibration(args, model, source, _linear_names(model, probes), sensitivity)
+        if kind := _lighter_kind(args, model, linear, sensitivity):
+            sets, sensitivity = _config_sets(args, kind), False
+        calib = calibration(args, model, source, linear, sensitivity)
         widths, block = _widths(args), _block(args)
         plans = [plan_for_budget(model, args.targets, args.budget, calib, c, widths, block) for c in sets]
         return plans, calib
     methods_of = [(method_of(cfg), cfg) for plan in plans for _, cfg in match_plan(plan, model).values()]
     if not any(m.needs_calibration(cfg) for m, cfg in methods_of):
         return plans, None
+    linear = _linear_names(model, plans)
     sensitivity = any(m.needs_sensitivity(cfg) for m, cfg in methods_of)
-    return plans, _calibration(args, model, source, _linear_names(model, plans), sensitivity)
+    if kind := _lighter_kind(args, model, linear, sensitivity):
+        plans, sensitivity = plans_from_args(args, kind), False
+    return plans, calibration(args, model, source, linear, sensitivity)
 
 
-def compress_and_say(model: nn.Module, plan: Plan, calibration: Calibration | None) -> CompressionReport:
+def _say_build_time(modules: int, seconds: float) -> None:
+    say(f"compressing {modules} modules: about {seconds:.0f} s (from the first)")
+
+
+def compress_and_say(model: nn.Module, plan: Plan, calib: Calibration | None) -> CompressionReport:
     """compress_, with each note (a clamped rank, …) and skip said once on stderr."""
     start = time.perf_counter()
+    say(f"{plan.label()}: compressing {len(match_plan(plan, model))} module(s)")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        report = compress_(model, plan, calibration)
+        report = compress_(model, plan, calib, on_estimate=_say_build_time)
     for note in report.notes:
         say(f"warning: {note}")
     for name, why in report.skipped.items():

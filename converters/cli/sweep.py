@@ -5,6 +5,7 @@ marked, and the fronts drawn (recall@10 against file size and against p50 latenc
 import time
 from pathlib import Path
 
+from converters.cli.calibrating import quantize_calibration
 from converters.cli.options import MODEL_HELP, bench_options, calibration_options
 from converters.cli.recipes import load_recipes
 from converters.cli.steps import (
@@ -18,7 +19,6 @@ from converters.cli.steps import (
     finetune_config,
     finetune_texts,
     load_original,
-    quantize_calibration,
     say,
     second_texts,
 )

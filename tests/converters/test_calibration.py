@@ -5,7 +5,7 @@ from compressor.errors import CompressorError, PlanError
 from compressor.head_tail import HeadTailEmbedding
 from compressor.lowrank_linear import LowRankLinear
 from converters.budget import parse_budget, plan_for_budget
-from converters.calibration import Calibration, cached_calibration, calibrate, token_counts
+from converters.calibration import Calibration, cached_calibration, calibrate, statistics_bytes, token_counts
 from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
@@ -87,6 +87,31 @@ def test_cache_key_follows_the_weights_and_a_damaged_file_is_a_miss(tiny, tmp_pa
         with torch.no_grad():
             model.get_submodule(LINEAR[0]).weight.div_(2.0)
     assert len(list(tmp_path.glob("calibration-*.safetensors"))) == 2
+
+
+def test_layers_fed_one_input_share_one_gram_and_the_cache_keeps_it_so(tiny, calib, tmp_path):
+    query, key, value, dense = (
+        f"encoder.layer.0.attention.{p}" for p in ("self.query", "self.key", "self.value", "output.dense")
+    )
+    assert calib.grams[key] is calib.grams[query] and calib.grams[value] is calib.grams[query]
+    assert calib.grams[dense] is not calib.grams[query]  # another input: its own statistics
+    model, _, tok = tiny
+    first = cached_calibration(tmp_path, model, tok, TEXTS, ALL_LINEAR, progress=False)
+    again = cached_calibration(tmp_path, model, tok, TEXTS, ALL_LINEAR, progress=False)
+    assert again.grams[value] is again.grams[query]
+    assert all(torch.equal(first.grams[n], again.grams[n]) for n in ALL_LINEAR)
+    assert torch.equal(again.grams[value], calib.grams[query])  # the batch size does not change the sum's terms
+
+
+def test_the_time_is_said_after_the_first_batch_and_the_memory_before_any(tiny):
+    model, _, tok = tiny
+    said = []
+    calibrate(model, tok, TEXTS, LINEAR, batch=5, progress=False, on_estimate=said.append)
+    assert len(said) == 1 and said[0] > 0
+    widths = [model.get_submodule(n).weight.shape for n in LINEAR]
+    assert statistics_bytes(model, LINEAR, False) == 8 * sum(w[1] ** 2 for w in widths)
+    table = model.get_input_embeddings().embedding_dim ** 2
+    assert statistics_bytes(model, LINEAR, True) == 8 * (sum(w[1] ** 2 + w[0] ** 2 for w in widths) + table)
 
 
 def test_without_a_cache_nothing_is_written(tiny, tmp_path):
