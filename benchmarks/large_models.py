@@ -6,8 +6,9 @@ every embedding method) and whole models of 22M to ~1B parameters (low rank on e
 
 Each `compressor compress` runs in its own process, without the calibration cache (every run pays for its
 statistics); its wall time and peak resident memory (the process's own, from wait4) are printed and
-written to OUT/large_models.json. The random models are built once under OUT (weights at random: only time
-and memory are measured here, never quality). `sizes` needs `make lm` for SmolLM2-135M."""
+written to OUT/large_models.json (a run it holds already is skipped unless --again). The random models
+are built once under OUT (weights at random: only time and memory are measured here, never quality).
+`sizes` needs `make lm` for SmolLM2-135M."""
 
 import argparse
 import json
@@ -26,14 +27,13 @@ REPO = Path(__file__).resolve().parent.parent
 SMOLLM2 = REPO / "runs" / "lm" / "smollm2"
 
 VOCAB_RUNS = {
-    "tt r32 plain": "--method tt --rank 32 --kind plain",
-    "tt r32 aware": "--method tt --rank 32 --kind aware",
-    "tt r32 fisher": "--method tt --rank 32 --kind fisher",
-    "lowrank 0.25 plain": "--method lowrank --keep 0.25 --kind plain",
-    "lowrank 0.25 aware": "--method lowrank --keep 0.25 --kind aware",
-    "lowrank 0.25 fisher": "--method lowrank --keep 0.25 --kind fisher",
-    "head 4096 + lowrank tail 0.125 aware": "--method lowrank --keep 0.125 --kind aware --dense-head 4096",
-    "head 4096 + tt tail r32 aware": "--method tt --rank 32 --kind aware --dense-head 4096",
+    "tt r32 plain": "--method tt --rank 32 --fit plain",
+    "tt r32 aware": "--method tt --rank 32 --fit aware",
+    "lowrank 0.25 plain": "--method lowrank --keep 0.25 --fit plain",
+    "lowrank 0.25 aware": "--method lowrank --keep 0.25 --fit aware",
+    "lowrank 0.25 fisher": "--method lowrank --keep 0.25 --fit fisher",
+    "head 4096 + lowrank tail 0.125 aware": "--method lowrank --keep 0.125 --fit aware --dense-head 4096",
+    "head 4096 + tt tail r32 aware": "--method tt --rank 32 --fit aware --dense-head 4096",
     "define (its default, fisher)": "--method define",
 }
 SIZE_PLAN = ["--method", "lowrank", "--targets", "linear", "--keep", "0.5"]
@@ -123,6 +123,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=("vocab", "sizes"))
     p.add_argument("--out", type=Path, default=Path("runs/large"))
+    p.add_argument("--again", action="store_true", help="measure again what OUT/large_models.json already holds")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.what == "vocab":
@@ -130,13 +131,15 @@ def main() -> None:
         runs = {name: (model, options.split()) for name, options in VOCAB_RUNS.items()}
     else:
         runs = {
-            f"{name}, {kind}": (model, [*SIZE_PLAN, "--kind", kind, *extra])
+            f"{name}, {fit}": (model, [*SIZE_PLAN, "--fit", fit, *extra])
             for name, (model, extra) in _sizes(args.out).items()
-            for kind in ("plain", "aware")
+            for fit in ("plain", "aware")
         }
     results_path = args.out / "large_models.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for name, (model, options) in runs.items():
+        if name in results and not args.again:
+            continue
         result = measure(model, options, args.out / "compressed")
         results[name] = {"model": str(model), "options": options, **result}
         print(f"{name:45s} {result['seconds']:7.1f} s  {result['peak_gib']:5.2f} GiB peak", flush=True)

@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 from torch.nn import functional
+from tqdm.auto import tqdm
 
 from compressor.define import CHUNK, group_linear, mix
 from compressor.errors import ShapeError
@@ -147,7 +148,7 @@ def fit_define(
     target = weight.float()
     optimizer = torch.optim.Adam(module.parameters(), lr=lr)
     with torch.enable_grad():
-        for step in range(steps):
+        for step in tqdm(range(steps), desc="DeFINE fit", leave=False):
             ids = torch.multinomial(f, batch, replacement=True, generator=generator)
             optimizer.param_groups[0]["lr"] = lr * (1 - step / steps)
             optimizer.zero_grad()

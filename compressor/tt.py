@@ -9,6 +9,7 @@ import math
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from compressor.errors import ShapeError
 from compressor.ranks import check_rank, check_rel_eps, clamp_ranks
@@ -162,7 +163,7 @@ def tt_refit_under_metric(
     with torch.no_grad():
         start = float(loss())
     with torch.enable_grad():
-        for _ in range(steps):
+        for _ in tqdm(range(steps), desc="TT refit under the sensitivity", leave=False):
             optimizer.zero_grad()
             loss().backward()
             optimizer.step()

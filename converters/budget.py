@@ -203,6 +203,6 @@ def plan_for_budget(
     if widths:
         counts = ", ".join(f"{w} {[w_ for _, w_ in chosen_widths].count(w)}" for w in widths)
         notes.insert(1, f"layers by width: {counts}")
-    kind = getattr(configs[0], "kind", None)
-    label = "-".join(filter(None, ["+".join(methods), f"budget{budget}", "mixed" if widths else "", kind]))
+    fit = getattr(configs[0], "fit", None)
+    label = "-".join(filter(None, ["+".join(methods), f"budget{budget}", "mixed" if widths else "", fit]))
     return Plan(tuple(entries), name=label, notes=tuple(notes), widths=tuple(chosen_widths))

@@ -21,6 +21,7 @@ from torch import nn
 from compressor.errors import PlanError
 from compressor.tied_logits import TiedLogits
 from converters.kinds import kind_of
+from converters.methods.fit import legacy_fit
 from converters.registry import method_named, methods
 from converters.tying import TieConfig
 
@@ -66,6 +67,8 @@ class Plan:
             config_type = method_named(method).config
             known = {f.name for f in fields(config_type)}
             config = entry.get("config") or {}
+            if "fit" in known:
+                config = legacy_fit(config)  # a plan written before the fit was one field
             unknown = set(config) - known
             if unknown:
                 raise PlanError(f"plan entry {i}: {method} has no option(s) {sorted(unknown)}; known: {sorted(known)}")

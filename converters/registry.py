@@ -9,7 +9,7 @@ forms its modules may be exported in."""
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from torch import nn
@@ -20,7 +20,6 @@ from converters.calibration import Calibration
 
 __all__ = [
     "BudgetRule",
-    "KIND_METRICS",
     "Context",
     "Method",
     "Option",
@@ -33,6 +32,9 @@ __all__ = [
     "handler_for",
     "compact_modules",
     "given",
+    "option_field",
+    "field_options",
+    "config_from_options",
     "ExportForms",
     "export_forms",
 ]
@@ -61,18 +63,49 @@ class Context:
 @dataclass(frozen=True)
 class Option:
     """A command-line option of a method. Methods that share a flag share one argparse option (its
-    type must agree); `help` says what it means for this method, with this method's default; with
-    `many`, `run` takes several values and makes one variant per value."""
+    type must agree); `help` says what it means for this method and `default` is this method's (said
+    after the help); with `many`, `run` takes several values and makes one variant per value;
+    `aliases`: older spellings of the flag, still taken (a recipe's key too)."""
 
     flag: str
     help: str
     type: Callable = str
     choices: tuple = ()
     many: bool = False
+    aliases: tuple[str, ...] = ()
+    default: Any = None
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def said(self) -> str:
+        """The help with this method's default."""
+        return self.help if self.default is None else f"{self.help} (default: {self.default})"
+
+
+def option_field(default: Any, option: Option) -> Any:
+    """A config field whose default is `default` and whose command-line option is `option` (its help;
+    the default said after it is the field's, unless the option names one in words)."""
+    said = default if option.default is None else option.default
+    return field(default=default, metadata={"option": replace(option, default=said)})
+
+
+def field_options(config: type) -> tuple[Option, ...]:
+    """The command-line options of a config's fields, in field order."""
+    return tuple(f.metadata["option"] for f in fields(config) if "option" in f.metadata)
+
+
+def config_from_options(config: type) -> Callable[[dict[str, Any]], Any]:
+    """`from_options` for a config whose fields carry their options: each field given on the command
+    line (not None) takes its value, the rest keep the field's default."""
+
+    def build(values: dict[str, Any]) -> Any:
+        named = {f.name: f.metadata["option"].dest for f in fields(config) if "option" in f.metadata}
+        return config(**{name: values[dest] for name, dest in named.items() if values.get(dest) is not None})
+
+    return build
 
 
 def given(options: dict[str, Any], key: str, default: Any) -> Any:
@@ -81,16 +114,13 @@ def given(options: dict[str, Any], key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-KIND_METRICS = {"plain": "weight", "aware": "output", "fisher": "loss"}  # what a budget's losses measure, by kind
-
-
 @dataclass(frozen=True)
 class BudgetRule:
     """How a budget sizes a method's layers: `configure(module, cfg)` is the config one module gets,
     `resize(cfg, size)` that config at a size (default: its rank), and `cost(name, module, cfg,
     calibration)` the module's parameters and estimated loss at each size (a LayerCost from a
-    spectrum, or a MeasuredCost). `metric(cfg)` names what the losses measure (default: by the
-    config's kind, KIND_METRICS): "weight" (the weight's error), "output" (the output error on the
+    spectrum, or a MeasuredCost). `metric(cfg)` names what the losses measure (by the config's fit:
+    methods.fit.FIT_METRICS): "weight" (the weight's error), "output" (the output error on the
     calibration inputs; frequency-weighted rows for a table) or "loss" (the K-FAC loss estimate, the
     one unit common to every layer; the others are made relative per layer). Methods share a budget
     only when their losses measure the same thing. `size` names the size in notes; `sets`: the
@@ -100,8 +130,8 @@ class BudgetRule:
 
     cost: Callable[[str, nn.Module, Any, Calibration], LayerCost | MeasuredCost]
     configure: Callable[[nn.Module, Any], Any]
+    metric: Callable[[Any], str]
     bounds: Callable[[nn.Module, Any], tuple[int, int]] | None = None
-    metric: Callable[[Any], str] = lambda cfg: KIND_METRICS[cfg.kind]
     resize: Callable[[Any, int], Any] = lambda cfg, size: replace(cfg, rank=size)
     size: str = "rank"
     sets: tuple[str, ...] = ("rank",)

@@ -85,7 +85,7 @@ class CausalLMGraphKind(GraphKind):
         if path is not None or split != "finetune":
             return super().passages(path, split, minimum)
         texts = lm_passages(split)
-        where = "the default text's finetune split, the quarter no LM of examples/train_lm.py saw"
+        where = "the default text's finetune split, the quarter no LM of tools/train_lm.py saw"
         return texts, f"{where} ({len(texts)} passages)"
 
     def gated(self, output: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ SPLITS = ("eval", "calib", "finetune")  # pydoc's paragraph i: eval if i % 5 == 
 SECOND = "second"  # the second held-out text: by default news articles (texts.news)
 HELD_OUT = ("eval", SECOND)  # the texts quality is measured on
 FIT = ("calib", "finetune")  # the splits of the fit text
-LM_TRAIN = "train"  # the language models the project trains itself (examples/train_lm.py) learn from this split
+LM_TRAIN = "train"  # the language models the project trains itself (tools/train_lm.py) learn from this split
 BUILD = 1  # the fit text's recipe: raise it when the recipe changes, so that cached copies are built again
 
 

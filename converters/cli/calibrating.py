@@ -61,7 +61,7 @@ def calibration(args, model: nn.Module, source: Path, linear: list[str], sensiti
     say(
         f"calibrating on {len(texts)} passages, {len(linear)} linear layer(s)"
         f"{', with output sensitivities' if sensitivity else ''}: "
-        f"statistics of at most {statistics_bytes(model, linear, sensitivity) / 2**30:.2f} GiB"
+        f"statistics of at most {_in_mib_or_gib(statistics_bytes(model, linear, sensitivity))}"
     )
     calib = cached_calibration(
         cache, model, tokenizer, texts, linear, sensitivity=sensitivity, on_estimate=_say_estimate("calibration")
@@ -84,6 +84,10 @@ def calibration(args, model: nn.Module, source: Path, linear: list[str], sensiti
     return calib.with_prior(prior, args.prior_weight)
 
 
+def _in_mib_or_gib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size < 2**30 else f"{size / 2**30:.2f} GiB"
+
+
 def _say_estimate(what: str):
     return lambda seconds: say(f"{what}: about {seconds:.0f} s (from the first batch)")
 
@@ -92,8 +96,8 @@ def _check_statistics_fit(model: nn.Module, linear: list[str], sensitivity: bool
     """The calibration statistics fit in the memory left, said before the pass starts."""
     need, free = statistics_bytes(model, linear, sensitivity), available_memory()
     if free and need > free:
-        lighter = "--kind aware (no output sensitivities), " if sensitivity else ""
+        lighter = "--fit aware (no output sensitivities), " if sensitivity else ""
         raise CompressorError(
             f"the calibration statistics of {len(linear)} linear layer(s) need up to {need / 2**30:.1f} GiB and "
-            f"{free / 2**30:.1f} GiB are available: use {lighter}fewer --targets or --kind plain"
+            f"{free / 2**30:.1f} GiB are available: use {lighter}fewer --targets or --fit plain"
         )

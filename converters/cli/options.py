@@ -64,13 +64,15 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
         "then chooses among them layer by layer",
     )
     for flag, uses in _merged().items():
-        helps = [o.help for _, o in uses]
+        helps = [o.said for _, o in uses]
         shared = len(uses) > 1 and len(set(helps)) == 1  # one meaning for every method that has it
-        text = helps[0] if shared else "; ".join(f"{name}: {o.help}" for name, o in uses)
+        text = helps[0] if shared else "; ".join(f"{name}: {o.said}" for name, o in uses)
         choices = list(dict.fromkeys(c for _, o in uses for c in o.choices)) or None
         several = many and any(o.many for _, o in uses)
+        aliases = list(dict.fromkeys(a for _, o in uses for a in o.aliases))
         p.add_argument(
             flag,
+            *aliases,
             type=uses[0][1].type,
             choices=choices,
             nargs="+" if several else None,
@@ -313,10 +315,10 @@ def export_form_options(p: argparse.ArgumentParser, many: bool) -> None:
             choices=option.choices,
             nargs="+" if several else None,
             default=None,
-            help=option.help + (", one graph per value, named NAME-FORM" if several else ""),
+            help=option.said + (", one graph per value, named NAME-FORM" if several else ""),
         )
         for extra in forms.options:
-            p.add_argument(extra.flag, type=extra.type, choices=extra.choices or None, default=None, help=extra.help)
+            p.add_argument(extra.flag, type=extra.type, choices=extra.choices or None, default=None, help=extra.said)
 
 
 def export_form_values(args: argparse.Namespace) -> dict:

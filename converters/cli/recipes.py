@@ -1,7 +1,7 @@
 """Sweep recipes: a JSON file of variants, each a method with its options, an optional fine-tune
 and the quantization schemes to measure it in, parsed and checked here and run elsewhere.
 
-    {"variants": [{"name": "tt-64", "method": "tt", "rank": 64, "kind": "fisher",
+    {"variants": [{"name": "tt-64", "method": "tt", "rank": 64, "fit": "fisher",
                    "finetune_time": 300, "quantize": ["fp32", "int8"]}, ...]}
 
 A recipe's option keys are the options of `compressor run` that make one variant, spelled as
@@ -51,7 +51,7 @@ DEFAULT_RECIPE = {
     "targets": ["embeddings"],
     "keep": 0.25,
     "dense_head": 2048,
-    "kind": "aware",
+    "fit": "aware",
     "quantize": ["fp32", "int8-aware", "int4-aware"],
 }
 # The built-in grid: what `compressor sweep` runs without --recipes (15 minutes on 2 cores before
@@ -64,17 +64,17 @@ DEFAULT_RECIPES = {
             "method": "tt",
             "dense_head": 1024,
             "rank": 150,
-            "kind": "aware",
+            "fit": "aware",
             "finetune_time": 150,
             "quantize": ["fp32", "int8", "int8-aware"],
         },
-        {"name": "tt-r64", "method": "tt", "rank": 64, "kind": "aware", "quantize": ["fp32", "int8-aware"]},
+        {"name": "tt-r64", "method": "tt", "rank": 64, "fit": "aware", "quantize": ["fp32", "int8-aware"]},
         {
             "name": "linear-half",
             "method": "lowrank",
             "targets": ["linear"],
             "budget": "0.5",
-            "kind": "fisher",
+            "fit": "fisher",
             "quantize": ["fp32", "int8-aware", "int4-aware"],
         },
         {
@@ -83,7 +83,7 @@ DEFAULT_RECIPES = {
             "targets": ["all"],
             "budget": "0.5",
             "dense_head": 2048,
-            "kind": "fisher",
+            "fit": "fisher",
             "finetune_time": 240,
             "quantize": ["fp32", "int8-aware", "int4-aware"],
         },
@@ -104,9 +104,9 @@ class _Recorder:
         return action
 
 
-def _key(action: argparse.Action) -> str:
-    flag = next(f for f in action.option_strings if f.startswith("--"))
-    return flag[2:].replace("-", "_")
+def _keys(action: argparse.Action) -> list[str]:
+    """The recipe keys of an option: its flag's, then its older spellings'."""
+    return [f[2:].replace("-", "_") for f in action.option_strings if f.startswith("--")]
 
 
 @functools.cache
@@ -117,7 +117,7 @@ def _variant_options() -> dict[str, argparse.Action]:
     recorder = _Recorder()
     method_options(recorder, many=False)
     finetune_options(recorder, run=True)
-    return {_key(a): a for a in recorder.actions if _key(a) not in ("method", "plan", *SWEEP_WIDE)}
+    return {key: a for a in recorder.actions if _keys(a)[0] not in ("method", "plan", *SWEEP_WIDE) for key in _keys(a)}
 
 
 @functools.cache
@@ -153,7 +153,7 @@ class Recipe:
 
     def to_dict(self) -> dict:
         """The recipe as a variant of a recipe file."""
-        keys = {a.dest: key for key, a in _variant_options().items()}
+        keys = {a.dest: _keys(a)[0] for a in _variant_options().values()}
         named = {} if self.name is None else {"name": self.name}
         return {
             **named,

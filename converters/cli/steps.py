@@ -65,10 +65,10 @@ def _method_names(args: argparse.Namespace) -> list[str]:
     return [args.method] if isinstance(args.method, str) else list(dict.fromkeys(args.method))
 
 
-def _config_sets(args: argparse.Namespace, default_kind: str | None = None) -> list[tuple]:
+def _config_sets(args: argparse.Namespace, default_fit: str | None = None) -> list[tuple]:
     """One config per method of --method, for each combination of the values given to their options
-    (in their order); a flag the methods share gives each of them the same value. `default_kind`: the
-    kind where --kind was not given (else each method's own default)."""
+    (in their order); a flag the methods share gives each of them the same value. `default_fit`: the
+    fit where --fit was not given (else each method's own default)."""
     chosen = [method_named(name) for name in _method_names(args)]
     own = {o.dest for m in chosen for o in m.options}
     for name, other in methods().items():
@@ -78,8 +78,8 @@ def _config_sets(args: argparse.Namespace, default_kind: str | None = None) -> l
                 raise CompressorError(f"{option.flag} is an option of --method {name}, not of {names}")
     dests = list(dict.fromkeys(o.dest for m in chosen for o in m.options))
     given = {d: getattr(args, d, None) for d in dests}
-    if default_kind is not None and given.get("kind") is None:
-        given["kind"] = default_kind
+    if default_fit is not None and given.get("fit") is None:
+        given["fit"] = default_fit
     lists = [v if isinstance(v, list) else [v] for v in given.values()]
     sets = []
     for combo in itertools.product(*lists):
@@ -88,9 +88,9 @@ def _config_sets(args: argparse.Namespace, default_kind: str | None = None) -> l
     return sets
 
 
-def plans_from_args(args: argparse.Namespace, default_kind: str | None = None) -> list[Plan]:
+def plans_from_args(args: argparse.Namespace, default_fit: str | None = None) -> list[Plan]:
     """One plan from --plan, else one per combination of the method's option values (a --budget
-    plan needs the model and is made by plans_and_calibration); `default_kind` as _config_sets."""
+    plan needs the model and is made by plans_and_calibration); `default_fit` as _config_sets."""
     if args.plan is not None:
         if not args.plan.is_file():
             raise CompressorError(f"plan file {str(args.plan)!r} does not exist")
@@ -107,7 +107,7 @@ def plans_from_args(args: argparse.Namespace, default_kind: str | None = None) -
             f"--method {' '.join(names)} needs --budget, which chooses among them layer by layer; without it "
             "name one method, or map targets to methods in a --plan"
         )
-    sets = _config_sets(args, default_kind)
+    sets = _config_sets(args, default_fit)
     return [Plan(tuple((t, cfg) for t in args.targets for cfg in configs)) for configs in sets]
 
 
@@ -195,32 +195,32 @@ def _block(args: argparse.Namespace) -> int:
     return getattr(args, "block_size", None) or INT4_BLOCK
 
 
-def _lighter_kind(args, model: nn.Module, linear: list[str], sensitivity: bool) -> str | None:
-    """ "aware" when the default kind (fisher) was not asked for by name and its output sensitivities
+def _lighter_fit(args, model: nn.Module, linear: list[str], sensitivity: bool) -> str | None:
+    """The fit "aware" when the default (fisher) was not asked for by name and its output sensitivities
     would not fit in the memory left (said); None: the plans stand."""
-    if not sensitivity or getattr(args, "kind", None) is not None or args.plan is not None:
+    if not sensitivity or getattr(args, "fit", None) is not None or args.plan is not None:
         return None
     need, free = statistics_bytes(model, linear, True), available_memory()
     if not free or need <= free:
         return None
     say(
-        f"the default kind, fisher, needs output sensitivities and Grams of up to {need / 2**30:.1f} GiB and "
-        f"{free / 2**30:.1f} GiB are available: this model is fitted with --kind aware"
+        f"the default fit, fisher, needs output sensitivities and Grams of up to {need / 2**30:.1f} GiB and "
+        f"{free / 2**30:.1f} GiB are available: this model is fitted with --fit aware"
     )
     return "aware"
 
 
 def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Plan], Calibration | None]:
     """The plans to apply (checked first: check_plans), and calibration statistics when any of them needs data;
-    the default kind lighter where its statistics would not fit (_lighter_kind)."""
+    the default fit lighter where its statistics would not fit (_lighter_fit)."""
     plans = check_plans(args, model)
     if args.budget is not None:
         sets = _config_sets(args)
         probes = [Plan(tuple((t, cfg) for t in args.targets)) for configs in sets for cfg in configs]
         linear = _linear_names(model, probes)
         sensitivity = any(method_of(cfg).needs_sensitivity(cfg) for configs in sets for cfg in configs)
-        if kind := _lighter_kind(args, model, linear, sensitivity):
-            sets, sensitivity = _config_sets(args, kind), False
+        if fit := _lighter_fit(args, model, linear, sensitivity):
+            sets, sensitivity = _config_sets(args, fit), False
         calib = calibration(args, model, source, linear, sensitivity)
         widths, block = _widths(args), _block(args)
         plans = [plan_for_budget(model, args.targets, args.budget, calib, c, widths, block) for c in sets]
@@ -230,8 +230,8 @@ def plans_and_calibration(args, model: nn.Module, source: Path) -> tuple[list[Pl
         return plans, None
     linear = _linear_names(model, plans)
     sensitivity = any(m.needs_sensitivity(cfg) for m, cfg in methods_of)
-    if kind := _lighter_kind(args, model, linear, sensitivity):
-        plans, sensitivity = plans_from_args(args, kind), False
+    if fit := _lighter_fit(args, model, linear, sensitivity):
+        plans, sensitivity = plans_from_args(args, fit), False
     return plans, calibration(args, model, source, linear, sensitivity)
 
 

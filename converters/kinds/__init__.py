@@ -52,4 +52,11 @@ def kind_for_config(path: Path) -> ModelKind:
     for kind in KINDS:
         if kind.recognises_config(config):
             return kind
-    raise CompressorError(f"{str(path)!r} holds no model kind the toolkit knows")
+    what = config.get("model_type") or "no model_type"
+    named = ", ".join(config.get("architectures") or ()) or "no architectures"
+    raise CompressorError(
+        f"{str(path)!r} holds a model ({what}, {named}) that no kind takes: the kinds are causal-lm (architectures "
+        "ending in ForCausalLM or LMHeadModel, or a type transformers builds as a causal LM only) and encoder (a type "
+        "transformers also builds as a masked LM: BERT, RoBERTa, XLM-R, MPNet, DeBERTa, ModernBERT, ELECTRA …); "
+        "encoder–decoder models are not taken"
+    )

@@ -39,7 +39,12 @@ class EncoderKind(ModelKind):
         return hasattr(model, "get_input_embeddings")
 
     def recognises_config(self, config: dict) -> bool:
-        return True
+        """A text encoder: a model type transformers also builds as a masked LM (BERT, RoBERTa, XLM-R,
+        MPNet, DeBERTa, ModernBERT, ELECTRA …), not an encoder–decoder (BART's type has a masked LM too)."""
+        from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+        masked = config.get("model_type") in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+        return masked and not config.get("is_encoder_decoder", False)
 
     def load(self, path: Path) -> nn.Module:
         from transformers import AutoModel

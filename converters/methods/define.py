@@ -1,5 +1,5 @@
 """DeFINE (DESIGN §2.4): the config, the fit of a unit to a trained nn.Embedding, the export forms,
-and the registration. Kinds: plain (the unit regressed on the table's rows), aware (rows weighted
+and the registration. Fits: plain (the unit regressed on the table's rows), aware (rows weighted
 by calibration token frequencies), fisher (aware, under the embedding output's sensitivity).
 
 Export forms (--define-export): compute (the V×n map and the HGT, as compressed), cache (the unit
@@ -15,14 +15,25 @@ from torch import nn
 from compressor.define import hgt_schedule
 from compressor.define_embedding import DefineEmbedding, DefineEmbeddingSpec
 from compressor.define_hybrid import HybridEmbedding
-from compressor.errors import CompressorError, PlanError, ShapeError
+from compressor.errors import CompressorError, ShapeError
 from compressor.head_tail import HeadTailEmbedding
 from converters.methods.dense_head import DENSE_HEAD_OPTION, check_dense_head, check_head_fits, with_dense_head
-from converters.registry import Context, ExportForms, Method, Option, Skip, given, register
+from converters.methods.fit import check_fit, fit_option, needs_data, needs_sensitivity
+from converters.registry import (
+    Context,
+    ExportForms,
+    Method,
+    Option,
+    Skip,
+    config_from_options,
+    field_options,
+    given,
+    option_field,
+    register,
+)
 
-__all__ = ["DefineConfig", "DEFINE_KINDS", "DEFINE_FORMS", "HYBRID_HEAD"]
+__all__ = ["DefineConfig", "DEFINE_FORMS", "HYBRID_HEAD"]
 
-DEFINE_KINDS = ("plain", "aware", "fisher")
 DEFINE_FORMS = ("compute", "cache", "hybrid")
 HYBRID_HEAD = 2048  # tokens whose outputs a hybrid export caches, by default
 
@@ -31,25 +42,31 @@ HYBRID_HEAD = 2048  # tokens whose outputs a hybrid export caches, by default
 class DefineConfig:
     """A DeFINE unit: a V×n map, N group linear layers widening n to k (g_max groups first, halved at
     each next layer, at least 1), the mixer, and a reduce to the table's width; fitted to the trained
-    table by `kind`; with `dense_head`, the K most frequent tokens keep exact rows and the unit holds the rest."""
+    table by `fit`; with `dense_head`, the K most frequent tokens keep exact rows and the unit holds the rest."""
 
     method: ClassVar[str] = "define"
-    n: int = 64
-    k: int = 1024
-    layers: int = 3
-    max_groups: int = 4
-    kind: str = "fisher"
-    dense_head: int = 0
+    n: int = option_field(64, Option("--define-n", "the map's width n, below the table's", int, many=True))
+    k: int = option_field(1024, Option("--define-k", "the widest layer's width k, at least 2n", int, many=True))
+    layers: int = option_field(
+        3, Option("--define-layers", "group linear layers N, widths spaced linearly from n to k", int, many=True)
+    )
+    max_groups: int = option_field(
+        4, Option("--define-groups", "groups g_max of the first layer, halved at each next one", int)
+    )
+    fit: str = option_field(
+        "fisher",
+        fit_option("rows weighted by calibration token frequencies", "the unit regressed on the table's rows"),
+    )
+    dense_head: int = option_field(0, DENSE_HEAD_OPTION)
 
     def __post_init__(self):
         check_dense_head(self.dense_head)
-        if self.kind not in DEFINE_KINDS:
-            raise PlanError(f"a DeFINE kind is one of {', '.join(DEFINE_KINDS)}, got {self.kind!r}")
+        check_fit(self.fit, "DeFINE")
         hgt_schedule(self.n, self.k, self.layers, self.max_groups)
 
     def label(self) -> str:
         head = [f"head{self.dense_head}"] if self.dense_head else []
-        return "-".join(["define", *head, f"n{self.n}-k{self.k}-l{self.layers}-g{self.max_groups}", self.kind])
+        return "-".join(["define", *head, f"n{self.n}-k{self.k}-l{self.layers}-g{self.max_groups}", self.fit])
 
 
 def _check(name: str, module: nn.Embedding, cfg: DefineConfig) -> None:
@@ -66,8 +83,8 @@ def _build(module: nn.Embedding, cfg: DefineConfig, ctx: Context) -> nn.Module |
     params = cfg.dense_head * dim + tail.params()
     if params >= rows * dim:
         return Skip(f"a DeFINE unit of {params:,} parameters would not save any of a {rows}×{dim} table")
-    calib = None if cfg.kind == "plain" else ctx.require_calibration(f"the {cfg.kind} DeFINE fit")
-    sensitivity = calib.sensitivity(ctx.name) if cfg.kind == "fisher" else None
+    calib = ctx.require_calibration(f"the {cfg.fit} DeFINE fit") if needs_data(cfg.fit) else None
+    sensitivity = calib.sensitivity(ctx.name) if needs_sensitivity(cfg.fit) else None
 
     def build(weight, ids):
         freq = None if calib is None else calib.counts[ids].to(torch.float64) + 1.0  # +1: unseen tokens still count
@@ -113,46 +130,17 @@ def _prepare(module: nn.Module, form: str, values: dict[str, Any], frequencies) 
     return HybridEmbedding.from_unit(module, frequencies().head_tokens(k))
 
 
-def _from_options(o: dict) -> DefineConfig:
-    return DefineConfig(
-        n=given(o, "define_n", 64),
-        k=given(o, "define_k", 1024),
-        layers=given(o, "define_layers", 3),
-        max_groups=given(o, "define_groups", 4),
-        kind=given(o, "kind", "fisher"),
-        dense_head=given(o, "dense_head", 0),
-    )
-
-
 register(
     Method(
         config=DefineConfig,
         accepts=(nn.Embedding,),
         build=_build,
         compact=(DefineEmbedding, HeadTailEmbedding),
-        options=(
-            Option("--define-n", "the map's width n, below the table's (default: 64)", int, many=True),
-            Option("--define-k", "the widest layer's width k, at least 2n (default: 1024)", int, many=True),
-            Option(
-                "--define-layers",
-                "group linear layers N, widths spaced linearly from n to k (default: 3)",
-                int,
-                many=True,
-            ),
-            Option("--define-groups", "groups g_max of the first layer, halved at each next one (default: 4)", int),
-            Option(
-                "--kind",
-                "fisher (aware, and the rows' errors weighted by how much the model's output feels them), aware "
-                "(rows weighted by calibration token frequencies) — both need calibration — or plain (default: fisher)",
-                choices=DEFINE_KINDS,
-                many=True,
-            ),
-            DENSE_HEAD_OPTION,
-        ),
-        from_options=_from_options,
+        options=field_options(DefineConfig),
+        from_options=config_from_options(DefineConfig),
         check=_check,
-        needs_calibration=lambda cfg: cfg.kind != "plain" or cfg.dense_head > 0,
-        needs_sensitivity=lambda cfg: cfg.kind == "fisher",
+        needs_calibration=lambda cfg: needs_data(cfg.fit) or cfg.dense_head > 0,
+        needs_sensitivity=lambda cfg: needs_sensitivity(cfg.fit),
         export_forms=ExportForms(
             option=Option(
                 "--define-export",

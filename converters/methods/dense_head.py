@@ -11,7 +11,7 @@ __all__ = ["with_dense_head", "check_dense_head", "check_head_fits", "DENSE_HEAD
 
 DENSE_HEAD_OPTION = Option(
     "--dense-head",
-    "embeddings: keep the rows of the K most frequent calibration tokens exact and compress the rest (default: 0)",
+    "embeddings: keep the rows of the K most frequent calibration tokens exact and compress the rest",
     int,
 )
 

@@ -1,5 +1,5 @@
 """Low-rank factors (DESIGN §2.2): the config, the build of linear layers and embeddings, the
-budget rule, and the registration. Kinds: plain SVD; aware (activation-aware linear layers,
+budget rule, and the registration. Fits: plain SVD; aware (activation-aware linear layers,
 frequency-weighted embeddings); fisher (aware, each layer's output weighted by its sensitivity)."""
 
 from dataclasses import dataclass
@@ -18,55 +18,71 @@ from compressor.lowrank_linear import LowRankLinear
 from compressor.ranks import check_rank
 from converters.calibration import Calibration
 from converters.methods.dense_head import DENSE_HEAD_OPTION, check_dense_head, check_head_fits, with_dense_head
-from converters.registry import BudgetRule, Context, Method, Option, Skip, given, register
+from converters.methods.fit import check_fit, fit_metric, fit_option, needs_data, needs_sensitivity
+from converters.registry import (
+    BudgetRule,
+    Context,
+    Method,
+    Option,
+    Skip,
+    config_from_options,
+    field_options,
+    option_field,
+    register,
+)
 
-__all__ = ["LowRankConfig", "LOWRANK_KINDS"]
-
-LOWRANK_KINDS = ("plain", "aware", "fisher")
+__all__ = ["LowRankConfig"]
 
 
 @dataclass(frozen=True)
 class LowRankConfig:
-    """Low-rank factors W ≈ up · down at `rank`, or at the rank that keeps the fraction `keep` of
-    the module's parameters. Linear layers: activation-aware when `whiten` (needs calibration).
-    Embeddings: rows weighted by token frequency when `weighted`, and an exact `dense_head`.
-    `sensitive` adds each layer's output sensitivity to either (the "fisher" kind)."""
+    """Low-rank factors W ≈ up · down at `rank`, or (no rank) at the rank that keeps the fraction `keep`
+    of the module's parameters; embeddings may keep an exact `dense_head`. Fitted `plain` (SVD),
+    `aware` (activation-aware linear layers, frequency-weighted embeddings) or `fisher` (aware, and
+    each layer's output weighted by its sensitivity)."""
 
     method: ClassVar[str] = "lowrank"
-    rank: int | None = None
-    keep: float | None = 0.5
-    whiten: bool = True
-    weighted: bool = True
-    dense_head: int = 0
-    sensitive: bool = False
-
-    @classmethod
-    def of_kind(cls, kind: str, **options) -> "LowRankConfig":
-        """plain: SVD; aware: activation-aware / frequency-weighted; fisher: aware + output sensitivity."""
-        if kind not in LOWRANK_KINDS:
-            raise PlanError(f"a low-rank kind is one of {', '.join(LOWRANK_KINDS)}, got {kind!r}")
-        aware = kind != "plain"
-        return cls(whiten=aware, weighted=aware, sensitive=kind == "fisher", **options)
+    rank: int | None = option_field(None, Option("--rank", "the rank", int, many=True, default="from --keep"))
+    keep: float | None = option_field(
+        0.5, Option("--keep", "without --rank: keep this fraction of each module's parameters", float)
+    )
+    dense_head: int = option_field(0, DENSE_HEAD_OPTION)
+    fit: str = option_field(
+        "fisher",
+        fit_option(
+            "activation-aware for linear layers, frequency-weighted for embeddings", "SVD of the weight or table"
+        ),
+    )
 
     @property
-    def kind(self) -> str:
-        return "fisher" if self.sensitive else "aware" if self.whiten else "plain"
+    def whiten(self) -> bool:
+        """A linear layer's factors fitted in its input Gram's metric."""
+        return needs_data(self.fit)
+
+    @property
+    def weighted(self) -> bool:
+        """A table's rows weighted by their calibration frequency."""
+        return needs_data(self.fit)
+
+    @property
+    def sensitive(self) -> bool:
+        return needs_sensitivity(self.fit)
 
     def __post_init__(self):
         check_dense_head(self.dense_head)
-        if self.sensitive and not (self.whiten and self.weighted):
-            raise PlanError("output sensitivity (fisher) builds on activation-aware and frequency-weighted factors")
+        check_fit(self.fit, "low-rank")
         if self.rank is None and self.keep is None:
             raise PlanError("a low-rank plan needs a rank or a fraction of parameters to keep; got neither")
         if self.rank is not None:
             check_rank(self.rank)
+            object.__setattr__(self, "keep", None)  # a rank is the size; keep is what sizes it otherwise
         if self.keep is not None and (isinstance(self.keep, bool) or not 0 < self.keep < 1):
             raise PlanError(f"the fraction of parameters to keep must lie in (0, 1), got {self.keep!r}")
 
     def label(self) -> str:
         size = f"r{self.rank}" if self.rank is not None else f"keep{self.keep:g}"
         head = [f"head{self.dense_head}"] if self.dense_head else []
-        return "-".join(["lowrank", *head, size, self.kind])
+        return "-".join(["lowrank", *head, size, self.fit])
 
 
 def _weight(module: nn.Module):
@@ -127,7 +143,7 @@ def _build(module: nn.Module, cfg: LowRankConfig, ctx: Context) -> nn.Module | S
 def _layer_cost(name: str, module: nn.Module, cfg: LowRankConfig, calib: Calibration) -> LayerCost:
     """The layer's cost per rank and the singular values its truncation under `cfg` will use:
     of W S (S the input whitener) for linear layers, of the frequency-weighted tail rows for
-    embeddings; mapped by the output sensitivity's root with the fisher kind."""
+    embeddings; mapped by the output sensitivity's root with the fisher fit."""
     w = _weight(module).detach().to(torch.float64)
     out = cholesky_whitener(calib.sensitivity(name), SENSITIVITY_DAMP)[0] if cfg.sensitive else None
     per_rank, dense, fixed = _footprint(module, cfg)
@@ -160,17 +176,7 @@ def _bounds(module: nn.Module, cfg: LowRankConfig) -> tuple[int, int]:
 def _for_budget(module: nn.Module, cfg: LowRankConfig) -> LowRankConfig:
     """The config a budget gives one module: a rank (set later), no keep; the dense head on embeddings only."""
     head = cfg.dense_head if isinstance(module, nn.Embedding) else 0
-    return LowRankConfig.of_kind(cfg.kind, rank=1, keep=None, dense_head=head)
-
-
-def _from_options(o: dict) -> LowRankConfig:
-    rank = o.get("rank")
-    return LowRankConfig.of_kind(
-        given(o, "kind", "fisher"),
-        rank=rank,
-        keep=given(o, "keep", 0.5) if rank is None else None,
-        dense_head=given(o, "dense_head", 0),
-    )
+    return LowRankConfig(rank=1, dense_head=head, fit=cfg.fit)
 
 
 register(
@@ -179,23 +185,13 @@ register(
         accepts=(*LINEAR_TYPES, nn.Embedding),
         build=_build,
         compact=(LowRankLinear, LowRankEmbedding, HeadTailEmbedding),
-        options=(
-            Option("--rank", "the rank (default: from --keep)", int, many=True),
-            Option(
-                "--kind",
-                "fisher (aware, and each layer's output weighted by how much the model's output feels it), aware "
-                "(activation-aware for linear layers, frequency-weighted for embeddings) — both need calibration — "
-                "or plain SVD (default: fisher)",
-                choices=LOWRANK_KINDS,
-                many=True,
-            ),
-            Option("--keep", "without --rank: keep this fraction of each module's parameters (default: 0.5)", float),
-            DENSE_HEAD_OPTION,
-        ),
-        from_options=_from_options,
+        options=field_options(LowRankConfig),
+        from_options=config_from_options(LowRankConfig),
         check=lambda name, module, cfg: check_head_fits(name, module, cfg.dense_head),
-        needs_calibration=lambda cfg: cfg.whiten or cfg.weighted or cfg.dense_head > 0,
-        needs_sensitivity=lambda cfg: cfg.sensitive,
-        budget=BudgetRule(cost=_layer_cost, configure=_for_budget, bounds=_bounds, sets=("rank", "keep")),
+        needs_calibration=lambda cfg: needs_data(cfg.fit) or cfg.dense_head > 0,
+        needs_sensitivity=lambda cfg: needs_sensitivity(cfg.fit),
+        budget=BudgetRule(
+            cost=_layer_cost, configure=_for_budget, metric=fit_metric, bounds=_bounds, sets=("rank", "keep")
+        ),
     )
 )

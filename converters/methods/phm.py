@@ -1,5 +1,5 @@
 """PHM / Kronecker sums (DESIGN §2.3, R2D2): the config, the build of linear layers (nn.Linear and
-Hugging Face's Conv1D), the budget rule, and the registration. Kinds: plain (the nearest Kronecker
+Hugging Face's Conv1D), the budget rule, and the registration. Fits: plain (the nearest Kronecker
 sum, Van Loan–Pitsianis); aware (refitted to the layer's output error on calibration inputs);
 fisher (aware, each layer's output weighted by its sensitivity, as the low-rank fisher kind)."""
 
@@ -12,39 +12,52 @@ from transformers.pytorch_utils import Conv1D
 
 from compressor.budget import MeasuredCost
 from compressor.dense import dense_weight
-from compressor.errors import PlanError, ShapeError
+from compressor.errors import ShapeError
 from compressor.phm import check_block_count, check_block_size, check_terms, kron_sum_factors
 from compressor.phm_fit import kron_sum_metric_error, output_metrics
 from compressor.phm_linear import PHMLinear
 from converters.calibration import Calibration
-from converters.registry import BudgetRule, Context, Method, Option, Skip, given, register
+from converters.methods.fit import check_fit, fit_metric, fit_option, needs_data, needs_sensitivity
+from converters.registry import (
+    BudgetRule,
+    Context,
+    Method,
+    Option,
+    Skip,
+    config_from_options,
+    field_options,
+    option_field,
+    register,
+)
 
-__all__ = ["PHMConfig", "PHM_KINDS"]
-
-PHM_KINDS = ("plain", "aware", "fisher")
+__all__ = ["PHMConfig"]
 
 
 @dataclass(frozen=True)
 class PHMConfig:
     """Each linear layer W (K×D) as Σ_{i=1}^{terms} A_i ⊗ S_i, A_i n×n and S_i (K/n)×(D/n): n must
-    divide K and D; `terms` from 1 to n² (default n, R2D2's choice; n² is exact). `kind`: plain, aware
-    or fisher (the last two need calibration)."""
+    divide K and D; `terms` from 1 to n² (None: n, R2D2's choice; n² is exact). Fitted `plain` (the
+    nearest Kronecker sum), `aware` or `fisher` (both refitted on calibration inputs)."""
 
     method: ClassVar[str] = "phm"
-    n: int = 4
-    terms: int | None = None  # None: n
-    kind: str = "fisher"
+    n: int = option_field(4, Option("--n", "the block size n, dividing both dimensions of every layer", int, many=True))
+    terms: int | None = option_field(
+        None, Option("--terms", "Kronecker terms, 1 to n²", int, many=True, default="n; n² is exact")
+    )
+    fit: str = option_field(
+        "fisher",
+        fit_option("refitted to each layer's output error on calibration inputs", "the nearest Kronecker sum"),
+    )
 
     def __post_init__(self):
         check_block_count(self.n)
         if self.terms is None:
             object.__setattr__(self, "terms", self.n)
         check_terms(self.terms, self.n)
-        if self.kind not in PHM_KINDS:
-            raise PlanError(f"a PHM kind is one of {', '.join(PHM_KINDS)}, got {self.kind!r}")
+        check_fit(self.fit, "PHM")
 
     def label(self) -> str:
-        return f"phm-n{self.n}-t{self.terms}-{self.kind}"
+        return f"phm-n{self.n}-t{self.terms}-{self.fit}"
 
 
 def _check(name: str, module: nn.Module, cfg: PHMConfig) -> None:
@@ -63,10 +76,10 @@ def _build(module: nn.Module, cfg: PHMConfig, ctx: Context) -> nn.Module | Skip:
             f"{terms} Kronecker terms at n = {n} would not save parameters: "
             f"{terms}·({n}² + {rows}·{cols}/{n}²) ≥ {rows}·{cols}"
         )
-    if cfg.kind == "plain":
+    if not needs_data(cfg.fit):
         return PHMLinear.from_linear(module, n, terms)
-    calib = ctx.require_calibration(f"the {cfg.kind} PHM fit")
-    sensitivity = calib.sensitivity(ctx.name) if cfg.kind == "fisher" else None
+    calib = ctx.require_calibration(f"the {cfg.fit} PHM fit")
+    sensitivity = calib.sensitivity(ctx.name) if needs_sensitivity(cfg.fit) else None
     return PHMLinear.from_linear(module, n, terms, calib.gram(ctx.name), sensitivity)
 
 
@@ -94,7 +107,7 @@ def _layer_cost(name: str, module: nn.Module, cfg: PHMConfig, calib: Calibration
     R(W)'s spectrum, exact (the plain fit is the truncated SVD of R(W)). aware and fisher: no closed
     form, so the t-term nearest Kronecker sum's error under the fit's own metric ‖Lᵀ (W − H) S‖²
     (kron_sum_metric_error: the output error, and with fisher the K-FAC loss estimate of the
-    low-rank fisher kind, in the same units) — the refit starts from that sum and never raises it,
+    low-rank fisher fit, in the same units) — the refit starts from that sum and never raises it,
     so the estimate is an upper bound of the loss of the layer built; one metric product per t,
     no refit (seconds for a model, where refitting every t would take minutes a layer)."""
     w = dense_weight(module).detach().to(torch.float64)
@@ -102,19 +115,15 @@ def _layer_cost(name: str, module: nn.Module, cfg: PHMConfig, calib: Calibration
     n, (sizes, params, dense) = cfg.n, _sizes(module, cfg)
     most = len(sizes)
     factors = kron_sum_factors(w, n, max(most, 1))
-    if cfg.kind == "plain":
+    if not needs_data(cfg.fit):
         energy = factors.spectrum.pow(2)
         losses = tuple(float(energy[t:].sum()) for t in sizes)
         return MeasuredCost(name, sizes, params, losses, float(energy.sum()), dense)
-    sensitivity = calib.sensitivity(name) if cfg.kind == "fisher" else None
+    sensitivity = calib.sensitivity(name) if needs_sensitivity(cfg.fit) else None
     gx, gy = output_metrics(calib.gram(name), sensitivity, rows, cols)
     a, s = factors.a, factors.s
     losses = tuple(kron_sum_metric_error(a[:t], s[:t], w, gx, gy) for t in sizes)
     return MeasuredCost(name, sizes, params, losses, kron_sum_metric_error(a[:0], s[:0], w, gx, gy), dense)
-
-
-def _from_options(o: dict) -> PHMConfig:
-    return PHMConfig(n=given(o, "n", 4), terms=o.get("terms"), kind=given(o, "kind", "fisher"))
 
 
 register(
@@ -123,25 +132,15 @@ register(
         accepts=(nn.Linear, Conv1D),
         build=_build,
         compact=(PHMLinear,),
-        options=(
-            Option("--n", "the block size n, dividing both dimensions of every layer (default: 4)", int, many=True),
-            Option("--terms", "Kronecker terms, 1 to n² (default: n; n² is exact)", int, many=True),
-            Option(
-                "--kind",
-                "fisher (aware, and each layer's output weighted by how much the model's output feels it), aware "
-                "(refitted to each layer's output error on calibration inputs) — both need calibration — or plain "
-                "(the nearest Kronecker sum of the weight) (default: fisher)",
-                choices=PHM_KINDS,
-                many=True,
-            ),
-        ),
-        from_options=_from_options,
+        options=field_options(PHMConfig),
+        from_options=config_from_options(PHMConfig),
         check=_check,
-        needs_calibration=lambda cfg: cfg.kind != "plain",
-        needs_sensitivity=lambda cfg: cfg.kind == "fisher",
+        needs_calibration=lambda cfg: needs_data(cfg.fit),
+        needs_sensitivity=lambda cfg: needs_sensitivity(cfg.fit),
         budget=BudgetRule(
             cost=_layer_cost,
             configure=lambda module, cfg: cfg,
+            metric=fit_metric,
             bounds=_bounds,
             resize=lambda cfg, terms: replace(cfg, terms=terms),
             size="terms",

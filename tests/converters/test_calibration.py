@@ -172,8 +172,8 @@ def test_data_aware_plans_need_calibration(tiny_bert_dir):
 @pytest.mark.parametrize("kind", ["aware", "fisher"])
 def test_lowrank_plan_round_trips_and_exports(tiny_bert_dir, calib, tmp_path, kind):
     model, source = load_model(tiny_bert_dir)
-    embeddings = LowRankConfig.of_kind(kind, keep=0.3, dense_head=10)
-    plan = Plan((("embeddings", embeddings), ("linear", LowRankConfig.of_kind(kind, keep=0.4))))
+    embeddings = LowRankConfig(fit=kind, keep=0.3, dense_head=10)
+    plan = Plan((("embeddings", embeddings), ("linear", LowRankConfig(fit=kind, keep=0.4))))
     assert Plan.from_json(plan.to_json()) == plan
     report = compress_(model, plan, calib, progress=False)
     assert isinstance(model.get_input_embeddings(), HeadTailEmbedding)
@@ -185,7 +185,7 @@ def test_lowrank_plan_round_trips_and_exports(tiny_bert_dir, calib, tmp_path, ki
     assert export_onnx(loaded, tmp_path / "m.onnx").parity_max_abs <= 1e-4
 
 
-@pytest.mark.parametrize("config", [TTConfig(rank=4, dense_head=16), TTConfig(rank=4, weighted=True)])
+@pytest.mark.parametrize("config", [TTConfig(rank=4, dense_head=16), TTConfig(rank=4, fit="aware")])
 def test_tt_with_dense_head_or_weights_exports(tiny_bert_dir, calib, tmp_path, config):
     model, _ = load_model(tiny_bert_dir)
     compress_(model, Plan((("embeddings", config),)), calib, progress=False)
@@ -196,13 +196,13 @@ def test_weighted_tt_fits_the_calibration_tokens_better(tiny_bert_dir, calib):
     table = load_model(tiny_bert_dir)[0].get_input_embeddings().weight.detach()
     seen = calib.counts > 0
     errors = {}
-    for weighted in (False, True):
+    for fit in ("plain", "aware"):
         model, _ = load_model(tiny_bert_dir)
-        compress_(model, Plan((("embeddings", TTConfig(rank=4, weighted=weighted)),)), calib, progress=False)
-        errors[weighted] = float(((model.get_input_embeddings().to_dense() - table)[seen] ** 2).sum())
-    assert errors[True] < errors[False]
+        compress_(model, Plan((("embeddings", TTConfig(rank=4, fit=fit)),)), calib, progress=False)
+        errors[fit] = float(((model.get_input_embeddings().to_dense() - table)[seen] ** 2).sum())
+    assert errors["aware"] < errors["plain"]
     with pytest.raises(PlanError, match="2 cores"):
-        TTConfig(weighted=True, num_cores=3)
+        TTConfig(fit="aware", num_cores=3)
 
 
 def test_a_rank_that_saves_nothing_leaves_the_layer_dense(tiny_bert_dir, calib):
@@ -216,7 +216,7 @@ def test_budget_plan_stays_within_budget(tiny_bert_dir, calib, kind):
     model, _ = load_model(tiny_bert_dir)
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and not n.startswith("pooler")]
     before = sum(model.get_submodule(n).weight.numel() for n in names)
-    plan = plan_for_budget(model, ["linear"], "0.5", calib, LowRankConfig.of_kind(kind))
+    plan = plan_for_budget(model, ["linear"], "0.5", calib, LowRankConfig(fit=kind))
     compress_(model, plan, calib, progress=False)
 
     def weights(m):
@@ -227,11 +227,17 @@ def test_budget_plan_stays_within_budget(tiny_bert_dir, calib, kind):
     assert any(what in note for note in plan.notes)
 
 
-def test_fisher_needs_the_aware_factors_and_a_known_kind():
-    with pytest.raises(PlanError, match="builds on activation-aware"):
-        LowRankConfig(whiten=False, sensitive=True)
-    with pytest.raises(PlanError, match="kind is one of"):
-        LowRankConfig.of_kind("clever")
+def test_a_fit_is_one_of_three_and_a_plan_file_of_the_old_flags_still_reads():
+    with pytest.raises(PlanError, match="fit is one of plain, aware, fisher"):
+        LowRankConfig(fit="clever")
+    old = {"target": "linear", "method": "lowrank", "config": {"rank": 4, "keep": None, "whiten": True}}
+    phm = {"target": "ffn", "method": "phm", "config": {"n": 4, "kind": "plain"}}
+    old["config"].update(weighted=True, sensitive=False, dense_head=0)
+    plan = Plan.from_dict({"version": 1, "entries": [old, phm]})
+    assert [cfg.fit for _, cfg in plan.entries] == ["aware", "plain"]
+    mixed = {**old, "config": {**old["config"], "whiten": False}}
+    with pytest.raises(PlanError, match="mixes fits"):
+        Plan.from_dict({"version": 1, "entries": [mixed]})
 
 
 @pytest.mark.parametrize("text", ["0", "1", "1.5", "-3MB", "12parsecs", "lots"])

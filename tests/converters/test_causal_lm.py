@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from transformers.pytorch_utils import Conv1D
 
-from compressor.errors import PlanError
+from compressor.errors import CompressorError, PlanError
 from compressor.head_tail import HeadTailEmbedding
 from compressor.lowrank_embedding import LowRankEmbedding
 from compressor.lowrank_linear import LowRankLinear
@@ -87,7 +87,7 @@ def test_at_full_rank_the_compressed_tied_lm_equals_the_dense_one(lm_dir, make):
 
 def test_the_compressed_table_is_stored_once_in_the_checkpoint_and_the_onnx_graph(lm_dir, tmp_path):
     model, source = load_model(lm_dir)
-    plan = Plan((("embeddings", LowRankConfig.of_kind("plain", rank=6, keep=None)),))
+    plan = Plan((("embeddings", LowRankConfig(fit="plain", rank=6, keep=None)),))
     report = compress_(model, plan, progress=False)
     save_compressed(model, plan, report, source, tmp_path / "ckpt")
     with safe_open(str(tmp_path / "ckpt" / CHECKPOINT_WEIGHTS), framework="pt") as f:
@@ -118,7 +118,7 @@ def test_the_original_tied_lm_exports_its_table_once(lm_dir, tmp_path):
 def test_low_rank_takes_gpt2_conv1d_layers_exactly_at_full_rank(tiny_gpt2_dir):
     model, _ = load_model(tiny_gpt2_dir)
     dense, _ = load_model(tiny_gpt2_dir)
-    report = compress_(model, Plan((("linear", LowRankConfig.of_kind("plain", rank=4, keep=None)),)), progress=False)
+    report = compress_(model, Plan((("linear", LowRankConfig(fit="plain", rank=4, keep=None)),)), progress=False)
     assert {n.split(".")[-1] for n in report.modules} == {"c_attn", "c_proj", "c_fc"}
     for name, module in list(dense.named_modules()):
         if isinstance(module, Conv1D):  # full rank (which saves nothing, so a plan would skip it): exact
@@ -130,7 +130,7 @@ def test_low_rank_takes_gpt2_conv1d_layers_exactly_at_full_rank(tiny_gpt2_dir):
 
 def test_target_keywords_mean_the_same_parts_of_a_llama_block(tiny_llama_dir):
     model, _ = load_model(tiny_llama_dir)
-    cfg = LowRankConfig.of_kind("plain", rank=2, keep=None)
+    cfg = LowRankConfig(fit="plain", rank=2, keep=None)
     ends = {
         target: {n.split(".")[-1] for n in match_plan(Plan(((target, cfg),)), model)}
         for target in ("attention", "ffn", "embeddings")
@@ -143,7 +143,7 @@ def test_target_keywords_mean_the_same_parts_of_a_llama_block(tiny_llama_dir):
 
 
 def test_the_head_target(tmp_path, tiny_llama_dir, tiny_bert_dir):
-    cfg = LowRankConfig.of_kind("plain", rank=2, keep=None)
+    cfg = LowRankConfig(fit="plain", rank=2, keep=None)
     tied, _ = load_model(tiny_llama_dir)
     with pytest.raises(PlanError, match="tied to the input embedding"):
         match_plan(Plan((("head", cfg),)), tied)
@@ -159,7 +159,7 @@ def test_the_head_target(tmp_path, tiny_llama_dir, tiny_bert_dir):
 def test_kl_distillation_lowers_the_kl_to_the_teacher(tiny_llama_dir):
     teacher, source = load_model(tiny_llama_dir)
     student, _ = load_model(tiny_llama_dir)
-    compress_(student, Plan((("embeddings", LowRankConfig.of_kind("plain", rank=3, keep=None)),)), progress=False)
+    compress_(student, Plan((("embeddings", LowRankConfig(fit="plain", rank=3, keep=None)),)), progress=False)
     cfg = FinetuneConfig(steps=25, seconds=None, lr=1e-2, eval_every=5, layer_weight=0.0)
     compact = tuple(compact_modules().values())
     report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], cfg, compact, progress=False)
@@ -202,7 +202,7 @@ def test_a_fisher_plan_calibrates_and_compresses_a_tiny_lm(tiny_gpt2_dir):
     names = sorted(match_plan(Plan((("linear", LowRankConfig()),)), model))
     calib = calibrate(model, load_tokenizer(source), TEXTS, names, sensitivity=True, progress=False)
     assert set(calib.sensitivities) == {*names, "transformer.wte"}
-    plan = Plan((("embeddings", LowRankConfig(rank=4, keep=None, dense_head=6, sensitive=True)),))
+    plan = Plan((("embeddings", LowRankConfig(rank=4, dense_head=6, fit="fisher")),))
     compress_(model, plan, calib, progress=False)
     assert isinstance(model.get_input_embeddings(), HeadTailEmbedding)
     assert model.get_output_embeddings().embedding is model.get_input_embeddings()
@@ -226,3 +226,20 @@ def test_the_kind_from_a_config_with_and_without_architectures(tmp_path, config,
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert kind_for_config(tmp_path).name == kind
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"architectures": ["BartForConditionalGeneration"], "model_type": "bart", "is_encoder_decoder": True},
+        {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"},
+        {"architectures": ["ViTModel"], "model_type": "vit"},
+        {},
+    ],
+)
+def test_a_model_no_kind_takes_is_named_with_the_kinds_there_are(tmp_path, config):
+    from converters.kinds import kind_for_config
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CompressorError, match="no kind takes: the kinds are causal-lm .* and encoder"):
+        kind_for_config(tmp_path)

@@ -17,12 +17,12 @@ VALID = {
             "name": "tt-64",
             "method": "tt",
             "rank": 64,
-            "kind": "fisher",
+            "kind": "fisher",  # the old spelling of "fit", still read
             "dense_head": 1024,
             "quantize": ["fp32", "int8"],
         },
         {"method": "lowrank", "budget": 0.5, "targets": ["ffn"], "finetune_time": 300, "lr": "1e-3"},
-        {"name": "lr-keep", "method": "lowrank", "keep": 0.25, "kind": "plain", "quantize": ["int8-aware"]},
+        {"name": "lr-keep", "method": "lowrank", "keep": 0.25, "fit": "plain", "quantize": ["int8-aware"]},
     ]
 }
 
@@ -40,7 +40,7 @@ def one(variant: dict) -> dict:
 def test_a_valid_file_round_trips(tmp_path):
     recipes = load_recipes(write(tmp_path, VALID))
     tt, budget, keep = recipes
-    assert tt == Recipe("tt", {"rank": 64, "kind": "fisher", "dense_head": 1024}, ("fp32", "int8"), "tt-64")
+    assert tt == Recipe("tt", {"rank": 64, "fit": "fisher", "dense_head": 1024}, ("fp32", "int8"), "tt-64")
     assert budget.options == {"budget": "0.5", "targets": ["ffn"], "ft_time": 300.0, "lr": 1e-3}
     assert budget.quantize == ("fp32",) and budget.name is None
     assert load_recipes(write(tmp_path, {"variants": [r.to_dict() for r in recipes]})) == recipes
@@ -50,10 +50,10 @@ def test_a_valid_file_round_trips(tmp_path):
 
 def test_the_namespace_takes_the_sweeps_options_but_not_its_variant_options(tmp_path):
     tt = load_recipes(write(tmp_path, VALID))[0]
-    base = argparse.Namespace(runs=3, calib=tmp_path / "c.txt", rank=[8], kind="plain", keep=0.9, targets=["all"])
+    base = argparse.Namespace(runs=3, calib=tmp_path / "c.txt", rank=[8], fit="plain", keep=0.9, targets=["all"])
     args = tt.namespace(base)
     assert (args.runs, args.calib) == (3, tmp_path / "c.txt")  # the sweep's
-    assert (args.method, args.rank, args.kind, args.keep, args.targets) == ("tt", 64, "fisher", None, ["embeddings"])
+    assert (args.method, args.rank, args.fit, args.keep, args.targets) == ("tt", 64, "fisher", None, ["embeddings"])
     assert args.quantize == ["int8"] and args.plan is None and args.ft_time is None  # run's defaults otherwise
     args.targets.append("ffn")
     assert tt.namespace().targets == ["embeddings"]  # no namespace shares run's default list

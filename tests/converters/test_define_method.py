@@ -46,14 +46,14 @@ def compressed(tiny_bert_dir, cfg, calibration=None):
 
 
 def test_plan_round_trips_and_labels():
-    plan = Plan((("embeddings", DefineConfig(kind="aware", dense_head=16)),))
+    plan = Plan((("embeddings", DefineConfig(fit="aware", dense_head=16)),))
     assert Plan.from_json(plan.to_json()) == plan
     assert plan.label() == "define-head16-n64-k1024-l3-g4-aware"
 
 
 @pytest.mark.parametrize("kind, head", [("plain", 0), ("aware", 0), ("fisher", 0), ("fisher", 16)])
 def test_compress_save_load(tiny_bert_dir, calib, tmp_path, kind, head):
-    model, source, plan, report = compressed(tiny_bert_dir, DefineConfig(**SHAPE, kind=kind, dense_head=head), calib)
+    model, source, plan, report = compressed(tiny_bert_dir, DefineConfig(**SHAPE, fit=kind, dense_head=head), calib)
     table = model.get_input_embeddings()
     unit = table.tail if head else table
     assert isinstance(unit, DefineEmbedding) and isinstance(table, HeadTailEmbedding) == bool(head)
@@ -68,7 +68,7 @@ def test_the_aware_fit_weighs_the_frequent_rows(tiny_bert_dir, calib):
     freq = calib.counts.double() + 1.0
     errors = {
         kind: weighted_error(
-            compressed(tiny_bert_dir, DefineConfig(**SHAPE, kind=kind), calib)[0].get_input_embeddings(), dense, freq
+            compressed(tiny_bert_dir, DefineConfig(**SHAPE, fit=kind), calib)[0].get_input_embeddings(), dense, freq
         )
         for kind in ("plain", "aware")
     }
@@ -81,7 +81,7 @@ def frequencies(calib):
 
 @pytest.mark.parametrize("head", [0, 16])
 def test_three_export_forms_agree_with_the_unit_and_with_onnx(tiny_bert_dir, calib, tmp_path, head):
-    model, *_ = compressed(tiny_bert_dir, DefineConfig(**SHAPE, kind="aware", dense_head=head), calib)
+    model, *_ = compressed(tiny_bert_dir, DefineConfig(**SHAPE, fit="aware", dense_head=head), calib)
     table = model.get_input_embeddings()
     every = torch.arange(table.num_embeddings)
     ids, mask = torch.randint(0, 132, (2, 9)), torch.ones(2, 9, dtype=torch.long)
@@ -106,7 +106,7 @@ def test_three_export_forms_agree_with_the_unit_and_with_onnx(tiny_bert_dir, cal
 
 
 def test_the_hybrid_head_holds_the_most_frequent_tokens(tiny_bert_dir, calib):
-    model, *_ = compressed(tiny_bert_dir, DefineConfig(**SHAPE, kind="plain"))
+    model, *_ = compressed(tiny_bert_dir, DefineConfig(**SHAPE, fit="plain"))
     hybrid = in_export_form(model, {"define_export": "hybrid", "define_head": 10}, frequencies(calib))
     table = hybrid.get_input_embeddings()
     assert set(torch.nonzero(table.permutation < 10).squeeze(1).tolist()) == set(calib.head_tokens(10).tolist())
@@ -121,7 +121,7 @@ def test_the_hybrid_head_holds_the_most_frequent_tokens(tiny_bert_dir, calib):
     ],
 )
 def test_bad_hybrid_heads_are_refused(tiny_bert_dir, calib, values, message):
-    model, *_ = compressed(tiny_bert_dir, DefineConfig(**SHAPE, kind="plain"))
+    model, *_ = compressed(tiny_bert_dir, DefineConfig(**SHAPE, fit="plain"))
     with pytest.raises(CompressorError, match=message):
         in_export_form(model, values, frequencies(calib))
 
@@ -130,7 +130,7 @@ def test_a_form_of_a_model_without_a_unit_or_behind_a_head_is_refused(tiny_bert_
     original, _ = load_model(tiny_bert_dir)
     with pytest.raises(CompressorError, match="--define-export cache needs a model with a DeFINE unit; this one has"):
         in_export_form(original, {"define_export": "cache"}, frequencies(calib))
-    headed, *_ = compressed(tiny_bert_dir, DefineConfig(**SHAPE, kind="plain", dense_head=8), calib)
+    headed, *_ = compressed(tiny_bert_dir, DefineConfig(**SHAPE, fit="plain", dense_head=8), calib)
     with pytest.raises(CompressorError, match="already sits behind a dense head of 8 rows"):
         in_export_form(headed, {"define_export": "hybrid"}, frequencies(calib))
     assert in_export_form(original, {"define_export": "compute"}, frequencies(calib)) is original
@@ -138,7 +138,7 @@ def test_a_form_of_a_model_without_a_unit_or_behind_a_head_is_refused(tiny_bert_
 
 @pytest.mark.parametrize("form", ["compute", "cache", "hybrid"])
 def test_a_tied_lm_scores_through_the_unit_in_each_form(tiny_llama_dir, tmp_path, form):
-    model, *_ = compressed(tiny_llama_dir, DefineConfig(**SHAPE, kind="plain"))
+    model, *_ = compressed(tiny_llama_dir, DefineConfig(**SHAPE, fit="plain"))
     vocab = model.get_input_embeddings().num_embeddings
     counts = Calibration({}, torch.arange(vocab, 0, -1), ())
     exported = in_export_form(model, {"define_export": form, "define_head": 12}, lambda: counts)
@@ -155,7 +155,7 @@ def test_a_tied_lm_scores_through_the_unit_in_each_form(tiny_llama_dir, tmp_path
     [
         (dict(n=30, k=1024), ShapeError, "layer 1 cuts 30 and 361 into 4"),
         (dict(layers=0), RankError, "layers N must be an integer ≥ 1, got 0"),
-        (dict(kind="clever"), PlanError, "kind is one of plain, aware, fisher"),
+        (dict(fit="clever"), PlanError, "fit is one of plain, aware, fisher"),
         (dict(dense_head=-1), PlanError, "a dense head must be a number of rows ≥ 0"),
     ],
 )
@@ -165,7 +165,7 @@ def test_bad_configs_raise(config, error, message):
 
 
 def test_a_unit_that_saves_nothing_leaves_the_table_dense(tiny_bert_dir):
-    model, _, _, report = compressed(tiny_bert_dir, DefineConfig(n=40, k=96, layers=1, max_groups=1, kind="plain"))
+    model, _, _, report = compressed(tiny_bert_dir, DefineConfig(n=40, k=96, layers=1, max_groups=1, fit="plain"))
     assert not report.modules and "would not save any of a 132×48 table" in report.skipped[WORD]
 
 
@@ -233,7 +233,7 @@ def test_bad_input_is_one_sentence_and_writes_nothing(
     def no_calibration(*args, **kwargs):
         raise AssertionError("calibrated before the input was checked")
 
-    monkeypatch.setattr("converters.cli.steps.cached_calibration", no_calibration)
+    monkeypatch.setattr("converters.cli.calibrating.cached_calibration", no_calibration)
     out = tmp_path / ("o.onnx" if command == "export" else "o")
     code, err = run_cli([command, tiny_bert_dir, *options, "--out", out], capsys)
     lines = [line for line in err.splitlines() if line.startswith("compressor: error:")]

@@ -205,7 +205,7 @@ def layer_loss_on(student, teacher, tok, cfg):
 def test_per_layer_matching_lowers_the_summed_layer_loss(tiny_bert_dir):
     teacher, source = load_model(tiny_bert_dir)
     student, _ = load_model(tiny_bert_dir)
-    plain = LowRankConfig(rank=2, whiten=False, weighted=False)
+    plain = LowRankConfig(rank=2, fit="plain")
     plan = Plan((("embeddings", TTConfig(rank=2, order="none")), ("linear", plain)))
     compress_(student, plan, progress=False)
     tok = load_tokenizer(source)
@@ -238,7 +238,7 @@ def test_layer_loss_is_the_mean_relative_error_of_the_layers():
 def test_linear_factors_and_tables_train_at_their_own_rates(tiny_bert_dir, monkeypatch):
     teacher, source = load_model(tiny_bert_dir)
     student, _ = load_model(tiny_bert_dir)
-    plain = LowRankConfig(rank=4, whiten=False, weighted=False)
+    plain = LowRankConfig(rank=4, fit="plain")
     plan = Plan((("embeddings", TTConfig(rank=2, order="none")), ("ffn", plain)))
     compress_(student, plan, progress=False)
     seen, adamw = [], torch.optim.AdamW

@@ -31,9 +31,7 @@ def _feeds(vocab, n=3):
     return [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 4, 9, seed)))) for seed in range(n)]
 
 
-@pytest.mark.parametrize(
-    "plan", [None, Plan((("embeddings", LowRankConfig(rank=8, keep=None, whiten=False, weighted=False)),))]
-)
+@pytest.mark.parametrize("plan", [None, Plan((("embeddings", LowRankConfig(rank=8, keep=None, fit="plain")),))])
 @pytest.mark.parametrize("scheme", ["int4", "int4-aware"])
 def test_weights_are_four_bit_and_output_within_tolerance(tiny_bert_dir, tmp_path, plan, scheme):
     fp32, vocab = _graph(tiny_bert_dir, tmp_path, plan)

@@ -72,7 +72,7 @@ def weights(module) -> int:
 
 
 def both(kind: str) -> list:
-    return [LowRankConfig.of_kind(kind), PHMConfig(n=4, kind=kind)]
+    return [LowRankConfig(fit=kind), PHMConfig(n=4, fit=kind)]
 
 
 @pytest.mark.parametrize("kind", ["fisher", "aware", "plain"])
@@ -123,7 +123,7 @@ def test_estimates_are_exact_for_low_rank_and_from_above_for_phm(mixed_bert_dir,
             assert loss == pytest.approx(estimate, rel=2e-3, abs=1e-9), name
 
 
-@pytest.mark.parametrize("configs", [both("fisher"), both("aware"), [PHMConfig(n=4, kind="fisher")]])
+@pytest.mark.parametrize("configs", [both("fisher"), both("aware"), [PHMConfig(n=4, fit="fisher")]])
 def test_more_budget_never_gives_a_larger_summed_estimate(mixed_bert_dir, calib, configs):
     model, _ = load_model(mixed_bert_dir)
     totals = [
@@ -136,7 +136,7 @@ def test_more_budget_never_gives_a_larger_summed_estimate(mixed_bert_dir, calib,
 def test_a_phm_budget_sizes_the_terms_layer_by_layer(mixed_bert_dir, calib):
     model, _ = load_model(mixed_bert_dir)
     before = sum(model.get_submodule(n).weight.numel() for n in LINEAR)
-    plan = plan_for_budget(model, ["linear"], "0.5", calib, PHMConfig(n=4, kind="aware"))
+    plan = plan_for_budget(model, ["linear"], "0.5", calib, PHMConfig(n=4, fit="aware"))
     terms = {n: cfg.terms for n, cfg in plan.entries}
     assert set(terms) <= set(LINEAR) and len(set(terms.values())) > 1
     assert all(terms[n] == 2 for n in KRON)  # exact at 2 terms: more would buy nothing
@@ -156,7 +156,7 @@ def test_a_table_in_a_mixed_budget_is_offered_the_method_that_takes_it(mixed_ber
     [
         (
             ["linear"],
-            [LowRankConfig.of_kind("fisher"), PHMConfig(kind="aware")],
+            [LowRankConfig(fit="fisher"), PHMConfig(fit="aware")],
             PlanError,
             "give them the same --kind",
         ),
@@ -202,7 +202,7 @@ def test_bad_input_is_one_sentence_before_any_calibration(
     def no_calibration(*args, **kwargs):
         raise AssertionError("calibrated before the budget was checked")
 
-    monkeypatch.setattr("converters.cli.steps.cached_calibration", no_calibration)
+    monkeypatch.setattr("converters.cli.calibrating.cached_calibration", no_calibration)
     code = main(["compress", str(mixed_bert_dir), *options, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("compressor: error:")]
@@ -234,7 +234,7 @@ def test_every_plan_is_checked_before_anything_is_calibrated_or_exported(
 
         return fail
 
-    monkeypatch.setattr("converters.cli.steps.cached_calibration", never("calibrated"))
+    monkeypatch.setattr("converters.cli.calibrating.cached_calibration", never("calibrated"))
     monkeypatch.setattr("converters.cli.variants.export_onnx", never("exported"))
     monkeypatch.setattr("converters.cli.compress.save_compressed", never("saved"))
     texts = ["--eval-text", str(eval_text_file), "--second-text", "none"] if command == "run" else []
@@ -252,7 +252,7 @@ def test_a_table_budget_takes_the_largest_rank_that_fits(mixed_bert_dir, calib):
     table = model.get_input_embeddings()
     rows, cols = table.weight.shape
     plan = plan_for_budget(
-        model, ["embeddings.word_embeddings"], "0.4", calib, LowRankConfig.of_kind("aware", dense_head=16)
+        model, ["embeddings.word_embeddings"], "0.4", calib, LowRankConfig(fit="aware", dense_head=16)
     )
     budget = int(0.4 * rows * cols)
     rank = (budget - 16 * cols) // (rows - 16 + cols)

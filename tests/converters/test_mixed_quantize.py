@@ -61,7 +61,7 @@ def test_the_estimated_bytes_stay_within_the_budget_and_more_never_loses_more(mo
     total, losses = fp32_bytes(model), []
     for share in (0.1, 0.2, 0.35, 0.6):
         budget = f"{int(share * total)}B"
-        plan = plan_for_budget(model, ["linear"], budget, calib, LowRankConfig.of_kind(kind), WIDTHS)
+        plan = plan_for_budget(model, ["linear"], budget, calib, LowRankConfig(fit=kind), WIDTHS)
         assert sorted(n for n, _ in plan.widths) == sorted(LINEAR) and {w for _, w in plan.widths} <= set(WIDTHS)
         assert plan_bytes(model, plan, calib) <= share * total
         assert any("layers by width" in note for note in plan.notes)
@@ -73,15 +73,15 @@ def test_the_estimated_bytes_stay_within_the_budget_and_more_never_loses_more(mo
 def test_a_budget_below_every_smallest_setting_names_the_smallest(model_and_calib):
     model, calib = model_and_calib
     with pytest.raises(RankError, match=r"below the smallest allocation reachable \([0-9,]+ bytes\)"):
-        plan_for_budget(model, ["linear"], "100B", calib, LowRankConfig.of_kind("fisher"), WIDTHS)
+        plan_for_budget(model, ["linear"], "100B", calib, LowRankConfig(fit="fisher"), WIDTHS)
     with pytest.raises(PlanError, match="a size in bytes"):
-        plan_for_budget(model, ["linear"], "0.5", calib, LowRankConfig.of_kind("fisher"), WIDTHS)
+        plan_for_budget(model, ["linear"], "0.5", calib, LowRankConfig(fit="fisher"), WIDTHS)
 
 
 def test_each_module_is_quantized_at_its_width(tiny_bert_dir, tmp_path):
     model, _ = load_model(tiny_bert_dir)
-    low_rank = LowRankConfig(rank=8, keep=None, whiten=False, weighted=False)
-    compress_(model, Plan(((LINEAR[1], low_rank), (LINEAR[4], PHMConfig(n=4, kind="plain")))), progress=False)
+    low_rank = LowRankConfig(rank=8, keep=None, fit="plain")
+    compress_(model, Plan(((LINEAR[1], low_rank), (LINEAR[4], PHMConfig(n=4, fit="plain")))), progress=False)
     fp32 = export_onnx(model, tmp_path / "m.onnx").path
     widths = {
         LINEAR[0]: "int4",

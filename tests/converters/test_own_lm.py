@@ -1,9 +1,6 @@
-"""A user's own language model, examples/lstm_lm.py's LSTM LM, which the toolkit has never seen:
+"""A user's own language model, tools/lstm_lm.py's LSTM LM, which the toolkit has never seen:
 wrapped in OwnLM by module name it is a causal LM to every step — tying, compression by module name,
 the KL fine-tune and ONNX export with parity — and it round-trips through its own save and load."""
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,9 +18,7 @@ from converters.plan import Plan, match_plan
 from converters.registry import compact_modules
 from converters.tying import TieConfig, tie_
 from texts.tokens import load_tokenizer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-import lstm_lm  # noqa: E402
+from tools import lstm_lm
 
 TEXTS = [f"the {w} value of a list is a string in python module {i}" for i, w in enumerate("abcdefgh" * 4)]
 IDS = torch.tensor([[5, 9, 2, 17, 3, 40, 8, 1], [7, 7, 30, 2, 0, 0, 0, 0]])
@@ -67,7 +62,7 @@ def test_tied_compressed_finetuned_and_exported_by_module_name(tiny_gpt2_dir, tm
     teacher = own(lstm(len(tokenizer), seed=1))
     model = own(lstm(len(tokenizer), seed=1))
     table_before = sum(p.numel() for p in model.parameters())
-    plan = Plan((("embedding", LowRankConfig(rank=4, whiten=False, weighted=False)),), tie=TieConfig("output"))
+    plan = Plan((("embedding", LowRankConfig(rank=4, fit="plain")),), tie=TieConfig("output"))
     compress_(model, plan)
     head = model.module.decoder
     assert isinstance(head, TiedLogits) and isinstance(head.embedding, LowRankEmbedding)

@@ -39,14 +39,14 @@ def compressed(tiny_bert_dir, plan, calibration=None):
 
 
 def test_plan_round_trips_and_the_terms_default_to_n():
-    plan = Plan((("ffn", PHMConfig(n=2, kind="aware")), ("attention", LowRankConfig(rank=4, keep=None))))
+    plan = Plan((("ffn", PHMConfig(n=2, fit="aware")), ("attention", LowRankConfig(rank=4, keep=None))))
     assert Plan.from_json(plan.to_json()) == plan
     assert plan.entries[0][1].terms == 2 and plan.entries[0][1].label() == "phm-n2-t2-aware"
 
 
 def test_mixed_plan_compresses_saves_loads_and_exports(tiny_bert_dir, tmp_path):
-    attention = LowRankConfig(rank=8, keep=None, whiten=False, weighted=False)
-    plan = Plan((("ffn", PHMConfig(n=4, kind="plain")), ("attention", attention)))
+    attention = LowRankConfig(rank=8, keep=None, fit="plain")
+    plan = Plan((("ffn", PHMConfig(n=4, fit="plain")), ("attention", attention)))
     model, source, report = compressed(tiny_bert_dir, plan)
     assert all(isinstance(model.get_submodule(n), PHMLinear) for n in FFN)
     assert isinstance(model.get_submodule("encoder.layer.0.attention.self.query"), LowRankLinear)
@@ -65,7 +65,7 @@ def test_mixed_plan_compresses_saves_loads_and_exports(tiny_bert_dir, tmp_path):
 
 def test_the_graph_holds_the_factors_and_onnx_runtime_folds_nothing_into_a_dense_weight(tiny_bert_dir, tmp_path):
     original, _ = load_model(tiny_bert_dir)
-    model, _, _ = compressed(tiny_bert_dir, Plan((("ffn", PHMConfig(n=4, kind="plain")),)))
+    model, _, _ = compressed(tiny_bert_dir, Plan((("ffn", PHMConfig(n=4, fit="plain")),)))
     before = optimized_initializer_bytes(export_onnx(original, tmp_path / "original.onnx").path)
     path = export_onnx(model, tmp_path / "phm.onnx").path
     shapes = [tuple(i.dims) for i in onnx.load(str(path)).graph.initializer]
@@ -81,7 +81,7 @@ def test_data_aware_kinds_lower_their_error_on_the_calibration_inputs(tiny_bert_
     gx, gy = output_metrics(calib.gram(FFN[0]), calib.sensitivity(FFN[0]) if kind == "fisher" else None, *dense.shape)
     errors = {}
     for k in ("plain", kind):
-        model, _, _ = compressed(tiny_bert_dir, Plan((("ffn", PHMConfig(n=4, terms=2, kind=k)),)), calib)
+        model, _, _ = compressed(tiny_bert_dir, Plan((("ffn", PHMConfig(n=4, terms=2, fit=k)),)), calib)
         layer = model.get_submodule(FFN[0])
         errors[k] = kron_sum_metric_error(layer.a.detach(), layer.s.detach(), dense, gx, gy)
     assert errors[kind] < 0.95 * errors["plain"]
@@ -91,11 +91,11 @@ def test_data_aware_kinds_lower_their_error_on_the_calibration_inputs(tiny_bert_
 def test_data_aware_kinds_need_calibration(tiny_bert_dir):
     model, _ = load_model(tiny_bert_dir)
     with pytest.raises(PlanError, match="needs calibration statistics"):
-        compress_(model, Plan((("ffn", PHMConfig(kind="aware")),)), progress=False)
+        compress_(model, Plan((("ffn", PHMConfig(fit="aware")),)), progress=False)
 
 
 def test_a_sum_that_saves_nothing_leaves_the_layer_dense(tiny_bert_dir):
-    model, _, report = compressed(tiny_bert_dir, Plan((("ffn", PHMConfig(n=2, terms=4, kind="plain")),)))
+    model, _, report = compressed(tiny_bert_dir, Plan((("ffn", PHMConfig(n=2, terms=4, fit="plain")),)))
     assert not report.modules and "would not save parameters" in report.skipped[FFN[0]]
     assert isinstance(model.get_submodule(FFN[0]), nn.Linear)
 
@@ -113,7 +113,7 @@ def test_a_conv1d_layer_is_compressed_by_name():
     model = TinyGPT2Block()
     nn.init.normal_(model.c_fc.bias)
     weight = model.c_fc.weight.detach().T  # (out, in)
-    report = compress_(model, Plan((("c_fc", PHMConfig(n=4, terms=2, kind="plain")),)), progress=False)
+    report = compress_(model, Plan((("c_fc", PHMConfig(n=4, terms=2, fit="plain")),)), progress=False)
     assert isinstance(model.c_fc, PHMLinear) and report.modules["c_fc"]["params_after"] == 2 * (16 + 8 * 4) + 32
     nearest = kron_sum_factors(weight, 4, 2)
     assert torch.allclose(model.c_fc.to_dense(), kron_sum_to_dense(nearest.a, nearest.s), atol=1e-6)
@@ -131,9 +131,7 @@ def test_a_conv1d_layer_is_compressed_by_name():
 def test_bad_layers_are_refused_before_anything_changes(tiny_bert_dir, target, config, error, message):
     model, _ = load_model(tiny_bert_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    plan = Plan(
-        (("attention", LowRankConfig(rank=4, keep=None, whiten=False, weighted=False)), (target, PHMConfig(**config)))
-    )
+    plan = Plan((("attention", LowRankConfig(rank=4, keep=None, fit="plain")), (target, PHMConfig(**config))))
     with pytest.raises(error, match=message):
         compress_(model, plan, progress=False)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
@@ -146,7 +144,7 @@ def test_bad_layers_are_refused_before_anything_changes(tiny_bert_dir, target, c
         (dict(n=0), ShapeError, "an integer ≥ 2"),
         (dict(n=4, terms=0), RankError, "from 1 to n² = 16, got 0"),
         (dict(n=4, terms=17), RankError, "from 1 to n² = 16, got 17"),
-        (dict(kind="clever"), PlanError, "kind is one of plain, aware, fisher"),
+        (dict(fit="clever"), PlanError, "fit is one of plain, aware, fisher"),
     ],
 )
 def test_bad_configs_raise(config, error, message):
@@ -192,7 +190,7 @@ def test_bad_input_is_one_sentence_before_any_calibration(
     def no_calibration(*args, **kwargs):
         raise AssertionError("calibrated before the plan was checked")
 
-    monkeypatch.setattr("converters.cli.steps.cached_calibration", no_calibration)
+    monkeypatch.setattr("converters.cli.calibrating.cached_calibration", no_calibration)
     code = main(["compress", str(tiny_bert_dir), "--method", "phm", *options, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("compressor: error:")]

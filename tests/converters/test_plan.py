@@ -69,7 +69,7 @@ def test_plan_file_that_is_not_json_raises():
         ({"rank": None}, PlanError),
         ({"order": "zigzag"}, PlanError),
         ({"num_cores": 1}, PlanError),
-        ({"sensitive": True}, PlanError),  # fisher builds on weighted cores
+        ({"fit": "weighted"}, PlanError),  # plain, aware or fisher
     ],
 )
 def test_bad_configs_raise(kwargs, error):

@@ -73,7 +73,7 @@ def test_a_tied_checkpoint_and_its_onnx_hold_one_table(untied_dir, tmp_path):
 @pytest.mark.parametrize("compressed", [False, True], ids=["dense", "lowrank"])
 def test_every_score_exports_with_parity_dense_and_compressed(tiny_gpt2_dir, tmp_path, score, compressed):
     model, _ = load_model(tiny_gpt2_dir)  # tied already: the plan sets the score only
-    entries = (("embeddings", LowRankConfig(rank=8, whiten=False, weighted=False)),) if compressed else ()
+    entries = (("embeddings", LowRankConfig(rank=8, fit="plain")),) if compressed else ()
     compress_(model, Plan(entries, tie=TieConfig(None, score)))
     head = model.get_output_embeddings()
     assert head.score == score and isinstance(head.embedding, LowRankEmbedding) == compressed
@@ -93,9 +93,7 @@ def test_l2_normalises_the_models_input_lookup(tiny_gpt2_dir):
 
 def test_tie_then_compress_the_tied_table_in_one_plan(untied_dir, tmp_path):
     model, _ = load_model(untied_dir)
-    compress_(
-        model, Plan((("embeddings", LowRankConfig(rank=8, whiten=False, weighted=False)),), tie=TieConfig("output"))
-    )
+    compress_(model, Plan((("embeddings", LowRankConfig(rank=8, fit="plain")),), tie=TieConfig("output")))
     head = model.get_output_embeddings()
     assert isinstance(head, TiedLogits) and head.embedding is model.get_input_embeddings()
     assert isinstance(head.embedding, LowRankEmbedding)
@@ -120,7 +118,7 @@ def test_bad_input_is_one_sentence_and_changes_nothing(untied_dir, tiny_bert_dir
         TieConfig("sum")
     model, _ = load_model(untied_dir)
     with pytest.raises(CompressorError, match="tie first, then compress"):
-        compress_(model, Plan((("embeddings", LowRankConfig(rank=8, whiten=False, weighted=False)),)))
+        compress_(model, Plan((("embeddings", LowRankConfig(rank=8, fit="plain")),)))
         tie_(model, TieConfig())
     torch.testing.assert_close(logits(load_model(untied_dir)[0]), before, rtol=1e-4, atol=1e-5)
 

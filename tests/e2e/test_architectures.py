@@ -3,17 +3,28 @@ compresses (low rank on every body linear layer), saves the checkpoint, exports 
 the original's quantized rows and benches them; the checkpoint loads back to what its graph computes.
 README's support table is this list."""
 
+import copy
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from converters.calibration import calibrate
 from converters.checkpoint import load_model
+from converters.compress import compress_
+from converters.export import export_onnx
+from converters.methods.define import DefineConfig
+from converters.methods.lowrank import LowRankConfig
+from converters.methods.phm import PHMConfig
+from converters.methods.tt import TTConfig
+from converters.plan import Plan, match_plan
 from eval.graph import make_session
 from eval.probe import full_feed
 from tests.conftest import run_cli, write_tiny_bert, write_tiny_lm
+from texts.tokens import load_tokenizer
 
 SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
 SMALL["pad_token_id"] = 0
@@ -105,3 +116,36 @@ def test_run_compresses_exports_quantizes_and_benches(arch, tmp_path, eval_text_
         out_ = model(input_ids=ids, attention_mask=torch.ones_like(ids))
     expected = (out_.logits if arch in LMS else out_.last_hidden_state).numpy()
     assert np.abs(got - expected).max() <= 1e-3 * max(1.0, float(np.abs(expected).max()))
+
+
+def _plans() -> dict[str, Plan]:
+    """Each method on what it takes, with its data-aware fit where it has one (fisher: the heaviest)."""
+    return {
+        "tt": Plan((("embeddings", TTConfig(fit="fisher", rank=4, dense_head=8)),)),
+        "define": Plan((("embeddings", DefineConfig(n=8, k=32, layers=2, max_groups=2, fit="fisher")),)),
+        "phm": Plan((("linear", PHMConfig(n=4, terms=2, fit="fisher")),)),
+        "lowrank": Plan((("linear", LowRankConfig(fit="fisher", rank=4)),)),
+    }
+
+
+@pytest.mark.parametrize("arch", ENCODERS + LMS)
+def test_every_method_compresses_and_exports_with_parity(arch, tmp_path, eval_text_file, lm_text):
+    """TT, DeFINE, PHM and low rank, each with its fisher fit (calibration with output sensitivities of
+    the kind's loss), compress the model and export its graph within the kind's parity tolerance; a tied
+    LM head computes through the compressed table."""
+    source = _model_dir(arch, tmp_path / "models")
+    text = (lm_text if arch in LMS else eval_text_file).read_text().splitlines()
+    original, _ = load_model(source)
+    tokenizer = load_tokenizer(source)
+    plans = _plans()
+    linear = sorted(n for n in match_plan(plans["lowrank"], original))
+    calib = calibrate(original, tokenizer, text, linear, progress=False, sensitivity=True)
+    for name, plan in plans.items():
+        model = copy.deepcopy(original)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # singular Grams of a random tiny model, clamped ranks
+            report = compress_(model, plan, calib, progress=False)
+        assert report.modules, f"{arch}: {name} compressed nothing ({report.skipped})"
+        assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in original.parameters())
+        result = export_onnx(model, tmp_path / f"{name}.onnx")  # raises past the kind's parity tolerance
+        assert result.path.is_file()

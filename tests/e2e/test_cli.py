@@ -154,7 +154,7 @@ def test_tt_fisher_kind_from_the_command_line(tiny_bert_dir, eval_text_file, tmp
     code, _, err = run_cli(capsys, *argv, "--out", ckpt)
     assert code == 0, err
     config = json.loads((ckpt / "compressor.json").read_text())["plan"]["entries"][0]["config"]
-    assert config["weighted"] and config["sensitive"]
+    assert config["fit"] == "fisher"  # --kind, the old spelling of --fit, still taken
     code, _, err = run_cli(capsys, "export", ckpt, "--out", tmp_path / "ttf.onnx")
     assert code == 0 and "parity" in err, err
 

@@ -1,5 +1,5 @@
 """The memory a run needs, said before the work: a model too big for the memory left is refused from its
-safetensors headers, statistics too big for it are refused before the pass, and the default kind (fisher)
+safetensors headers, statistics too big for it are refused before the pass, and the default fit (fisher)
 gives way to aware when only its output sensitivities are what does not fit."""
 
 import json
@@ -25,25 +25,25 @@ def test_a_model_bigger_than_the_memory_left_is_refused_before_loading(tiny_bert
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
-def test_the_default_kind_gives_way_to_aware_where_the_sensitivities_do_not_fit(
+def test_the_default_fit_gives_way_to_aware_where_the_sensitivities_do_not_fit(
     tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch
 ):
     aware, fisher = _bytes(tiny_bert_dir, False), _bytes(tiny_bert_dir, True)
     monkeypatch.setattr(steps, "available_memory", lambda: (aware + fisher) // 2)
     argv = ("compress", tiny_bert_dir, *LINEAR, "--calib", eval_text_file, "--no-cache", "--out", tmp_path / "light")
     code, _, err = run_cli(capsys, *argv)
-    assert code == 0 and "fitted with --kind aware" in err, err
+    assert code == 0 and "fitted with --fit aware" in err, err
     assert "calibration: about" in err and "with output sensitivities" not in err
     entries = json.loads((tmp_path / "light" / "compressor.json").read_text())["plan"]["entries"]
-    assert {(e["config"]["whiten"], e["config"]["sensitive"]) for e in entries} == {(True, False)}
+    assert {e["config"]["fit"] for e in entries} == {"aware"}
 
 
-def test_a_kind_asked_for_by_name_is_refused_where_its_statistics_do_not_fit(
+def test_a_fit_asked_for_by_name_is_refused_where_its_statistics_do_not_fit(
     tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch
 ):
     aware, fisher = _bytes(tiny_bert_dir, False), _bytes(tiny_bert_dir, True)
     monkeypatch.setattr("converters.cli.calibrating.available_memory", lambda: (aware + fisher) // 2)
     argv = ("compress", tiny_bert_dir, *LINEAR, "--kind", "fisher", "--calib", eval_text_file, "--no-cache")
     code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "heavy")
-    assert code == 2 and "--kind aware" in err and "GiB are available" in err, err
+    assert code == 2 and "--fit aware" in err and "GiB are available" in err, err
     assert not (tmp_path / "heavy").exists()

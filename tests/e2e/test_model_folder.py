@@ -176,7 +176,7 @@ def test_a_model_compressed_in_place_inside_sentence_transformers_refuses_to_sav
     from converters import LowRankConfig, Plan, compress_, load_model
 
     st = SentenceTransformer(str(st_model), device="cpu")
-    compress_(st[0].auto_model, Plan((("linear", LowRankConfig.of_kind("plain", rank=4)),)), progress=False)
+    compress_(st[0].auto_model, Plan((("linear", LowRankConfig(fit="plain", rank=4)),)), progress=False)
     with pytest.raises(CompressorError, match="converters.save_compressed"):
         st.save(str(tmp_path / "saved"))  # never weights that load back as the dense model with random layers
     assert not (tmp_path / "saved" / "model.safetensors").exists()

@@ -1,11 +1,9 @@
-"""examples/train_lm.py end to end: a tiny GPT-2 trained tied and untied loads offline as a Hugging Face
+"""tools/train_lm.py end to end: a tiny GPT-2 trained tied and untied loads offline as a Hugging Face
 model and tokenizer, keeps (or not) one table, scores the held-out text as it said, and bad input is
 refused in one sentence with exit status 2, before any work."""
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,20 +12,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from texts.corpus import lm_passages
-
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_lm.py"
-
-
-def load_script():
-    sys.path.insert(0, str(SCRIPT.parent))  # as running the script does: lstm_lm.py lies beside it
-    spec = importlib.util.spec_from_file_location("train_lm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_lm = load_script()
-import lstm_lm  # noqa: E402 (examples/, put on the path by load_script)
+from tools import lstm_lm, train_lm
 
 RUNS = {"tied": [], "untied": ["--untied"], "lstm": ["--arch", "lstm", "--untied"], "lstm-tied": ["--arch", "lstm"]}
 

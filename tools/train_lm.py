@@ -17,18 +17,18 @@ offline, and `train_lm.json` with the options, steps, seconds, final train loss 
 `--untied` trains separate input and output tables (tie_word_embeddings=False).
 
 `--arch lstm` trains instead a Press & Wolf–style LSTM LM, a plain PyTorch module of our own
-(`examples/lstm_lm.py`: embedding → LSTM layers → dropout → output projection; --n-embd is its
+(`tools/lstm_lm.py`: embedding → LSTM layers → dropout → output projection; --n-embd is its
 width, --n-layer its LSTM layers, 2 unless given), on the same text with the same tokenizer; the
 folder then holds model.safetensors, lstm_lm.json and the tokenizer, which `lstm_lm.load` reads.
 
 `make lm` runs (about 13 minutes each on 2 CPU cores):
 
-    python examples/train_lm.py --out runs/lm/gpt2
-    python examples/train_lm.py --untied --out runs/lm/gpt2-untied
-    python examples/train_lm.py --arch lstm --untied --out runs/lm/lstm
-    python examples/train_lm.py --arch lstm --out runs/lm/lstm-tied
+    python tools/train_lm.py --out runs/lm/gpt2
+    python tools/train_lm.py --untied --out runs/lm/gpt2-untied
+    python tools/train_lm.py --arch lstm --untied --out runs/lm/lstm
+    python tools/train_lm.py --arch lstm --out runs/lm/lstm-tied
 
-and a tiny one for tests, in seconds: `python examples/train_lm.py --tiny --out /tmp/lm`.
+and a tiny one for tests, in seconds: `python tools/train_lm.py --tiny --out /tmp/lm`.
 """
 
 import argparse
@@ -41,7 +41,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import lstm_lm  # examples/lstm_lm.py, beside this script
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -52,6 +51,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 from compressor.errors import CompressorError
 from files.atomic import atomic_dir, check_writable
 from texts.corpus import lm_passages
+from tools import lstm_lm
 
 ARCHS = ("gpt2", "lstm")
 LSTM_LAYERS = 2  # --n-layer of --arch lstm unless given
@@ -62,7 +62,7 @@ EVAL_MAX_LENGTH = 128  # tokens per eval passage, as the toolkit measures
 
 @dataclass(frozen=True)
 class Options:
-    arch: str = "gpt2"  # gpt2 (a GPT2LMHeadModel) or lstm (examples/lstm_lm.py)
+    arch: str = "gpt2"  # gpt2 (a GPT2LMHeadModel) or lstm (tools/lstm_lm.py)
     vocab: int = 16384  # BPE vocabulary, special token included; large, so that the table dominates
     n_embd: int = 256
     n_layer: int = 4
@@ -135,7 +135,7 @@ def parse(argv: list[str] | None) -> tuple[Options, Path, bool]:
         choices=ARCHS,
         default="gpt2",
         help="gpt2: a GPT-2-style transformer (Hugging Face); lstm: a Press & Wolf LSTM LM, a plain PyTorch "
-        f"module (examples/lstm_lm.py; --n-layer {LSTM_LAYERS} unless given) (default: gpt2)",
+        f"module (tools/lstm_lm.py; --n-layer {LSTM_LAYERS} unless given) (default: gpt2)",
     )
     for field in dataclasses.fields(Options):
         if field.name in NOT_OPTIONS:

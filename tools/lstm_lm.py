@@ -3,7 +3,7 @@ module that the toolkit has never seen (embedding → LSTM layers → dropout �
 untied or tied (the projection's weight *is* the embedding's). `save` writes model.safetensors and
 lstm_lm.json; `load` reads them back without pickles.
 
-`examples/train_lm.py --arch lstm` trains it; `examples/tie_lm.py runs/lm/lstm` ties, fine-tunes,
+`tools/train_lm.py --arch lstm` trains it; `benchmarks/tie_lm.py runs/lm/lstm` ties, fine-tunes,
 exports and benches it with the Python API, naming its modules ("embedding", "decoder")."""
 
 import json

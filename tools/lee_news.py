@@ -1,7 +1,7 @@
 """Write the whole second held-out text, the news passages of the Lee corpus (texts.news), one
 passage per line; bench and run measure on an evenly spaced part of it by default.
 
-    .venv/bin/python examples/lee_news.py runs/lee_news.txt
+    .venv/bin/python tools/lee_news.py runs/lee_news.txt
 """
 
 import sys
