@@ -300,10 +300,10 @@ def test_a_correction_share_outside_0_1_is_refused_before_the_work(
     command, tiny_bert_dir, tmp_path, capsys, monkeypatch
 ):
     import converters.cli.export as export_command
-    import converters.cli.run as run_command
+    import converters.cli.pipeline as pipeline
 
     monkeypatch.setattr(export_command, "load_model", lambda *a: pytest.fail("loaded a model for a bad share"))
-    monkeypatch.setattr(run_command, "resolve_model_dir", lambda *a: pytest.fail("read a model for a bad share"))
+    monkeypatch.setattr(pipeline, "resolve_model_dir", lambda *a: pytest.fail("read a model for a bad share"))
     out = tmp_path / ("x.onnx" if command == "export" else "run")
     argv = (command, tiny_bert_dir, "--quantize", "int4-corrected", "--correction-share", 1.5, "--out", out)
     code, _, err = run_cli(capsys, *argv)
