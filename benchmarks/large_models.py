@@ -19,10 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from converters.loading import default_model_path
-
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2 = REPO / "runs" / "lm" / "smollm2"
 
@@ -54,14 +50,16 @@ def _xlmr_250k(out: Path) -> Path:
         max_position_embeddings=514,
         pad_token_id=0,
     )
-    return _save(XLMRobertaModel(config), AutoTokenizer.from_pretrained(default_model_path()), out / "xlmr-250k")
+    tokenizer = AutoTokenizer.from_pretrained(_default_model())
+    return _save(out / "xlmr-250k", lambda: (XLMRobertaModel(config), tokenizer))
 
 
 def _bert_110m(out: Path) -> Path:
     """A random BERT-base (12 × 768, 110M parameters) with the default model's tokenizer."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    return _save(BertModel(BertConfig()), AutoTokenizer.from_pretrained(default_model_path()), out / "bert-110m")
+    tokenizer = AutoTokenizer.from_pretrained(_default_model())
+    return _save(out / "bert-110m", lambda: (BertModel(BertConfig()), tokenizer))
 
 
 def _llama_1b(out: Path) -> Path:
@@ -82,12 +80,22 @@ def _llama_1b(out: Path) -> Path:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    return _save(LlamaForCausalLM(config), tokenizer, out / "llama-1b")
+    return _save(out / "llama-1b", lambda: (LlamaForCausalLM(config), tokenizer))
 
 
-def _save(model, tokenizer, path: Path) -> Path:
+def _default_model() -> Path:
+    from converters.loading import default_model_path
+
+    return default_model_path()
+
+
+def _save(path: Path, build) -> Path:
+    """`path`, holding the model and tokenizer `build()` makes unless it holds them already."""
     if not (path / "config.json").is_file():
+        import torch
+
         torch.manual_seed(0)
+        model, tokenizer = build()
         model.eval().save_pretrained(path)
         tokenizer.save_pretrained(path)
     return path
@@ -109,14 +117,25 @@ def measure(model: Path, options: list[str], out: Path) -> dict:
     return {"seconds": round(seconds, 1), "peak_gib": round(usage.ru_maxrss / 2**20, 2), "said": said}
 
 
-def _sizes(out: Path) -> dict[str, tuple[Path, list[str]]]:
-    large = ["--calib-passages", LARGE_CALIB_PASSAGES]
+def _models(what: str, out: Path) -> dict[str, str]:
+    """The models of `what` by name, built where missing (run in a process of its own: see main)."""
+    if what == "vocab":
+        return {"xlmr-250k": str(_xlmr_250k(out))}
     return {
-        "22M all-MiniLM-L6-v2": (default_model_path(), []),
-        "110M BERT-base (random)": (_bert_110m(out), []),
-        "135M SmolLM2": (SMOLLM2, []),
-        "1.07B Llama (random)": (_llama_1b(out), large),
+        "22M all-MiniLM-L6-v2": str(_default_model()),
+        "110M BERT-base (random)": str(_bert_110m(out)),
+        "135M SmolLM2": str(SMOLLM2),
+        "1.07B Llama (random)": str(_llama_1b(out)),
     }
+
+
+def _built(what: str, out: Path) -> dict[str, Path]:
+    """_models in a child process, so that this one never holds a model: a measured process starts as a
+    fork of this one, and its peak memory would count whatever this one held."""
+    script = f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import large_models as m; "
+    script += f"print(json.dumps(m._models({what!r}, m.Path({str(out)!r}))))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return {name: Path(path) for name, path in json.loads(done.stdout.splitlines()[-1]).items()}
 
 
 def main() -> None:
@@ -126,13 +145,14 @@ def main() -> None:
     p.add_argument("--again", action="store_true", help="measure again what OUT/large_models.json already holds")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    models = _built(args.what, args.out)
     if args.what == "vocab":
-        model = _xlmr_250k(args.out)
-        runs = {name: (model, options.split()) for name, options in VOCAB_RUNS.items()}
+        runs = {name: (models["xlmr-250k"], options.split()) for name, options in VOCAB_RUNS.items()}
     else:
+        large = {"1.07B Llama (random)": ["--calib-passages", LARGE_CALIB_PASSAGES]}
         runs = {
-            f"{name}, {fit}": (model, [*SIZE_PLAN, "--fit", fit, *extra])
-            for name, (model, extra) in _sizes(args.out).items()
+            f"{name}, {fit}": (model, [*SIZE_PLAN, "--fit", fit, *large.get(name, [])])
+            for name, model in models.items()
             for fit in ("plain", "aware")
         }
     results_path = args.out / "large_models.json"

@@ -2,12 +2,15 @@
 
 import sys
 
+from tqdm.auto import tqdm
+
 from converters.distributed import world
 
 __all__ = ["say"]
 
 
 def say(message: str) -> None:
-    """A line on stderr, from the first process only under torchrun."""
+    """A line on stderr, from the first process only under torchrun; above a progress bar that is running
+    (tqdm.write), not glued to its end."""
     if world().main:
-        print(f"compressor: {message}", file=sys.stderr)
+        tqdm.write(f"compressor: {message}", file=sys.stderr)
