@@ -1,14 +1,14 @@
 """A parameter budget over the targeted modules, turned into a concrete plan: each module's size
 (a rank, a number of Kronecker terms) is chosen by compressor.budget from the loss its method's
 BudgetRule estimates at each size, so that the summed loss is smallest. When the losses are
-estimates in common units (the fisher kind) they are summed as they are; otherwise each layer's
+estimates in common units (the fisher fit) they are summed as they are; otherwise each layer's
 error is taken relative to its energy.
 
 With one method each layer walks that method's sizes in order (allocate_ranks). With several
 (`--method lowrank phm`), each layer is offered every size of every method that accepts it, and
 the greedy walks the lower convex hull of those (parameters, loss) points (allocate): layer by
 layer, the method and size with the best loss per parameter, under one budget. The methods must
-estimate the same thing (the same kind: both rules then measure the same error of the same layer,
+estimate the same thing (the same fit: both rules then measure the same error of the same layer,
 ‖Lᵀ (W − W') S‖² for fisher, ‖(W − W') S‖² for aware, ‖W − W'‖² for plain, and relative errors
 share the layer's energy as denominator); else the budget is refused."""
 
@@ -68,7 +68,7 @@ def _methods(configs: Sequence) -> list[tuple[Method, object]]:
         said = ", ".join(f"{name} the {what} error" for name, what in metrics.items())
         raise PlanError(
             f"a budget over several methods compares their errors in one metric, but they estimate {said}; "
-            "give them the same --kind"
+            "give them the same --fit"
         )
     return pairs
 

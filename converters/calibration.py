@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from compressor.dense import dense_weight
 from compressor.errors import CompressorError
 from converters.kinds import kind_of
 from files.atomic import atomic_file, cache_dir
@@ -86,10 +87,10 @@ def _accumulate(store: dict[str, Tensor], name: str, rows: Tensor, scale: float 
 def statistics_bytes(model: nn.Module, linear_names: list[str], sensitivity: bool) -> int:
     """What calibrate() holds at most (layers reading one input share their Gram, which only lowers
     it): a float64 in × in Gram per layer, and with sensitivity an out × out matrix per layer and one for the table."""
-    grams = sum(model.get_submodule(n).weight.shape[-1] ** 2 for n in linear_names)
+    shapes = [dense_weight(model.get_submodule(n)).shape for n in linear_names]  # (out, in); Conv1D too
+    grams = sum(cols**2 for _, cols in shapes)
     if sensitivity:
-        grams += sum(model.get_submodule(n).weight.shape[0] ** 2 for n in linear_names)
-        grams += model.get_input_embeddings().embedding_dim ** 2
+        grams += sum(rows**2 for rows, _ in shapes) + model.get_input_embeddings().embedding_dim ** 2
     return 8 * grams
 
 

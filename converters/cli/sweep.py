@@ -20,7 +20,7 @@ def add_arguments(p) -> None:
         type=Path,
         default=None,
         help='a JSON recipe file, {"variants": [{"name": ..., "method": ..., OPTION: VALUE, ..., "quantize": '
-        '["fp32", "int8", "int8-aware"]}, ...]}, the options spelled as run\'s flags (rank, dense_head, kind, '
+        '["fp32", "int8", "int8-aware"]}, ...]}, the options spelled as run\'s flags (rank, dense_head, fit, '
         "budget, targets, finetune_time, lr, ...) (default: the built-in grid, converters/cli/recipes.py)",
     )
     p.add_argument("--out", type=Path, default=Path("runs/sweep"), help="output directory (default: runs/sweep)")

@@ -260,3 +260,13 @@ def test_token_counts_take_every_passage_cut_as_calibration_cuts_it(tiny_bert_di
     expected = sum(t.split().count("value") for t in TEXTS) + 126  # the long passage: 128 tokens less [CLS], [SEP]
     assert counts.dtype == torch.long and int(counts[value]) == expected
     assert int(counts[tok.cls_token_id]) == len(TEXTS) + 1
+
+
+def test_statistics_count_a_conv1d_by_its_input_width(tmp_path):
+    from compressor.dense import dense_weight
+    from tests.conftest import write_tiny_lm
+
+    model, _ = load_model(write_tiny_lm(tmp_path / "gpt2", "gpt2"))
+    name = "transformer.h.0.mlp.c_fc"  # a Conv1D, its weight stored (in, out)
+    rows, cols = dense_weight(model.get_submodule(name)).shape
+    assert rows != cols and statistics_bytes(model, [name], False) == 8 * cols**2

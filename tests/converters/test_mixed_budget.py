@@ -158,7 +158,7 @@ def test_a_table_in_a_mixed_budget_is_offered_the_method_that_takes_it(mixed_ber
             ["linear"],
             [LowRankConfig(fit="fisher"), PHMConfig(fit="aware")],
             PlanError,
-            "give them the same --kind",
+            "give them the same --fit",
         ),
         (["linear"], [PHMConfig(n=2), PHMConfig(n=4)], PlanError, "one config per method; phm is given 2"),
         (["embeddings"], [TTConfig()], PlanError, "the method tt has no budget rule"),
