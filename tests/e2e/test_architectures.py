@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from converters.calibration import calibrate
-from converters.checkpoint import load_model
+from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
+from converters.kinds import kind_of
 from converters.methods.define import DefineConfig
 from converters.methods.lowrank import LowRankConfig
 from converters.methods.phm import PHMConfig
@@ -131,8 +132,10 @@ def _plans() -> dict[str, Plan]:
 @pytest.mark.parametrize("arch", ENCODERS + LMS)
 def test_every_method_compresses_and_exports_with_parity(arch, tmp_path, eval_text_file, lm_text):
     """TT, DeFINE, PHM and low rank, each with its fisher fit (calibration with output sensitivities of
-    the kind's loss), compress the model and export its graph within the kind's parity tolerance; a tied
-    LM head computes through the compressed table."""
+    the kind's loss), compress the model, export its graph within the kind's parity tolerance and save a
+    checkpoint that loads back to the same outputs; a tied LM head computes through the compressed
+    table. (The original's int8 row is the run test's: a random tiny model's compressed graph may be
+    past the int8 gate.)"""
     source = _model_dir(arch, tmp_path / "models")
     text = (lm_text if arch in LMS else eval_text_file).read_text().splitlines()
     original, _ = load_model(source)
@@ -147,5 +150,12 @@ def test_every_method_compresses_and_exports_with_parity(arch, tmp_path, eval_te
             report = compress_(model, plan, calib, progress=False)
         assert report.modules, f"{arch}: {name} compressed nothing ({report.skipped})"
         assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in original.parameters())
-        result = export_onnx(model, tmp_path / f"{name}.onnx")  # raises past the kind's parity tolerance
-        assert result.path.is_file()
+        assert export_onnx(model, tmp_path / f"{name}.onnx").path.is_file()  # raises past the kind's parity tolerance
+        saved = save_compressed(model, plan, report, source, tmp_path / name)
+        again, _ = load_model(saved)  # the checkpoint round trip: the same outputs
+        ids = torch.randint(
+            5, again.get_input_embeddings().num_embeddings, (2, 7), generator=torch.Generator().manual_seed(2)
+        )
+        with torch.no_grad():
+            want, got = (kind_of(m).output(m, ids, torch.ones_like(ids)) for m in (model, again))
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), f"{arch}: {name} loads back other outputs"
