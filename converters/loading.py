@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from compressor.errors import CompressorError
@@ -56,12 +57,13 @@ def _stored_parameters(path: Path) -> int:
     """The parameters the folder's safetensors files hold, read from their headers (no weights loaded)."""
     total = 0
     for file in path.glob("*.safetensors"):
-        with open(file, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-        for name, entry in header.items():
-            if name != "__metadata__":
-                total += int(torch.Size(entry["shape"]).numel())
+        try:
+            with open(file, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(min(length, 100_000_000)))
+            total += sum(int(torch.Size(e["shape"]).numel()) for k, e in header.items() if k != "__metadata__")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, struct.error):
+            continue  # a file that does not read: the loader says what is wrong with it
     return total
 
 
@@ -125,7 +127,7 @@ def load_hf(from_pretrained: Callable[..., nn.Module], path: Path) -> nn.Module:
             model = from_pretrained(
                 path, attn_implementation="eager", dtype=torch.float32, local_files_only=True, trust_remote_code=False
             )
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, SafetensorError) as e:  # a weights file cut short: SafetensorError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CompressorError(f"could not load a model from {str(path)!r}: {first}") from None
     return model.eval()

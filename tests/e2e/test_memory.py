@@ -47,3 +47,13 @@ def test_a_fit_asked_for_by_name_is_refused_where_its_statistics_do_not_fit(
     code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "heavy")
     assert code == 2 and "--fit aware" in err and "GiB are available" in err, err
     assert not (tmp_path / "heavy").exists()
+
+
+def test_a_damaged_weights_file_is_left_to_the_loader_to_name(tiny_bert_dir, tmp_path, capsys):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_bert_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    code, _, err = run_cli(capsys, "compress", broken, "--rank", 4, "--out", tmp_path / "out")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
