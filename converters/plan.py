@@ -67,6 +67,8 @@ class Plan:
             config_type = method_named(method).config
             known = {f.name for f in fields(config_type)}
             config = entry.get("config") or {}
+            if not isinstance(config, dict):
+                raise PlanError(f"plan entry {i}: its config is an object of {method} options, got {config!r}")
             if "fit" in known:
                 config = legacy_fit(config)  # a plan written before the fit was one field
             unknown = set(config) - known

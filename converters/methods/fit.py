@@ -63,7 +63,7 @@ def legacy_fit(config: dict[str, Any]) -> dict[str, Any]:
     flags = {k: config.pop(k) for k in ("whiten", "weighted", "sensitive") if k in config}
     if flags and "fit" not in config:
         data = {v for k, v in flags.items() if k != "sensitive"}
-        if len(data) > 1:
+        if len(data) > 1 or (flags.get("sensitive") and False in data):  # fisher builds on the aware fit
             raise PlanError(f"a config with {flags} mixes fits; give one fit (plain, aware or fisher)")
         config["fit"] = "fisher" if flags.get("sensitive") else "aware" if data == {True} else "plain"
     return config

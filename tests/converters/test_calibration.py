@@ -238,6 +238,9 @@ def test_a_fit_is_one_of_three_and_a_plan_file_of_the_old_flags_still_reads():
     mixed = {**old, "config": {**old["config"], "whiten": False}}
     with pytest.raises(PlanError, match="mixes fits"):
         Plan.from_dict({"version": 1, "entries": [mixed]})
+    unweighted_fisher = {"target": "embeddings", "method": "tt", "config": {"weighted": False, "sensitive": True}}
+    with pytest.raises(PlanError, match="mixes fits"):
+        Plan.from_dict({"version": 1, "entries": [unweighted_fisher]})
 
 
 @pytest.mark.parametrize("text", ["0", "1", "1.5", "-3MB", "12parsecs", "lots"])

@@ -57,6 +57,13 @@ def test_bad_plan_files_raise(data, message):
         Plan.from_dict(data)
 
 
+@pytest.mark.parametrize("config", [[1, 2], "x"])
+def test_a_config_that_is_no_object_is_one_sentence(config):
+    entry = {"target": "linear", "method": "lowrank", "config": config}
+    with pytest.raises(PlanError, match="its config is an object of lowrank options"):
+        Plan.from_dict({"version": 1, "entries": [entry]})
+
+
 def test_plan_file_that_is_not_json_raises():
     with pytest.raises(PlanError, match="must be JSON"):
         Plan.from_json("{not json")
