@@ -21,9 +21,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from converters.checkpoint import load_model, read_meta
-from converters.cli.steps import finetune_texts
 from converters.finetune import FinetuneConfig, finetune_
 from converters.kinds import kind_of
+from converters.pipeline.steps import finetune_texts
 from converters.registry import compact_modules
 from eval.quality import mean_pool, recall_at_k
 from texts.corpus import SECOND
@@ -72,7 +72,7 @@ def main() -> None:
         print(json.dumps(points[-1]), flush=True)
         write()
 
-    train, val, where = finetune_texts(argparse.Namespace(data=None), kind)
+    train, val, where = finetune_texts(None, kind)
     cfg = FinetuneConfig(steps=args.steps, seconds=None, eval_every=args.every)
     measure(0, float("nan"), student)
     report = finetune_(student, teacher, tokenizer, train, val, cfg, tuple(compact_modules().values()), on_eval=measure)

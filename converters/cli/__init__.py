@@ -7,8 +7,8 @@ import os
 
 from compressor.errors import CompressorError
 from converters.cli import bench, compress, export, finetune, generate, pack, run, sweep, tie
-from converters.cli.steps import say
 from converters.distributed import world
+from converters.pipeline.say import say
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 

@@ -3,11 +3,15 @@
 from pathlib import Path
 
 from converters.cli.options import bench_options
-from converters.cli.steps import check_outputs, check_runs, eval_texts, say, second_texts
+from converters.cli.specs import text_spec
 from converters.loading import default_model_path
+from converters.pipeline.say import say
+from converters.pipeline.steps import eval_texts, second_texts
+from converters.spec import check_runs
 from eval.benchmark import bench
 from eval.kinds import graph_kind
 from eval.report import markdown_table, write_report
+from files.atomic import check_writable
 from files.model_folder import GRAPH_DIR, folder_of, graph_in, lacks_tokenizer
 
 HELP = "measure ONNX models side by side; the first is the reference"
@@ -37,11 +41,12 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
     check_runs(args.runs)
-    check_outputs(args, report_file=args.json)
+    text = text_spec(vars(args))
+    check_writable(args.json, "report file")
     graphs = [graph_in(p) for p in args.onnx]
     kind = graph_kind(graphs[0])
-    texts, where = eval_texts(args, kind)
-    second, second_where = second_texts(args, kind)
+    texts, where = eval_texts(text, kind)
+    second, second_where = second_texts(text, kind)
     first = folder_of(graphs[0]) if graphs[0].parent.name == GRAPH_DIR else None
     tokenizer = args.tokenizer or (first if first and not lacks_tokenizer(first) else default_model_path())
     names = ["original", *[_name(p) for p in graphs[1:]]]

@@ -2,16 +2,11 @@
 
 from pathlib import Path
 
-from converters.checkpoint import save_compressed
 from converters.cli.options import MODEL_HELP, method_options
-from converters.cli.steps import (
-    check_method_options,
-    check_outputs,
-    compress_and_say,
-    load_original,
-    plans_and_calibration,
-    say,
-)
+from converters.cli.specs import method_spec, text_spec
+from converters.pipeline import compress_checkpoint
+from converters.pipeline.say import say
+from files.atomic import check_writable
 
 HELP = "compress a model and save a compressed checkpoint"
 
@@ -23,10 +18,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> None:
-    check_outputs(args, output_folder=args.out)
-    check_method_options(args)
-    model, source = load_original(args.model)
-    plans, calib = plans_and_calibration(args, model, source)
-    report = compress_and_say(model, plans[0], calib)
-    save_compressed(model, plans[0], report, source, args.out)
-    say(f"wrote {args.out} ({plans[0].label()})")
+    spec, texts = method_spec(vars(args)), text_spec(vars(args))
+    check_writable(args.out, "output folder")
+    plan = compress_checkpoint(args.model, spec, texts, args.out)
+    say(f"wrote {args.out} ({plan.label()})")

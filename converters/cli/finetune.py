@@ -5,18 +5,13 @@ from pathlib import Path
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model, read_meta, save_compressed
 from converters.cli.options import FINETUNE_DEFAULTS, finetune_options
-from converters.cli.steps import (
-    check_kind_options,
-    check_outputs,
-    finetune_and_say,
-    finetune_config,
-    finetune_texts,
-    say,
-)
+from converters.cli.specs import finetune_config, kind_options
 from converters.compress import CompressionReport
 from converters.distributed import world
 from converters.finetune_state import check_resumable
 from converters.kinds import kind_named, kind_of
+from converters.pipeline.say import say
+from converters.pipeline.steps import check_kind_options, finetune_and_say, finetune_texts
 from converters.plan import Plan
 from files.atomic import check_writable
 
@@ -43,9 +38,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
     meta = read_meta(args.checkpoint)
-    check_outputs(args, checkpoint_folder=args.checkpoint)
-    check_kind_options(args, kind_named(meta.get("kind", "encoder")))
-    cfg = finetune_config(args)  # a bad option fails now, before two models load
+    check_writable(args.checkpoint, "checkpoint folder")
+    check_kind_options(kind_options(vars(args)), kind_named(meta.get("kind", "encoder")))
+    cfg = finetune_config(vars(args))  # a bad option fails now, before two models load
     if args.resume and args.state is None:
         raise CompressorError("--resume goes on from a fine-tune state: give its file with --state")
     if args.resume:
@@ -65,8 +60,8 @@ def run(args) -> None:
     if cfg.steps == 0:
         say("--steps 0: nothing to fine-tune; the checkpoint is unchanged")
         return
-    texts = finetune_texts(args, kind_of(student))
-    result = finetune_and_say(student, teacher, teacher_dir, args, texts, state=args.state, resume=args.resume)
+    texts = finetune_texts(args.data, kind_of(student))
+    result = finetune_and_say(student, teacher, teacher_dir, cfg, texts, state=args.state, resume=args.resume)
     if not world().main:  # under torchrun the first process writes
         return
     plan = Plan.from_dict(meta["plan"])

@@ -4,7 +4,7 @@
 import time
 from pathlib import Path
 
-from converters.cli.steps import say
+from converters.pipeline.say import say
 from eval.decode import generate
 
 HELP = "continue a prompt with a causal LM's ONNX graph (greedy, or sampled with a seed)"

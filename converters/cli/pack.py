@@ -2,9 +2,10 @@
 
 from pathlib import Path
 
-from converters.cli.steps import check_outputs, say
 from converters.finetune import FinetuneConfig
 from converters.pack import PACK_LIMIT, pack_finetune
+from converters.pipeline.say import say
+from files.atomic import check_writable
 
 HELP = "pack the original in bf16, the plan, the texts and the wheels to fine-tune a checkpoint's plan elsewhere"
 
@@ -29,7 +30,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
     FinetuneConfig(seconds=args.time)  # a bad time fails now
-    check_outputs(args, pack_folder=args.out)
+    check_writable(args.out, "pack folder")
     size = pack_finetune(args.checkpoint, args.out, args.time, args.wheel)
     say(
         f"wrote {args.out} ({size / 2**20:.1f} MiB of the {PACK_LIMIT / 2**20:.0f} a device call takes); "

@@ -20,9 +20,11 @@ from typing import Any
 
 from compressor.errors import CompressorError
 from converters.cli.options import finetune_options, method_options
-from converters.cli.steps import check_method_options
+from converters.cli.specs import variant_spec
+from converters.pipeline.steps import check_method_options
 from converters.quantization.quantize import SCHEMES
 from converters.registry import methods
+from converters.spec import TextSpec, VariantSpec
 
 __all__ = [
     "DEFAULT_RECIPE",
@@ -121,17 +123,14 @@ def _variant_options() -> dict[str, argparse.Action]:
 
 
 @functools.cache
-def _run_defaults() -> tuple[tuple[str, Any], ...]:
-    from converters.cli import run  # which imports this module
-
-    parser = argparse.ArgumentParser()
-    run.add_arguments(parser)
-    return tuple(vars(parser.parse_args([])).items())
+def _variant_defaults() -> tuple[tuple[str, Any], ...]:
+    """Run's default of each variant option, by dest."""
+    return tuple({a.dest: a.default for a in _variant_options().values()}.items())
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """One variant of a sweep. `options`: argparse dest → value, as `compressor run` would parse
+    """One variant of a sweep. `options`: option dest → value, as `compressor run` would parse
     them; `quantize`: the schemes to measure it in (QUANTIZE_CHOICES)."""
 
     method: str | list[str]  # several: a budget chooses among them, layer by layer
@@ -139,17 +138,17 @@ class Recipe:
     quantize: tuple[str, ...] = ("fp32",)
     name: str | None = None
 
-    def namespace(self, base_args: argparse.Namespace | None = None) -> argparse.Namespace:
-        """`compressor run`'s arguments for this variant: run's defaults, then `base_args` (the
-        sweep's own options), then this recipe. A variant option the recipe leaves out keeps run's
-        default, never base_args' value; --quantize gets the recipe's schemes other than fp32."""
-        values = copy.deepcopy(dict(_run_defaults()))  # a namespace shares no list with run or the recipe
-        own = {"method", "quantize", "plan", *(a.dest for a in _variant_options().values())}
-        if base_args is not None:
-            values.update({k: v for k, v in vars(base_args).items() if k not in own})
+    def values(self) -> dict[str, Any]:
+        """`compressor run`'s parsed options for this variant: run's defaults, then this recipe's;
+        --quantize the recipe's schemes other than fp32."""
+        values = copy.deepcopy(dict(_variant_defaults()))  # shares no list with run or the recipe
         values.update(copy.deepcopy(self.options), method=self.method)
         values["quantize"] = [s for s in self.quantize if s != "fp32"] or None
-        return argparse.Namespace(**values)
+        return values
+
+    def variant(self, said: str | None = None) -> VariantSpec:
+        """The variant this recipe makes, named after it; its fp32 graph measured if "fp32" is asked."""
+        return variant_spec(self.values(), self.name, "fp32" in self.quantize, said)
 
     def to_dict(self) -> dict:
         """The recipe as a variant of a recipe file."""
@@ -238,11 +237,10 @@ def _recipe(entry: object, where: str) -> Recipe:
 
 
 def _check(recipe: Recipe, where: str) -> None:
-    """The options make a plan (or a budget) as `compressor run` would, without touching the disk."""
-    args = recipe.namespace()
-    args.no_cache = True  # the cache folder is the sweep's to check
+    """The options make a plan (or a budget) and a fine-tune as `compressor run` would, without
+    touching the disk (the cache folder is the sweep's to check)."""
     try:
-        check_method_options(args)
+        check_method_options(recipe.variant().method, TextSpec(no_cache=True))
     except CompressorError as e:
         raise type(e)(f"{where}: {e}") from None
 
@@ -289,13 +287,13 @@ def _method_dests() -> frozenset[str]:
     return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE, *PRIOR_DESTS}
 
 
-def with_default_recipe(args: argparse.Namespace) -> argparse.Namespace | None:
-    """`compressor run`'s `args` with DEFAULT_RECIPE's method and options when they give no method
-    option (its fine-tune and quantization too, unless given); None when they give one."""
-    defaults = dict(_run_defaults())
-    if any(getattr(args, d) != defaults[d] for d in _method_dests()):
+def with_default_recipe(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any] | None:
+    """`compressor run`'s parsed options `values` (`defaults`: run's) with DEFAULT_RECIPE's method
+    and options when they give no method option (its fine-tune and quantization too, unless given);
+    None when they give one."""
+    if any(values[d] != defaults[d] for d in _method_dests()):
         return None
     recipe = parse_recipes({"variants": [DEFAULT_RECIPE]}, "the default recipe")[0]
-    values = vars(recipe.namespace(args))
-    values.update({k: v for k, v in vars(args).items() if k in defaults and v != defaults[k]})
-    return argparse.Namespace(**values)
+    merged = {**values, **recipe.values()}
+    merged.update({k: v for k, v in values.items() if k in defaults and v != defaults[k]})
+    return merged

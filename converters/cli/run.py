@@ -1,5 +1,6 @@
 """compressor run [MODEL]: compress, export and bench the original and each variant in one run."""
 
+import argparse
 from pathlib import Path
 
 from converters.cli.options import (
@@ -10,13 +11,12 @@ from converters.cli.options import (
     method_options,
     quantize_option,
 )
-from converters.cli.pipeline import Variant, measure
 from converters.cli.recipes import DEFAULT_RECIPE, with_default_recipe
-from converters.cli.steps import check_outputs, say
-from converters.quantization.correction import check_correction_share
-from converters.quantization.int4 import check_int4_options
-from converters.quantization.quantize import check_table_head
+from converters.cli.specs import run_spec, variant_spec
+from converters.pipeline import measure
+from converters.pipeline.say import say
 from converters.registry import default_method
+from files.atomic import check_writable
 
 HELP = "compress, export and bench the original and each variant in one run"
 
@@ -39,16 +39,17 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
     """A sweep of one variant: the options given, or the default recipe when no method option is."""
-    recipe = with_default_recipe(args)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    values = vars(args)
+    recipe = with_default_recipe(values, vars(parser.parse_args([])))
     if recipe is not None:
         options = ", ".join(f"{k} {v}" for k, v in DEFAULT_RECIPE.items() if k != "name")
         say(f"no method options: the default recipe {DEFAULT_RECIPE['name']!r} ({options}; see compressor sweep)")
-        args = recipe
-    args.method = args.method or default_method().name
-    check_int4_options(args.block_size, args.accuracy_level)
-    check_correction_share(args.correction_share)
-    check_table_head(args.table_head, args.quantize)
-    check_outputs(args, output_folder=args.out)
+        values = recipe
+    values["method"] = values["method"] or default_method().name
+    spec = run_spec(values, [variant_spec(values)], args.out)
+    check_writable(args.out, "output folder")
     if args.ft_steps == 0:
         say("--finetune-steps 0: the fine-tune is skipped")
-    measure(args, [Variant(args)])
+    measure(spec)

@@ -6,9 +6,11 @@ import time
 from pathlib import Path
 
 from converters.cli.options import MODEL_HELP, bench_options, calibration_options
-from converters.cli.pipeline import Variant, measure
 from converters.cli.recipes import load_recipes
-from converters.cli.steps import check_outputs, say
+from converters.cli.specs import run_spec
+from converters.pipeline import measure
+from converters.pipeline.say import say
+from files.atomic import check_writable
 
 HELP = "run a grid of recipes and measure them side by side; Pareto table and plots"
 
@@ -42,11 +44,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
     start = time.perf_counter()
-    check_outputs(args, output_folder=args.out)
+    check_writable(args.out, "output folder")
     recipes = load_recipes(args.recipes)
-    variants = [
-        Variant(r.namespace(args), r.name, "fp32" in r.quantize, f"recipe {r.name or r.method}: {r.to_dict()}")
-        for r in recipes
-    ]
-    measure(args, variants)
+    variants = [r.variant(f"recipe {r.name or r.method}: {r.to_dict()}") for r in recipes]
+    measure(run_spec(vars(args), variants, args.out))
     say(f"sweep of {len(recipes)} recipe(s) in {(time.perf_counter() - start) / 60:.1f} min")

@@ -6,20 +6,20 @@ from pathlib import Path
 from compressor.tying import SCORES
 from converters.checkpoint import load_model, save_compressed
 from converters.cli.options import MODEL_HELP, finetune_options
-from converters.cli.steps import (
-    check_kind_options,
-    check_outputs,
-    compress_and_say,
-    finetune_and_say,
-    finetune_config,
-    finetune_texts,
-    load_original,
-    say,
-)
+from converters.cli.specs import finetune_config, kind_options
 from converters.finetune import FinetuneConfig
 from converters.kinds import kind_of
+from converters.pipeline.say import say
+from converters.pipeline.steps import (
+    check_kind_options,
+    compress_and_say,
+    finetune_and_say,
+    finetune_texts,
+    load_original,
+)
 from converters.plan import Plan
 from converters.tying import INITS, TieConfig, check_tie
+from files.atomic import check_writable
 
 HELP = "tie a language model's output projection to its input table (or rescore a tied head), then fine-tune"
 
@@ -51,16 +51,16 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> None:
-    check_outputs(args, output_folder=args.out)
+    check_writable(args.out, "output folder")
+    cfg = finetune_config(vars(args))  # a bad option fails now, before the model loads
     model, source = load_original(args.model)
-    check_kind_options(args, kind_of(model))
+    check_kind_options(kind_options(vars(args)), kind_of(model))
     plan = Plan((), tie=TieConfig(args.init, args.score))
     check_tie(model, plan.tie)
-    finetune_config(args)  # a bad option fails now, before the fine-tune's text and teacher load
     report = compress_and_say(model, plan, None)
     result = None
     if args.ft_steps != 0:
         teacher, _ = load_model(source)
-        result = finetune_and_say(model, teacher, source, args, finetune_texts(args, kind_of(model)))
+        result = finetune_and_say(model, teacher, source, cfg, finetune_texts(args.data, kind_of(model)))
     save_compressed(model, plan, report, source, args.out, finetune=result)
     say(f"wrote {args.out} ({plan.label()})")

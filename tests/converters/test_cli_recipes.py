@@ -1,14 +1,13 @@
 """Sweep recipe files: every bad file is one sentence before anything runs; a good one becomes
-the Namespace `compressor run` would have parsed for each variant."""
+the variant spec `compressor run` would have made of its options."""
 
-import argparse
 import json
 
 import pytest
 
 from compressor.errors import CompressorError
 from converters.cli.recipes import DEFAULT_RECIPES, QUANTIZE_CHOICES, Recipe, load_recipes, parse_recipes
-from converters.cli.steps import plans_from_args
+from converters.pipeline.steps import plans_of
 from converters.quantization.quantize import SCHEMES
 
 VALID = {
@@ -44,22 +43,28 @@ def test_a_valid_file_round_trips(tmp_path):
     assert budget.options == {"budget": "0.5", "targets": ["ffn"], "ft_time": 300.0, "lr": 1e-3}
     assert budget.quantize == ("fp32",) and budget.name is None
     assert load_recipes(write(tmp_path, {"variants": [r.to_dict() for r in recipes]})) == recipes
-    assert [p.label() for p in plans_from_args(tt.namespace())] == ["tt-head1024-r64-pca-fisher"]
-    assert plans_from_args(keep.namespace())[0].entries[0][1].keep == 0.25
+    assert [p.label() for p in plans_of(tt.variant().method)] == ["tt-head1024-r64-pca-fisher"]
+    assert plans_of(keep.variant().method)[0].entries[0][1].keep == 0.25
 
 
-def test_the_namespace_takes_the_sweeps_options_but_not_its_variant_options(tmp_path):
-    tt = load_recipes(write(tmp_path, VALID))[0]
-    base = argparse.Namespace(runs=3, calib=tmp_path / "c.txt", rank=[8], fit="plain", keep=0.9, targets=["all"])
-    args = tt.namespace(base)
-    assert (args.runs, args.calib) == (3, tmp_path / "c.txt")  # the sweep's
-    assert (args.method, args.rank, args.fit, args.keep, args.targets) == ("tt", 64, "fisher", None, ["embeddings"])
-    assert args.quantize == ["int8"] and args.plan is None and args.ft_time is None  # run's defaults otherwise
-    args.targets.append("ffn")
-    assert tt.namespace().targets == ["embeddings"]  # no namespace shares run's default list
-    budget = load_recipes(write(tmp_path, VALID))[1]
-    budget.namespace().targets.append("attention")
-    assert budget.options["targets"] == ["ffn"]  # nor the recipe's
+def test_a_recipe_makes_the_variant_run_would_with_runs_defaults_for_the_rest(tmp_path):
+    tt, budget, _ = load_recipes(write(tmp_path, VALID))
+    variant = tt.variant("said")
+    assert variant.method.methods == ("tt",) and variant.method.given == {
+        "rank": 64,
+        "fit": "fisher",
+        "dense_head": 1024,
+    }
+    assert variant.method.targets == ("embeddings",) and variant.method.plan is None and variant.finetune is None
+    assert variant.quantize.schemes == ("int8",) and (variant.name, variant.fp32, variant.said) == (
+        "tt-64",
+        True,
+        "said",
+    )
+    tuned = budget.variant()
+    assert tuned.method.targets == ("ffn",) and tuned.method.budget == "0.5" and tuned.quantize.schemes == ()
+    assert (tuned.finetune.seconds, tuned.finetune.lr, tuned.finetune.steps) == (300.0, 1e-3, None)
+    assert budget.options["targets"] == ["ffn"]  # the recipe's own list is left as it was
 
 
 def test_the_default_recipes_are_valid():
@@ -121,21 +126,22 @@ def test_errors_name_the_variant_by_index_and_name():
         parse_recipes(data, "test")
 
 
-def _run_args(*argv: str) -> argparse.Namespace:
+def _run_values(*argv: str) -> dict:
     from converters.cli import build_parser
 
-    return build_parser().parse_args(["run", *argv])
+    return vars(build_parser().parse_args(["run", *argv]))
 
 
 def test_run_without_method_options_takes_the_default_recipe():
     from converters.cli.recipes import DEFAULT_RECIPE, with_default_recipe
 
-    args = with_default_recipe(_run_args("--out", "x"))
+    defaults = _run_values()
+    args = with_default_recipe(_run_values("--out", "x"), defaults)
     recipe = {k: v for k, v in DEFAULT_RECIPE.items() if k not in ("name", "finetune_time", "quantize")}
-    assert {k: getattr(args, k) for k in recipe} == recipe and args.out.name == "x"
+    assert {k: args[k] for k in recipe} == recipe and args["out"].name == "x"
     schemes = [q for q in DEFAULT_RECIPE["quantize"] if q != "fp32"]
-    assert args.ft_time == DEFAULT_RECIPE.get("finetune_time") and args.quantize == schemes
-    mine = with_default_recipe(_run_args("--finetune-time", "7", "--quantize", "int8", "--runs", "3"))
-    assert (mine.method, mine.ft_time, mine.quantize, mine.runs) == (args.method, 7.0, ["int8"], 3)  # given: kept
+    assert args["ft_time"] == DEFAULT_RECIPE.get("finetune_time") and args["quantize"] == schemes
+    mine = with_default_recipe(_run_values("--finetune-time", "7", "--quantize", "int8", "--runs", "3"), defaults)
+    assert (mine["method"], mine["ft_time"], mine["quantize"], mine["runs"]) == (args["method"], 7.0, ["int8"], 3)
     for given in (["--rank", "64"], ["--method", "tt"], ["--targets", "ffn"], ["--budget", "0.5"]):
-        assert with_default_recipe(_run_args(*given)) is None  # a method option given: no recipe
+        assert with_default_recipe(_run_values(*given), defaults) is None  # a method option given: no recipe

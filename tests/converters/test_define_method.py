@@ -233,7 +233,7 @@ def test_bad_input_is_one_sentence_and_writes_nothing(
     def no_calibration(*args, **kwargs):
         raise AssertionError("calibrated before the input was checked")
 
-    monkeypatch.setattr("converters.cli.calibrating.cached_calibration", no_calibration)
+    monkeypatch.setattr("converters.pipeline.calibrating.cached_calibration", no_calibration)
     out = tmp_path / ("o.onnx" if command == "export" else "o")
     code, err = run_cli([command, tiny_bert_dir, *options, "--out", out], capsys)
     lines = [line for line in err.splitlines() if line.startswith("compressor: error:")]

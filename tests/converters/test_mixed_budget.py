@@ -202,7 +202,7 @@ def test_bad_input_is_one_sentence_before_any_calibration(
     def no_calibration(*args, **kwargs):
         raise AssertionError("calibrated before the budget was checked")
 
-    monkeypatch.setattr("converters.cli.calibrating.cached_calibration", no_calibration)
+    monkeypatch.setattr("converters.pipeline.calibrating.cached_calibration", no_calibration)
     code = main(["compress", str(mixed_bert_dir), *options, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("compressor: error:")]
@@ -234,9 +234,9 @@ def test_every_plan_is_checked_before_anything_is_calibrated_or_exported(
 
         return fail
 
-    monkeypatch.setattr("converters.cli.calibrating.cached_calibration", never("calibrated"))
-    monkeypatch.setattr("converters.cli.variants.export_onnx", never("exported"))
-    monkeypatch.setattr("converters.cli.compress.save_compressed", never("saved"))
+    monkeypatch.setattr("converters.pipeline.calibrating.cached_calibration", never("calibrated"))
+    monkeypatch.setattr("converters.pipeline.variants.export_onnx", never("exported"))
+    monkeypatch.setattr("converters.pipeline.steps.save_compressed", never("saved"))
     texts = ["--eval-text", str(eval_text_file), "--second-text", "none"] if command == "run" else []
     code = main([command, str(tiny_bert_dir), *options, *texts, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err

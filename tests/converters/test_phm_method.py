@@ -190,7 +190,7 @@ def test_bad_input_is_one_sentence_before_any_calibration(
     def no_calibration(*args, **kwargs):
         raise AssertionError("calibrated before the plan was checked")
 
-    monkeypatch.setattr("converters.cli.calibrating.cached_calibration", no_calibration)
+    monkeypatch.setattr("converters.pipeline.calibrating.cached_calibration", no_calibration)
     code = main(["compress", str(tiny_bert_dir), "--method", "phm", *options, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("compressor: error:")]

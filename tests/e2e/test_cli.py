@@ -300,7 +300,7 @@ def test_a_correction_share_outside_0_1_is_refused_before_the_work(
     command, tiny_bert_dir, tmp_path, capsys, monkeypatch
 ):
     import converters.cli.export as export_command
-    import converters.cli.pipeline as pipeline
+    import converters.pipeline.measuring as pipeline
 
     monkeypatch.setattr(export_command, "load_model", lambda *a: pytest.fail("loaded a model for a bad share"))
     monkeypatch.setattr(pipeline, "resolve_model_dir", lambda *a: pytest.fail("read a model for a bad share"))

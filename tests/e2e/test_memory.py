@@ -6,7 +6,7 @@ import json
 
 from converters.calibration import statistics_bytes
 from converters.checkpoint import load_model
-from converters.cli import steps
+from converters.pipeline import steps
 from tests.conftest import run_cli
 
 LINEAR = ("--method", "lowrank", "--targets", "linear", "--keep", "0.5")
@@ -42,7 +42,7 @@ def test_a_fit_asked_for_by_name_is_refused_where_its_statistics_do_not_fit(
     tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch
 ):
     aware, fisher = _bytes(tiny_bert_dir, False), _bytes(tiny_bert_dir, True)
-    monkeypatch.setattr("converters.cli.calibrating.available_memory", lambda: (aware + fisher) // 2)
+    monkeypatch.setattr("converters.pipeline.calibrating.available_memory", lambda: (aware + fisher) // 2)
     argv = ("compress", tiny_bert_dir, *LINEAR, "--kind", "fisher", "--calib", eval_text_file, "--no-cache")
     code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "heavy")
     assert code == 2 and "--fit aware" in err and "GiB are available" in err, err

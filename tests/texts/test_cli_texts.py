@@ -4,14 +4,15 @@ import pytest
 
 from compressor.errors import CompressorError
 from converters.cli import build_parser
-from converters.cli.steps import eval_texts, second_texts
+from converters.cli.specs import text_spec
+from converters.pipeline.steps import eval_texts, second_texts
 from eval.kinds import ENCODER
 from texts.corpus import default_passages
 from texts.news import SECOND_PASSAGES, news_passages
 
 
 def bench_args(*options):
-    return build_parser().parse_args(["bench", "model.onnx", *map(str, options)])
+    return text_spec(vars(build_parser().parse_args(["bench", "model.onnx", *map(str, options)])))
 
 
 def test_the_second_text_defaults_to_the_news_and_none_skips_it():

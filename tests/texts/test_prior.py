@@ -9,7 +9,8 @@ from compressor.errors import CompressorError
 from converters.calibration import Calibration
 from converters.checkpoint import load_model
 from converters.cli import build_parser
-from converters.cli.steps import check_method_options, finetune_config
+from converters.cli.specs import finetune_config, method_spec, text_spec
+from converters.pipeline.steps import check_method_options
 from texts.prior import check_prior, token_prior
 from texts.tokens import load_tokenizer
 
@@ -70,15 +71,19 @@ def test_bad_prior_options_are_refused(prior, weight, message):
 def test_a_missing_wordfreq_says_how_to_install_it_before_any_work(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wordfreq" else real(name, *a))
-    args = build_parser().parse_args(["run", "--method", "lowrank", "--keep", "0.25", "--out", "unused"])
     with pytest.raises(CompressorError, match=r"pip install wordfreq.*--freq-prior none"):
-        check_method_options(args)
-    check_method_options(build_parser().parse_args(["run", "--method", "lowrank", "--freq-prior", "none"]))
+        check_method_options(*_specs("run", "--method", "lowrank", "--keep", "0.25", "--out", "unused"))
+    check_method_options(*_specs("run", "--method", "lowrank", "--freq-prior", "none"))
     with pytest.raises(CompressorError, match=r"pip install wordfreq, or pass --synthetic 0"):
-        finetune_config(build_parser().parse_args(["finetune", "ckpt", "--synthetic", "0.25"]))
+        finetune_config(vars(build_parser().parse_args(["finetune", "ckpt", "--synthetic", "0.25"])))
+
+
+def _specs(*argv: str):
+    """The method and text specs of a command line."""
+    values = vars(build_parser().parse_args(argv))
+    return method_spec(values), text_spec(values)
 
 
 def test_a_missing_calibration_text_is_refused_before_any_work(tmp_path):
-    args = build_parser().parse_args(["run", "--method", "lowrank", "--keep", "0.25", "--calib", str(tmp_path / "no")])
     with pytest.raises(CompressorError, match="does not exist"):
-        check_method_options(args)
+        check_method_options(*_specs("run", "--method", "lowrank", "--keep", "0.25", "--calib", str(tmp_path / "no")))

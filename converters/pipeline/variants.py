@@ -13,16 +13,14 @@ from torch import nn
 
 from compressor.errors import CompressorError, ExportParityError, UnmatchedWeightError
 from converters.checkpoint import save_compressed
-from converters.cli.export import token_frequencies
-from converters.cli.options import export_form_values
-from converters.cli.steps import compress_and_say, finetune_and_say, plans_and_calibration, say
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.loading import DEFAULT_MODEL_NAME
-from converters.quantization.correction import CORRECTION_SHARE
-from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK
+from converters.pipeline.calibrating import token_frequencies
+from converters.pipeline.say import say
+from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
 from converters.quantization.quantize import CALIBRATED, PLANNED, TRAINED, quantize_onnx, weight_width
-from converters.quantization.table_head import TABLE_HEAD
 from converters.quantization.training import trainer
+from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 from eval.benchmark import bench
 from eval.pareto import front_quality
 from eval.plot import plot_front
@@ -50,25 +48,16 @@ class Variants:
     """(name, ONNX path) of each graph to measure, and what made it, in order."""
 
     def __init__(
-        self,
-        out: Path,
-        source: Path,
-        vocab: int,
-        batches: list[dict] | None,
-        block: int = INT4_BLOCK,
-        accuracy: int = INT4_ACCURACY,
-        correction: float = CORRECTION_SHARE,
-        fit_for=None,
-        table_head: int = TABLE_HEAD,
+        self, out: Path, source: Path, vocab: int, batches: list[dict] | None, quantize: QuantizeSpec, fit_for=None
     ):
         """Each row is a ready model folder OUT/NAME (files.model_folder; a compressed variant's is its
         checkpoint's) holding `source`'s files; `batches`: calibration inputs of the aware schemes;
-        `block`, `accuracy`: of the int4 ones; `correction`: the corrected schemes' share of the 4-bit
-        bytes for their corrections; `fit_for`: int4-trained's fine-tune of a model's student
-        (steps.correction_fit); `table_head`: the word table's rows in 8 bits under the aware 4-bit schemes."""
+        `quantize`: the settings of the 4-bit schemes (block, accuracy level, the corrected schemes'
+        share, the table's 8-bit head); `fit_for`: int4-trained's fine-tune of a model's student
+        (steps.correction_fit)."""
         self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
-        self.int4 = {"block": block, "accuracy_level": accuracy}
-        self.correction, self.fit_for, self.table_head = correction, fit_for, table_head
+        self.int4 = {"block": quantize.block_size, "accuracy_level": quantize.accuracy_level}
+        self.correction, self.fit_for, self.table_head = quantize.correction_share, fit_for, quantize.table_head
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
@@ -129,16 +118,18 @@ class Variants:
         wanted = [s for s in dict.fromkeys(schemes) if s not in PLANNED]  # no plan, no widths
         self.add("original", model, {}, wanted)
 
-    def add_compressed(
-        self, args, original: nn.Module, source: Path, ft_texts, schemes: list[str], prefix=None, fp32: bool = True
-    ) -> None:
-        """Each plan of `args` applied to a copy of `original`, saved and added (named `prefix`, or
-        the plan's label, with the label after the prefix when there are several plans), in each
-        export form asked (NAME-FORM); then fine-tuned on `ft_texts` and added again as NAME-ft,
-        unless `ft_texts` is None."""
-        plans, calib = plans_and_calibration(args, original, source)
-        frequencies = functools.cache(lambda: token_frequencies(args, source, self.vocab))
-        forms = export_form_rows(export_form_values(args))
+    def add_compressed(self, variant: VariantSpec, run: RunSpec, original: nn.Module, source: Path, ft_texts) -> None:
+        """Each plan of `variant` applied to a copy of `original`, saved and added (named after the
+        variant, or the plan's label, with the label after the name when there are several plans), in
+        each export form asked (NAME-FORM); then fine-tuned on `ft_texts` and added again as NAME-ft,
+        unless the variant has no fine-tune."""
+        m = variant.method
+        plans, calib = plans_and_calibration(m, run.texts, original, source)
+        frequencies = functools.cache(
+            lambda: token_frequencies(run.texts.calib, m.freq_prior, m.prior_weight, source, self.vocab)
+        )
+        forms = export_form_rows(dict(variant.export_forms))
+        schemes, prefix, fp32 = list(variant.quantize.schemes), variant.name, variant.fp32
 
         def add(name: str, model: nn.Module, detail: dict) -> None:
             for suffix, values in forms:
@@ -154,15 +145,15 @@ class Variants:
             save_compressed(model, plan, report, source, self.out / name)
             detail = {"plan": plan.to_dict(), "compression": report.to_dict()}
             add(name, model, detail)
-            if ft_texts is not None:
-                result = finetune_and_say(model, original, source, args, ft_texts)
+            if variant.finetune is not None:
+                result = finetune_and_say(model, original, source, variant.finetune, ft_texts)
                 save_compressed(model, plan, report, source, self.out / f"{name}-ft", finetune=result)
                 add(f"{name}-ft", model, {**detail, "finetune": result})
 
-    def bench_and_report(self, args, source: Path, texts, second) -> dict:
+    def bench_and_report(self, run: RunSpec, source: Path, texts, second) -> dict:
         """One bench of every graph side by side; report.json and report.md in the output folder,
         the table printed. `texts`, `second`: (passages, where) of the eval and second texts."""
-        model_name = DEFAULT_MODEL_NAME if args.model is None else str(source)
+        model_name = DEFAULT_MODEL_NAME if run.model is None else str(source)
         report = bench(
             self.graphs,
             source,
@@ -170,7 +161,7 @@ class Variants:
             model=model_name,
             second_texts=second[0],
             second_text=second[1],
-            runs=args.runs,
+            runs=run.runs,
         )
         for row, extra in zip(report["variants"], self.details):
             row.update(extra)

@@ -15,48 +15,42 @@ from converters.calibration import (
     statistics_bytes,
     token_counts,
 )
-from converters.cli.say import say
-from converters.kinds import kind_of
+from converters.kinds import kind_for_config, kind_of
 from converters.loading import available_memory
+from converters.pipeline.say import say
 from converters.quantization.quantize import CALIBRATED, CALIBRATION_PASSAGES
+from converters.spec import MethodSpec, TextSpec
 from texts.prior import token_prior
 from texts.tokens import encode_passages, load_tokenizer
 
-__all__ = ["quantize_calibration", "calibration"]
+__all__ = ["quantize_calibration", "calibration", "token_frequencies"]
 
 
-def _all_calib_texts(args, kind_graph) -> tuple[list[str], str]:
-    """Every passage of --calib (or the kind's default calib split), and where they come from."""
-    if args.calib_passages < 1:
-        raise CompressorError(f"--calib-passages must be at least 1, got {args.calib_passages}")
-    return kind_graph.passages(args.calib, "calib")
-
-
-def _calib_texts(args, kind_graph, most: int | None = None) -> tuple[list[str], str]:
-    """The passages of --calib (or the kind's default calib split), cut to `most` (default: --calib-passages)."""
-    texts, where = _all_calib_texts(args, kind_graph)
-    return texts[: most or args.calib_passages], where
-
-
-def quantize_calibration(args, schemes: list[str], kind_graph, source: Path) -> list[dict] | None:
+def quantize_calibration(texts: TextSpec, schemes, kind_graph, source: Path) -> list[dict] | None:
     """The graph's input batches of the calibration text, when `schemes` holds any: the aware schemes
     calibrate on them, and every quantized graph is judged against its fp32 graph on them (text, not
     random ids: random ids make activations no text makes)."""
     if not schemes:
         return None
-    texts, where = _calib_texts(args, kind_graph, CALIBRATION_PASSAGES)
+    passages, where = kind_graph.passages(texts.calib, "calib")
+    passages = passages[:CALIBRATION_PASSAGES]
     aware = ", ".join(s for s in schemes if s in CALIBRATED)
     if aware:
-        say(f"{aware}: activation ranges from {len(texts)} passages of {where}")
-    return encode_passages(load_tokenizer(source), texts)
+        say(f"{aware}: activation ranges from {len(passages)} passages of {where}")
+    return encode_passages(load_tokenizer(source), passages)
 
 
-def calibration(args, model: nn.Module, source: Path, linear: list[str], sensitivity: bool) -> Calibration:
-    every, where = _all_calib_texts(args, kind_of(model).graph)
-    texts = every[: args.calib_passages]
+def calibration(
+    text: TextSpec, spec: MethodSpec, model: nn.Module, source: Path, linear: list[str], sensitivity: bool
+) -> Calibration:
+    """The statistics of the `linear` layers (with output sensitivities if asked) on at most
+    calib_passages of the calibration text, cached unless no_cache; the token counts of all of its
+    passages, blended with the spec's prior."""
+    every, where = kind_of(model).graph.passages(text.calib, "calib")
+    texts = every[: text.calib_passages]
     _check_statistics_fit(model, linear, sensitivity)
     start = time.perf_counter()
-    cache = None if args.no_cache else default_cache_dir()
+    cache = None if text.no_cache else default_cache_dir()
     tokenizer = load_tokenizer(source)
     say(
         f"calibrating on {len(texts)} passages, {len(linear)} linear layer(s)"
@@ -73,15 +67,31 @@ def calibration(args, model: nn.Module, source: Path, linear: list[str], sensiti
     )
     calib = dataclasses.replace(calib, counts=token_counts(tokenizer, every, calib.counts.numel()))
     say(f"token counts: all {len(every):,} passages of the calibration text, {calib.tokens:,} tokens")
-    if args.freq_prior == "none" or args.prior_weight == 0:
+    if spec.freq_prior == "none" or spec.prior_weight == 0:
         return calib
     prior = token_prior(tokenizer, calib.counts.numel())
     seen = int((calib.counts > 0).sum())
     say(
-        f"token frequencies: the calibration counts ({seen:,} distinct tokens) blended with {args.freq_prior}'s "
-        f"English word frequencies ({int((prior > 0).sum()):,} tokens) at weight {args.prior_weight:g}"
+        f"token frequencies: the calibration counts ({seen:,} distinct tokens) blended with {spec.freq_prior}'s "
+        f"English word frequencies ({int((prior > 0).sum()):,} tokens) at weight {spec.prior_weight:g}"
     )
-    return calib.with_prior(prior, args.prior_weight)
+    return calib.with_prior(prior, spec.prior_weight)
+
+
+def token_frequencies(
+    calib: Path | None, freq_prior: str, prior_weight: float, source: Path, vocab: int
+) -> Calibration:
+    """The token counts of every passage of the calibration text `calib` (None: the default), blended
+    with the prior (`freq_prior` at `prior_weight`) as the data-aware methods blend them: what ranks
+    tokens for an export form that caches the most frequent ones."""
+    tokenizer = load_tokenizer(source)
+    texts, where = kind_for_config(source).graph.passages(calib, "calib")
+    counts = Calibration({}, token_counts(tokenizer, texts, vocab), tuple(tokenizer.all_special_ids))
+    say(f"token counts: every passage of {where}, {counts.tokens:,} tokens")
+    if freq_prior == "none" or prior_weight == 0:
+        return counts
+    say(f"token frequencies: blended with {freq_prior}'s English word frequencies at weight {prior_weight:g}")
+    return counts.with_prior(token_prior(tokenizer, vocab), prior_weight)
 
 
 def _in_mib_or_gib(size: int) -> str:

@@ -1,0 +1,118 @@
+"""The command line's parsed options made into the typed spec the pipeline reads (converters.spec),
+once, where a command starts: the only place an option's parsed value becomes a spec field. A
+recipe's options (converters/cli/recipes.py) come through the same functions."""
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from converters.finetune import FinetuneConfig
+from converters.kinds import KINDS
+from converters.registry import export_forms, methods
+from converters.spec import MethodSpec, QuantizeSpec, RunSpec, TextSpec, VariantSpec
+from texts.prior import check_wordfreq
+
+__all__ = ["text_spec", "method_spec", "quantize_spec", "finetune_config", "variant_spec", "run_spec"]
+
+
+def _get(values: Mapping[str, Any], dest: str, default: Any = None) -> Any:
+    """A parsed option's value; `default` where the command has no such option."""
+    value = values.get(dest)
+    return default if value is None else value
+
+
+def text_spec(values: Mapping[str, Any]) -> TextSpec:
+    """The texts of a command's options (those it lacks keep the spec's defaults)."""
+    default = TextSpec()
+    return TextSpec(
+        calib=values.get("calib"),
+        calib_passages=_get(values, "calib_passages", default.calib_passages),
+        no_cache=bool(values.get("no_cache")),
+        data=values.get("data"),
+        eval_text=values.get("eval_text"),
+        second_text=values.get("second_text"),
+        eval_passages=values.get("eval_passages"),
+    )
+
+
+def method_spec(values: Mapping[str, Any]) -> MethodSpec:
+    """--method (one name, or several), each registered method's options that were given, --targets,
+    --budget, --plan, the prior; the budget's widths with --quantize mixed."""
+    method = values["method"]
+    names = (method,) if isinstance(method, str) else tuple(dict.fromkeys(method))
+    dests = dict.fromkeys(o.dest for m in methods().values() for o in m.options)
+    quantize = values.get("quantize")
+    schemes = [quantize] if isinstance(quantize, str) else quantize or []
+    default = MethodSpec(names)
+    return MethodSpec(
+        names,
+        options=tuple((d, values[d]) for d in dests if values.get(d) is not None),
+        targets=tuple(_get(values, "targets", default.targets)),
+        budget=None if values.get("budget") is None else str(values["budget"]),
+        plan=values.get("plan"),
+        freq_prior=_get(values, "freq_prior", default.freq_prior),
+        prior_weight=_get(values, "prior_weight", default.prior_weight),
+        mixed="mixed" in schemes,
+        block_size=_get(values, "block_size", default.block_size),
+    )
+
+
+def quantize_spec(values: Mapping[str, Any]) -> QuantizeSpec:
+    """--quantize (one scheme, or several) and the 4-bit settings, checked."""
+    quantize = values.get("quantize")
+    default = QuantizeSpec()
+    return QuantizeSpec(
+        schemes=(quantize,) if isinstance(quantize, str) else tuple(quantize or ()),
+        block_size=_get(values, "block_size", default.block_size),
+        accuracy_level=_get(values, "accuracy_level", default.accuracy_level),
+        correction_share=_get(values, "correction_share", default.correction_share),
+        correction_time=_get(values, "correction_time", default.correction_time),
+        table_head=_get(values, "table_head", default.table_head),
+    )
+
+
+def finetune_config(values: Mapping[str, Any]) -> FinetuneConfig:
+    """The fine-tune's config from its options, checked (with --synthetic, the prior's package too)."""
+    if values["synthetic"] > 0:
+        check_wordfreq("pass --synthetic 0: its sequences are drawn from wordfreq's English word frequencies")
+    return FinetuneConfig(
+        steps=values["ft_steps"],
+        seconds=values["ft_time"],
+        lr=values["lr"],
+        linear_lr=values["linear_lr"],
+        rest_lr=values["rest_lr"],
+        layer_weight=values["layer_weight"],
+        rare_share=values["rare_share"],
+        synthetic=values["synthetic"],
+        schedule=values["schedule"],
+        trainable=values["trainable"],
+        batch_size=values["batch_size"],
+        temperature=_get(values, "temperature", 1.0),
+    )
+
+
+def kind_options(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """The options given that only some model kinds take (their dests)."""
+    return tuple(d for kind in KINDS for d in kind.options if values.get(d) is not None)
+
+
+def variant_spec(values: Mapping[str, Any], name: str | None = None, fp32: bool = True, said=None) -> VariantSpec:
+    """One variant from run's options (or a recipe's, over run's defaults): no fine-tune unless a step
+    or time budget is given, and none with 0 steps."""
+    tunes = (values["ft_steps"] is not None or values["ft_time"] is not None) and values["ft_steps"] != 0
+    forms = [o.dest for f in export_forms().values() for o in (f.option, *f.options)]
+    return VariantSpec(
+        method_spec(values),
+        quantize_spec(values),
+        finetune_config(values) if tunes else None,
+        export_forms=tuple((d, values.get(d)) for d in forms),
+        kind_options=kind_options(values),
+        name=name,
+        fp32=fp32,
+        said=said,
+    )
+
+
+def run_spec(values: Mapping[str, Any], variants: list[VariantSpec], out: Path) -> RunSpec:
+    """A run or a sweep: the model, `out`, the texts, `variants` and the bench's runs."""
+    return RunSpec(values.get("model"), out, text_spec(values), tuple(variants), runs=values["runs"])

@@ -1,0 +1,63 @@
+"""What `run` and `sweep` do, in order: every variant's options checked before any work, the model's
+kind, texts and quantization calibration read once; then, in the output folder, the original and
+each variant made (compressed, fine-tuned), exported, quantized and benched side by side. `run` is
+a sweep of one variant; `sweep` one variant per recipe."""
+
+from dataclasses import replace
+
+from converters.export import check_export_forms
+from converters.kinds import kind_for_config
+from converters.loading import resolve_model_dir
+from converters.pipeline.calibrating import quantize_calibration
+from converters.pipeline.say import say
+from converters.pipeline.steps import (
+    check_kind_options,
+    check_method_options,
+    check_plans,
+    correction_fit,
+    eval_texts,
+    finetune_texts,
+    load_original,
+    second_texts,
+)
+from converters.pipeline.variants import Variants, output_folder
+from converters.spec import RunSpec
+
+__all__ = ["check_run", "measure"]
+
+
+def check_run(run: RunSpec) -> None:
+    """What can be checked before the model loads: each variant's method options, plan file, budget,
+    calibration text and cache folder."""
+    for variant in run.variants:
+        check_method_options(variant.method, run.texts)
+
+
+def measure(run: RunSpec) -> None:
+    """The original and every variant side by side in `run.out`; the int4 settings of the rows are
+    the first variant's (run's own, or the defaults in a sweep)."""
+    check_run(run)
+    source = resolve_model_dir(run.model)
+    kind = kind_for_config(source)
+    for variant in run.variants:
+        check_kind_options(variant.kind_options, kind)
+    texts, second = eval_texts(run.texts, kind.graph), second_texts(run.texts, kind.graph)
+    first = run.variants[0].quantize
+    schemes = list(dict.fromkeys(s for variant in run.variants for s in variant.quantize.schemes))
+    batches = quantize_calibration(run.texts, [*kind.baselines, *schemes], kind.graph, source)
+    fit_for = correction_fit(replace(first, schemes=tuple(schemes)), run.texts.data, kind, source)
+    tuned = any(variant.finetune is not None for variant in run.variants)
+    ft_texts = finetune_texts(run.texts.data, kind) if tuned else None
+    with output_folder(run.out):
+        original, source = load_original(run.model)
+        for variant in run.variants:  # every plan against the model's modules, before the original is exported
+            plans = check_plans(variant.method, original)
+            check_export_forms(dict(variant.export_forms), original, plans)
+        vocab = original.get_input_embeddings().num_embeddings
+        made = Variants(run.out, source, vocab, batches, first, fit_for=fit_for)
+        made.add_original(original, [*kind.baselines, *schemes])
+        for variant in run.variants:
+            if variant.said:
+                say(variant.said)
+            made.add_compressed(variant, run, original, source, ft_texts)
+        made.bench_and_report(run, source, texts, second)

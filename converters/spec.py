@@ -1,0 +1,123 @@
+"""What a run is asked to do, typed and frozen: made once from the command line or a recipe file
+(converters/cli) and read by the pipeline (converters/pipeline). Each part checks its own values
+when it is made, so a bad one is one sentence before any work."""
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from compressor.errors import CompressorError
+from converters.finetune import FinetuneConfig
+from converters.quantization.correction import CORRECTION_SHARE, check_correction_share
+from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK, check_int4_options
+from converters.quantization.quantize import check_table_head
+from converters.quantization.table_head import TABLE_HEAD
+from converters.quantization.training import CORRECTION_SECONDS
+from texts.prior import PRIOR_WEIGHT, PRIORS
+
+__all__ = ["CALIB_PASSAGES", "check_runs", "TextSpec", "MethodSpec", "QuantizeSpec", "VariantSpec", "RunSpec"]
+
+# The default text's calibration passages are short (docstrings: 48 tokens on average): 256 of them
+# (12 K tokens) left a whole-model fisher plan at recall@10 0.587 / 0.495 (pydoc / news), 1,024
+# (49 K tokens, a 2-minute pass with sensitivities) at 0.728 / 0.618 (BENCHMARKS.md).
+CALIB_PASSAGES = 1024
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """Where the texts come from: calibration (`calib`, at most `calib_passages` for the statistics;
+    its statistics cached unless `no_cache`), fine-tune (`data`), the held-out texts (`eval_text`,
+    `second_text`, "none" to skip it; each cut to `eval_passages`). None: the model kind's default."""
+
+    calib: Path | None = None
+    calib_passages: int = CALIB_PASSAGES
+    no_cache: bool = False
+    data: Path | None = None
+    eval_text: Path | None = None
+    second_text: str | None = None
+    eval_passages: int | None = None
+
+    def __post_init__(self):
+        if self.calib_passages < 1:
+            raise CompressorError(f"--calib-passages must be at least 1, got {self.calib_passages}")
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What one variant compresses: `methods` (several only under a budget) with the options given
+    (`options`: option dest → a value, or a list of values, one variant each), over `targets`; or the
+    plan file `plan`; `budget`: one budget the sizes are chosen under; `freq_prior`, `prior_weight`:
+    the token frequencies of the data-aware methods; `mixed`: the budget chooses widths too."""
+
+    methods: tuple[str, ...]
+    options: tuple[tuple[str, Any], ...] = ()
+    targets: tuple[str, ...] = ("embeddings",)
+    budget: str | None = None
+    plan: Path | None = None
+    freq_prior: str = PRIORS[0]
+    prior_weight: float = PRIOR_WEIGHT
+    mixed: bool = False
+    block_size: int = INT4_BLOCK  # of the 4-bit widths a mixed budget prices
+
+    @cached_property
+    def given(self) -> dict[str, Any]:
+        """The options given, by dest."""
+        return dict(self.options)
+
+
+@dataclass(frozen=True)
+class QuantizeSpec:
+    """The quantization schemes a graph is measured in and their settings: the 4-bit `block_size` and
+    `accuracy_level`; the corrected schemes' `correction_share` of the 4-bit bytes; int4-trained's
+    `correction_time` seconds of training; `table_head` rows of the table in 8 bits."""
+
+    schemes: tuple[str, ...] = ()
+    block_size: int = INT4_BLOCK
+    accuracy_level: int = INT4_ACCURACY
+    correction_share: float = CORRECTION_SHARE
+    correction_time: float = CORRECTION_SECONDS
+    table_head: int = TABLE_HEAD
+
+    def __post_init__(self):
+        check_int4_options(self.block_size, self.accuracy_level)
+        check_correction_share(self.correction_share)
+        check_table_head(self.table_head, self.schemes)
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """One compressed variant: its methods, fine-tune (None: none), quantization schemes and export
+    forms (`export_forms`: option dest → value, or values: one graph each); `kind_options`: the
+    options given that only some model kinds take; `name`, else the plan's label; `fp32`: its
+    unquantized graph measured too; `said`: a line said before it is made."""
+
+    method: MethodSpec
+    quantize: QuantizeSpec = field(default_factory=QuantizeSpec)
+    finetune: FinetuneConfig | None = None
+    export_forms: tuple[tuple[str, Any], ...] = ()
+    kind_options: tuple[str, ...] = ()
+    name: str | None = None
+    fp32: bool = True
+    said: str | None = None
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A side-by-side measurement: the model (None: the default one), the output folder, the texts,
+    the variants (each with the original) and the timed runs per latency setting."""
+
+    model: str | Path | None
+    out: Path
+    texts: TextSpec
+    variants: tuple[VariantSpec, ...]
+    runs: int = 50
+
+    def __post_init__(self):
+        check_runs(self.runs)
+
+
+def check_runs(runs: int) -> None:
+    """The bench's timed runs per latency setting: at least one."""
+    if runs < 1:
+        raise CompressorError(f"--runs must be at least 1, got {runs}")
