@@ -1,6 +1,7 @@
 """The tokenizer saved beside a model, offline, and tokenised batches of passages: what the
 calibration, the fine-tune, the bench and the quality metrics all feed a model."""
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,18 @@ __all__ = ["load_tokenizer", "encode_passages"]
 
 def load_tokenizer(tokenizer_dir: str | Path):
     """The tokenizer saved in a model directory, offline; one without a padding token (GPT-2's,
-    Llama's) pads with its end-of-text token, which the attention mask hides."""
+    Llama's) pads with its end-of-text token, which the attention mask hides. Read once per folder
+    (while its files stay as they are): the steps of a run share it."""
+    path = Path(tokenizer_dir).absolute()
+    files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else []
+    return _tokenizer(str(path), tuple((f.name, f.stat().st_mtime_ns) for f in files))
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(path: str, files: tuple) -> object:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -35,6 +35,14 @@ def text_spec(values: Mapping[str, Any]) -> TextSpec:
     )
 
 
+def _frozen(value: Any) -> Any:
+    """A list of values (one variant each) as a tuple, so that a spec can be hashed; a list of one as
+    its value, as a recipe gives it."""
+    if not isinstance(value, list):
+        return value
+    return value[0] if len(value) == 1 else tuple(value)
+
+
 def method_spec(values: Mapping[str, Any]) -> MethodSpec:
     """--method (one name, or several), each registered method's options that were given, --targets,
     --budget, --plan, the prior; the budget's widths with --quantize mixed."""
@@ -46,7 +54,7 @@ def method_spec(values: Mapping[str, Any]) -> MethodSpec:
     default = MethodSpec(names)
     return MethodSpec(
         names,
-        options=tuple((d, values[d]) for d in dests if values.get(d) is not None),
+        options=tuple((d, _frozen(values[d])) for d in dests if values.get(d) is not None),
         targets=tuple(_get(values, "targets", default.targets)),
         budget=None if values.get("budget") is None else str(values["budget"]),
         plan=values.get("plan"),

@@ -1,6 +1,7 @@
 """The steps a run takes, read from its spec (converters.spec): plans from the method options,
 calibration, compression, the fine-tune and the texts, each saying on stderr what it did."""
 
+import functools
 import itertools
 import time
 import warnings
@@ -69,9 +70,11 @@ def _config_sets(spec: MethodSpec, default_fit: str | None = None) -> list[tuple
     return sets
 
 
-def plans_of(spec: MethodSpec, default_fit: str | None = None) -> list[Plan]:
+@functools.cache
+def plans_of(spec: MethodSpec, default_fit: str | None = None) -> tuple[Plan, ...]:
     """One plan from the plan file, else one per combination of the method's option values (a budget
-    plan needs the model and is made by plans_and_calibration); `default_fit` as _config_sets."""
+    plan needs the model and is made by plans_and_calibration); `default_fit` as _config_sets. Made
+    once per spec: every later step reuses them."""
     if spec.plan is not None:
         if not spec.plan.is_file():
             raise CompressorError(f"plan file {str(spec.plan)!r} does not exist")
@@ -81,17 +84,17 @@ def plans_of(spec: MethodSpec, default_fit: str | None = None) -> list[Plan]:
                 f"plan file {str(spec.plan)!r} gives widths, which run's byte budget chooses (--budget SIZE --quantize "
                 "mixed); leave them out of a plan file"
             )
-        return [plan]
+        return (plan,)
     if len(spec.methods) > 1 and spec.budget is None:
         raise CompressorError(
             f"--method {' '.join(spec.methods)} needs --budget, which chooses among them layer by layer; without "
             "it name one method, or map targets to methods in a --plan"
         )
     sets = _config_sets(spec, default_fit)
-    return [Plan(tuple((t, cfg) for t in spec.targets for cfg in configs)) for configs in sets]
+    return tuple(Plan(tuple((t, cfg) for t in spec.targets for cfg in configs)) for configs in sets)
 
 
-def _linear_names(model: nn.Module, plans: list[Plan]) -> list[str]:
+def _linear_names(model: nn.Module, plans) -> list[str]:
     """The linear layers the plans match (every module but tables: nn.Linear, Hugging Face's Conv1D)."""
     names = {
         n for plan in plans for n in match_plan(plan, model) if not isinstance(model.get_submodule(n), nn.Embedding)
@@ -153,7 +156,7 @@ def check_method_options(spec: MethodSpec, texts: TextSpec) -> None:
             raise CompressorError(f"{e}; pass --no-cache to calibrate without one") from None
 
 
-def check_plans(spec: MethodSpec, model: nn.Module) -> list[Plan] | None:
+def check_plans(spec: MethodSpec, model: nn.Module) -> tuple[Plan, ...] | None:
     """Every plan checked against the loaded model, before anything is exported, calibrated or built:
     each module it matches × each config, by the method's own checks (handler_for: the method takes
     the module, and its shapes fit: a dense head leaves a tail, PHM's n divides both dimensions, …);
@@ -188,7 +191,7 @@ def _lighter_fit(spec: MethodSpec, model: nn.Module, linear: list[str], sensitiv
 
 def plans_and_calibration(
     spec: MethodSpec, texts: TextSpec, model: nn.Module, source: Path
-) -> tuple[list[Plan], Calibration | None]:
+) -> tuple[tuple[Plan, ...], Calibration | None]:
     """The plans to apply (checked first: check_plans), and calibration statistics when any of them needs data;
     the default fit lighter where its statistics would not fit (_lighter_fit)."""
     plans = check_plans(spec, model)
@@ -201,7 +204,9 @@ def plans_and_calibration(
             sets, sensitivity = _config_sets(spec, fit), False
         calib = calibration(texts, spec, model, source, linear, sensitivity)
         widths = _widths(spec)
-        plans = [plan_for_budget(model, spec.targets, spec.budget, calib, c, widths, spec.block_size) for c in sets]
+        plans = tuple(
+            plan_for_budget(model, spec.targets, spec.budget, calib, c, widths, spec.block_size) for c in sets
+        )
         return plans, calib
     methods_of = [(method_of(cfg), cfg) for plan in plans for _, cfg in match_plan(plan, model).values()]
     if not any(m.needs_calibration(cfg) for m, cfg in methods_of):
