@@ -70,7 +70,8 @@ class MethodSpec:
 class QuantizeSpec:
     """The quantization schemes a graph is measured in and their settings: the 4-bit `block_size` and
     `accuracy_level`; the corrected schemes' `correction_share` of the 4-bit bytes; int4-trained's
-    `correction_time` seconds of training; `table_head` rows of the table in 8 bits."""
+    `correction_time` seconds of training; `table_head` rows of the table in 8 bits; `table_block`: the
+    tables' own 4-bit block (None: `block_size`)."""
 
     schemes: tuple[str, ...] = ()
     block_size: int = INT4_BLOCK
@@ -78,9 +79,12 @@ class QuantizeSpec:
     correction_share: float = CORRECTION_SHARE
     correction_time: float = CORRECTION_SECONDS
     table_head: int = TABLE_HEAD
+    table_block: int | None = None
 
     def __post_init__(self):
         check_int4_options(self.block_size, self.accuracy_level)
+        if self.table_block is not None:
+            check_int4_options(self.table_block, self.accuracy_level)
         check_correction_share(self.correction_share)
         check_table_head(self.table_head, self.schemes)
 

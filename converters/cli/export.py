@@ -120,6 +120,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             correction=quantize.correction_share,
             train=None if fit_for is None else trainer(model, fit_for(model)),
             table_head=quantize.table_head,
+            table_block=quantize.table_block,
         )
     return (
         f"{quantize.schemes[0]}; against its fp32 graph, whose parity with PyTorch is {fp32.parity_max_abs:.2e}: "

@@ -292,6 +292,15 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         f"frequent tokens in 8 bits, the rest in 4; 0: none (default: {TABLE_HEAD})",
     )
     p.add_argument(
+        "--table-block",
+        type=int,
+        default=None,
+        metavar="N",
+        help="int4 schemes: the tables' weights per block sharing one scale, a power of two ≥ 16; larger blocks "
+        "spend fewer bytes on the table's scales, which int4-trained's corrections can take instead (default: "
+        "--block-size)",
+    )
+    p.add_argument(
         "--accuracy-level",
         type=int,
         choices=ACCURACY_LEVELS,

@@ -58,6 +58,7 @@ class Variants:
         self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
         self.int4 = {"block": quantize.block_size, "accuracy_level": quantize.accuracy_level}
         self.correction, self.fit_for, self.table_head = quantize.correction_share, fit_for, quantize.table_head
+        self.table_block = quantize.table_block
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
@@ -90,6 +91,7 @@ class Variants:
                         correction=self.correction,
                         train=trainer(model, self.fit_for(model)) if scheme in TRAINED else None,
                         table_head=self.table_head,
+                        table_block=self.table_block,
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
@@ -102,6 +104,8 @@ class Variants:
             }
             if scheme.startswith("int4") or scheme in PLANNED:
                 quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
+                if self.table_block is not None:
+                    quantization["table_block"] = self.table_block
             if scheme in CALIBRATED and scheme.startswith("int4"):
                 quantization["table_head"] = self.table_head
             if result.corrections is not None:

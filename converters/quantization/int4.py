@@ -202,17 +202,19 @@ def quantize_4bit(
     aware: bool = False,
     eight_bit: tuple[str, ...] = (),
     head: np.ndarray | None = None,
+    table_block: int | None = None,
 ) -> onnx.ModelProto:
     """A copy of `model` with 4-bit MatMul weights and tables (module docstring); `aware` picks the
     int4-aware rounding (k-quant and asymmetric tables) over symmetric round-to-nearest, and with
-    it the MatMul nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits."""
+    it the MatMul nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits;
+    the tables in blocks of `table_block` (None: `block`)."""
     check_int4_options(block, accuracy_level)
     if (eight_bit or head is not None) and not aware:
         raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")
     model = copy.deepcopy(model)
     name_nodes(model.graph)
     model = quantize_matmuls(model, block, accuracy_level, aware, eight_bit=eight_bit)
-    return quantize_tables(model, block, aware, head=head)
+    return quantize_tables(model, table_block or block, aware, head=head)
 
 
 def layer_losses(

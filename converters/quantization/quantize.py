@@ -179,14 +179,14 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def _corrected(exported, proto, calibration, kind, block, accuracy_level, share, train, head):
+def _corrected(exported, proto, calibration, kind, block, accuracy_level, share, train, head, table_block):
     """int4-aware's rounding of `proto` (the smoothed graph of `exported`) without 8-bit layers but the
     word table's `head` rows, then each layer's rounding error corrected at the rank one byte budget
     (`share` of the 4-bit codes) gives it; `train` (None: the closed-form fit kept) then trains the corrections."""
     name_nodes(proto.graph)
     losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], kind, block, accuracy_level)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
-    quantized = quantize_4bit(proto, block, accuracy_level, aware=True, head=head)
+    quantized = quantize_4bit(proto, block, accuracy_level, aware=True, head=head, table_block=table_block)
     grams = input_grams(proto, calibration)
     corrected = add_corrections(
         quantized, proto, grams, {outputs[n]: loss for n, loss in losses.items()}, int(share * four_bit_codes(proto))
@@ -216,6 +216,7 @@ def quantize_onnx(
     correction: float = CORRECTION_SHARE,
     train=None,
     table_head: int = TABLE_HEAD,
+    table_block: int | None = None,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
     `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
@@ -225,11 +226,14 @@ def quantize_onnx(
     its smoothed graph, the corrected graph with fp32 factors) → that graph with trained factors
     (converters.quantization.training.trainer); `table_head`: for the data-aware 4-bit schemes, the word
     table's rows of the calibration text's `table_head` most frequent tokens in 8 bits (0: none;
-    converters.quantization.table_head)."""
+    converters.quantization.table_head); `table_block`: the 4-bit schemes' tables in blocks of this many
+    weights (None: `block`)."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if scheme.startswith("int4") or scheme in PLANNED:
         check_int4_options(block, accuracy_level)
+    if table_block is not None:
+        check_int4_options(table_block, accuracy_level)
     check_correction_share(correction)
     check_table_head(table_head, HEAD_SCHEMES)  # its rows only: run gives one --table-head to every row
     if scheme in PLANNED and not widths:
@@ -257,13 +261,14 @@ def quantize_onnx(
         if scheme in CORRECTED:
             kind = graph_kind(src)
             corrected, corrections = _corrected(
-                exported, proto, calibration, kind, block, accuracy_level, correction, train, head
+                exported, proto, calibration, kind, block, accuracy_level, correction, train, head, table_block
             )
             onnx.save_model(corrected, str(tmp))
         elif scheme == "mixed":
             onnx.save_model(quantize_mixed(proto, widths, block, accuracy_level), str(tmp))
         elif width == "int4":
-            quantized = quantize_4bit(proto, block, accuracy_level, scheme in CALIBRATED, eight_bit, head)
+            aware = scheme in CALIBRATED
+            quantized = quantize_4bit(proto, block, accuracy_level, aware, eight_bit, head, table_block)
             onnx.save_model(quantized, str(tmp))
         else:
             onnx.save_model(proto, str(plain))

@@ -98,3 +98,24 @@ def test_bad_block_sizes_and_levels_are_refused(tiny_bert_dir, tmp_path):
     with pytest.raises(CompressorError, match="int4-aware needs calibration"):
         quantize_onnx(fp32, tmp_path / "q.onnx", vocab, "int4-aware")
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_the_tables_take_their_own_block_and_spend_fewer_bytes_on_scales(tiny_bert_dir, tmp_path):
+    fp32, vocab = _graph(tiny_bert_dir, tmp_path)
+
+    def blocks(path) -> dict[str, set[int]]:
+        nodes = onnx.load(str(path)).graph.node
+        return {
+            op: {a.i for n in nodes if n.op_type == op for a in n.attribute if a.name == "block_size"}
+            for op in ("MatMulNBits", "GatherBlockQuantized")
+        }
+
+    same = quantize_onnx(fp32, tmp_path / "same.onnx", vocab, "int4", block=16)
+    wide = quantize_onnx(fp32, tmp_path / "wide.onnx", vocab, "int4", block=16, table_block=32)
+    assert blocks(same.path) == {"MatMulNBits": {16}, "GatherBlockQuantized": {16}}
+    assert blocks(wide.path) == {"MatMulNBits": {16}, "GatherBlockQuantized": {32}}
+    assert wide.path.stat().st_size < same.path.stat().st_size  # half the tables' scales and zero points
+    assert 0 < wide.parity_rel <= REL_TOL["int4"]
+    with pytest.raises(CompressorError, match="power of two, at least 16"):
+        quantize_onnx(fp32, tmp_path / "bad.onnx", vocab, "int4", block=16, table_block=48)
+    assert not (tmp_path / "bad.onnx").exists()

@@ -47,6 +47,7 @@ def test_the_spec_is_frozen_and_its_plans_are_made_once():
         (("--block-size", 24), "block"),
         (("--correction-share", 1.5), r"--correction-share is a share of the 4-bit bytes in \(0, 1\), got 1.5"),
         (("--table-head", -1), "--table-head is a number of table rows, 0 or more, got -1"),
+        (("--table-block", 48), "a 4-bit block size is a power of two, at least 16"),
         (("--finetune-time", -5), "a fine-tune time budget must be > 0 seconds"),
     ],
 )
