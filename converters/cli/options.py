@@ -9,7 +9,7 @@ from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
-from converters.quantization.quantize import CALIBRATION_PASSAGES, SCHEMES
+from converters.quantization.quantize import CALIBRATION_PASSAGES, CORRECTED_TABLE_BLOCK, SCHEMES
 from converters.quantization.table_head import TABLE_HEAD
 from converters.quantization.training import CORRECTION_SECONDS
 from converters.registry import Option, default_method, export_forms, methods
@@ -297,8 +297,8 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         default=None,
         metavar="N",
         help="int4 schemes: the tables' weights per block sharing one scale, a power of two ≥ 16; larger blocks "
-        "spend fewer bytes on the table's scales, which int4-trained's corrections can take instead (default: "
-        "--block-size)",
+        "spend fewer bytes on the table's scales, which the corrections can take instead (default: "
+        f"--block-size; for int4-corrected and int4-trained at least {CORRECTED_TABLE_BLOCK})",
     )
     p.add_argument(
         "--accuracy-level",

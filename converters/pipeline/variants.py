@@ -18,7 +18,14 @@ from converters.loading import DEFAULT_MODEL_NAME
 from converters.pipeline.calibrating import token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
-from converters.quantization.quantize import CALIBRATED, PLANNED, TRAINED, quantize_onnx, weight_width
+from converters.quantization.quantize import (
+    CALIBRATED,
+    PLANNED,
+    TRAINED,
+    quantize_onnx,
+    table_block_of,
+    weight_width,
+)
 from converters.quantization.training import trainer
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 from eval.benchmark import bench
@@ -104,8 +111,7 @@ class Variants:
             }
             if scheme.startswith("int4") or scheme in PLANNED:
                 quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
-                if self.table_block is not None:
-                    quantization["table_block"] = self.table_block
+                quantization["table_block"] = table_block_of(scheme, self.int4["block"], self.table_block)
             if scheme in CALIBRATED and scheme.startswith("int4"):
                 quantization["table_head"] = self.table_head
             if result.corrections is not None:

@@ -19,7 +19,7 @@ from converters.quantization.correction import (
     error_factors,
 )
 from converters.quantization.int4 import four_bit_codes, quantize_4bit
-from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.quantize import CORRECTED_TABLE_BLOCK, REL_TOL, quantize_onnx
 from eval.graph import make_session
 from tests.conftest import write_tiny_bert
 
@@ -107,6 +107,14 @@ def test_a_corrected_graph_holds_8_bit_factors_and_lowers_each_layer_error(tmp_p
     assert all(helper.get_attribute_value(a) == 8 for n in factors for a in n.attribute if a.name == "bits")
     plain = [i for i in graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) == 2 and min(i.dims) > 1]
     assert not [i.name for i in plain if i.name.endswith(("_L", "_R"))]  # no fp32 factor left
+    tables = {
+        helper.get_attribute_value(a)
+        for n in graph.node
+        if n.op_type == "GatherBlockQuantized"
+        for a in n.attribute
+        if a.name == "block_size"
+    }
+    assert tables == {CORRECTED_TABLE_BLOCK}  # the tables in their wider default block, the layers in 16
     added = sum(correction_bytes(*_shape(graph, n), layer["rank"]) for n, layer in result.corrections.items())
     assert added <= 0.3 * four_bit_codes(onnx.load(str(fp32)))
 
