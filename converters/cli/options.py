@@ -256,9 +256,10 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         "weights in blocks (MatMulNBits, GatherBlockQuantized), round to nearest; int4-aware: the same after "
         "SmoothQuant, k-quant for the linear layers and asymmetric blocks for the tables, and 8 bits for the layers "
         "that lose most per byte; int4-corrected: int4-aware's rounding of every layer, then a low-rank correction of "
-        "each linear layer's rounding error in its output metric (QERA), 8-bit factors, ranks from one byte budget "
-        "(--correction-share); int4-trained: int4-corrected, then the corrections (and their layers' biases) trained "
-        "by distillation against the fp32 model with every weight as the graph rounds it (--correction-time); mixed "
+        "each linear layer's rounding error in its output metric (QERA), 8-bit factors, the ranks (or 8 bits instead "
+        "of a correction) from one byte budget (--correction-share); int4-trained: int4-corrected, then the "
+        "corrections (and their layers' biases) trained by distillation against the fp32 model with every weight as "
+        "the graph rounds it (--correction-time); mixed "
         "(run, with --budget SIZE): each layer's rank and width (fp32, int8, int4) "
         "chosen together under the byte budget (default: off)",
     )
@@ -272,7 +273,8 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         "--correction-share",
         type=float,
         default=CORRECTION_SHARE,
-        help="int4-corrected: the bytes the low-rank corrections may add, a share of the 4-bit codes, in (0, 1) "
+        help="int4-corrected, int4-trained: the bytes the low-rank corrections and the layers held in 8 bits may add, "
+        "a share of the 4-bit codes, in (0, 1) "
         f"(default: {CORRECTION_SHARE})",
     )
     p.add_argument(

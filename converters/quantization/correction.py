@@ -6,10 +6,13 @@ back, C Cᵀ = G + λI (QERA's closed form; `compressor.lowrank.whitened_factors
 computes y = MatMulNBits(x) + (x L) R, L and R themselves 8-bit MatMulNBits, and each layer's
 error is measured again after L and R are rounded.
 
-Ranks come from one byte budget over the layers (`correction_ranks`): a layer's loss at rank r is
-its measured loss in 4 bits (`int4.layer_losses`: the whole graph's output with that layer alone
-rounded) times the share of its output error energy the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²; the
-greedy of `compressor.budget.allocate` buys the largest drop in loss per byte first."""
+Ranks and widths come from one byte budget over the layers (`correction_ranks`): a layer's loss at
+rank r is its measured loss in 4 bits (`int4.layer_losses`: the whole graph's output with that layer
+alone rounded) times the share of its output error energy the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²;
+held in 8 bits instead (K·N/2 more bytes) it is that loss times 2⁻⁸ (four more bits quarter the
+rounding error's energy four times). The greedy of `compressor.budget.allocate` walks each layer's
+lower hull of those points and buys the largest drop in loss per byte first, so a layer whose error
+is spread over many directions goes to 8 bits and one whose error a few directions hold gets a rank."""
 
 import copy
 from dataclasses import dataclass
@@ -37,6 +40,7 @@ __all__ = [
     "error_factors",
     "correction_bytes",
     "correction_ranks",
+    "plan_corrections",
     "add_corrections",
     "corrected_layers",
     "store_factors",
@@ -49,6 +53,8 @@ GRAM_BATCHES = 8  # calibration batches the input Grams sum over (256 passages a
 RANK_STEP = 16  # ranks offered: multiples of 16, the smallest block ONNX Runtime's 8-bit kernels take
 FACTOR_BITS = 8
 FACTOR_BLOCK = {"left": 64, "right": 16}  # L (K × r) blocks along K; R (r × N) along r, a multiple of 16
+EIGHT_BITS = "8-bit"  # the tag of a layer's point held in 8 bits, uncorrected
+EIGHT_BIT_LOSS = 2.0**-8  # a layer's loss in 8 bits, relative to its loss in 4
 
 
 def check_correction_share(share: float) -> None:
@@ -150,16 +156,22 @@ def _max_rank(k: int, n: int) -> int:
 
 def correction_ranks(
     spectra: dict[str, torch.Tensor], losses: dict[str, float], shapes: dict[str, tuple[int, int]], budget: int
-) -> dict[str, int]:
-    """Layer → rank under `budget` bytes (module docstring); 0 where a correction does not pay."""
+) -> tuple[dict[str, int], tuple[str, ...]]:
+    """(layer → rank, the layers held in 8 bits instead) under `budget` bytes (module docstring); rank 0
+    where neither pays."""
     points = {
         name: [
-            Point(r, correction_bytes(*shapes[name], r), losses[name] * tail_error(spectrum, r if r else 0))
-            for r in range(0, _max_rank(*shapes[name]) + 1, RANK_STEP)
+            *(
+                Point(r, correction_bytes(*shapes[name], r), losses[name] * tail_error(spectrum, r))
+                for r in range(0, _max_rank(*shapes[name]) + 1, RANK_STEP)
+            ),
+            Point(None, shapes[name][0] * shapes[name][1] // 2, losses[name] * EIGHT_BIT_LOSS, EIGHT_BITS),
         ]
         for name, spectrum in spectra.items()
     }
-    return {name: size or 0 for name, size in allocate(points, budget, unit="bytes").ranks.items()}
+    chosen = allocate(points, budget, unit="bytes").points
+    eight = tuple(name for name, p in chosen.items() if p.tag == EIGHT_BITS)
+    return {name: p.size or 0 for name, p in chosen.items() if p.tag != EIGHT_BITS}, eight
 
 
 def _relative_error(delta: np.ndarray, weight: np.ndarray, gram: np.ndarray) -> float:
@@ -191,27 +203,42 @@ def _float64_weights(fp32: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {out: numpy_helper.to_array(initializers[w]).astype(np.float64) for out, w in names.items()}
 
 
-def add_corrections(
+def _rounding_errors(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Output name → W − Q (float64) of each MatMul of `fp32` that `quantized` holds in MatMulNBits."""
+    weights = _float64_weights(fp32)
+    rounded = {n.output[0]: n for n in quantized.graph.node if n.op_type == "MatMulNBits" and n.output[0] in weights}
+    return {out: weights[out] - dequantize_nbits(quantized.graph, node) for out, node in rounded.items()}
+
+
+def plan_corrections(
     quantized: onnx.ModelProto,
     fp32: onnx.ModelProto,
     grams: dict[str, torch.Tensor],
     losses: dict[str, float],
     budget: int,
-) -> onnx.ModelProto:
-    """A copy of `quantized` (the graph `fp32` with its MatMuls in MatMulNBits) in which the layers the
-    budget chose compute MatMulNBits(x) + (x L) R, with L and R fp32 initializers OUT_L and OUT_R
-    (OUT: the MatMul's output name, by which `grams` and `losses` are keyed too)."""
-    model = copy.deepcopy(quantized)
-    graph = model.graph
-    weights = _float64_weights(fp32)
-    rounded = {n.output[0]: n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] in weights}
-    missing = sorted(set(rounded) - set(grams))
+) -> tuple[dict[str, int], tuple[str, ...]]:
+    """For `quantized` (the graph `fp32` with every MatMul in 4-bit MatMulNBits): each layer's rank and
+    the layers to hold in 8 bits instead, under `budget` bytes (correction_ranks), all keyed by output
+    name as `grams` and `losses` are."""
+    errors = _rounding_errors(quantized, fp32)
+    missing = sorted(set(errors) - set(grams))
     if missing:
         raise CompressorError(f"no calibration statistics for the layers {', '.join(missing[:3])}")
-    errors = {out: weights[out] - dequantize_nbits(graph, node) for out, node in rounded.items()}
-    spectra = {out: error_factors(errors[out], grams[out], 1)[2] for out in rounded}
-    shapes = {out: weights[out].shape for out in rounded}
-    ranks = correction_ranks(spectra, {out: losses.get(out, 0.0) for out in rounded}, shapes, budget)
+    spectra = {out: error_factors(error, grams[out], 1)[2] for out, error in errors.items()}
+    shapes = {out: error.shape for out, error in errors.items()}
+    return correction_ranks(spectra, {out: losses.get(out, 0.0) for out in errors}, shapes, budget)
+
+
+def add_corrections(
+    quantized: onnx.ModelProto, fp32: onnx.ModelProto, grams: dict[str, torch.Tensor], ranks: dict[str, int]
+) -> onnx.ModelProto:
+    """A copy of `quantized` (the graph `fp32` with its MatMuls in MatMulNBits) in which each layer of
+    `ranks` (output name → rank > 0, as `grams` is keyed) computes MatMulNBits(x) + (x L) R, L and R
+    fp32 initializers OUT_L and OUT_R."""
+    model = copy.deepcopy(quantized)
+    graph = model.graph
+    errors = _rounding_errors(model, fp32)
+    rounded = {n.output[0]: n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] in errors}
     added: dict[str, list[onnx.NodeProto]] = {}
     for out, rank in ranks.items():
         if not rank:

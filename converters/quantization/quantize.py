@@ -21,6 +21,7 @@ from converters.quantization.correction import (
     add_corrections,
     check_correction_share,
     input_grams,
+    plan_corrections,
     store_factors,
 )
 from converters.quantization.int4 import (
@@ -125,7 +126,7 @@ class QuantizeResult:
     parity_max_abs: float  # against the fp32 graph
     parity_rel: float  # ‖y_q − y‖ / ‖y‖ against the fp32 graph
     parity_input: str  # what both were fed: passages of text, or random ids when the caller had none
-    eight_bit: tuple[str, ...] = ()  # int4-aware: the MatMul nodes kept in 8 bits
+    eight_bit: tuple[str, ...] = ()  # int4-aware and the corrected schemes: the MatMul nodes kept in 8 bits
     corrections: dict | None = None  # int4-corrected: MatMul output → its rank and errors (correction.Correction)
 
 
@@ -195,21 +196,26 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _corrected(exported, proto, calibration, kind, block, accuracy_level, share, train, head, table_block):
-    """int4-aware's rounding of `proto` (the smoothed graph of `exported`) without 8-bit layers but the
-    word table's `head` rows, then each layer's rounding error corrected at the rank one byte budget
-    (`share` of the 4-bit codes) gives it; `train` (None: the closed-form fit kept) then trains the corrections."""
+    """int4-aware's rounding of `proto` (the smoothed graph of `exported`) with the word table's `head`
+    rows in 8 bits, then one byte budget (`share` of the 4-bit codes) spent on each layer's rounding
+    error, as a low-rank correction or as 8 bits instead (correction.plan_corrections); `train` (None:
+    the closed-form fit kept) then trains the corrections. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
     losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], kind, block, accuracy_level)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
+    nodes = {out: name for name, out in outputs.items()}
     quantized = quantize_4bit(proto, block, accuracy_level, aware=True, head=head, table_block=table_block)
     grams = input_grams(proto, calibration)
-    corrected = add_corrections(
-        quantized, proto, grams, {outputs[n]: loss for n, loss in losses.items()}, int(share * four_bit_codes(proto))
-    )
+    budget = int(share * four_bit_codes(proto))
+    ranks, eight = plan_corrections(quantized, proto, grams, {outputs[n]: loss for n, loss in losses.items()}, budget)
+    eight_bit = tuple(nodes[out] for out in eight)
+    if eight_bit:
+        quantized = quantize_4bit(proto, block, accuracy_level, True, eight_bit, head, table_block)
+    corrected = add_corrections(quantized, proto, grams, ranks)
     if train is not None:
         corrected = train(exported, proto, corrected)
     corrected, corrections = store_factors(corrected, proto, grams)
-    return corrected, {out: c.to_dict() for out, c in corrections.items()}
+    return corrected, {out: c.to_dict() for out, c in corrections.items()}, eight_bit
 
 
 def _int8(plain: Path, out: Path, per_channel: bool) -> None:
@@ -275,7 +281,7 @@ def quantize_onnx(
         corrections, table_block = None, table_block_of(scheme, block, table_block)
         if scheme in CORRECTED:
             kind = graph_kind(src)
-            corrected, corrections = _corrected(
+            corrected, corrections, eight_bit = _corrected(
                 exported, proto, calibration, kind, block, accuracy_level, correction, train, head, table_block
             )
             onnx.save_model(corrected, str(tmp))

@@ -74,17 +74,27 @@ def test_the_output_metric_fit_leaves_less_output_error_than_a_plain_svd():
         assert ours**2 == pytest.approx(tail_error(spectrum, rank, relative=False), rel=1e-3)
 
 
-def test_the_ranks_never_spend_more_than_the_budget():
+def test_the_ranks_and_widths_never_spend_more_than_the_budget():
     shapes = {"a": (384, 384), "b": (384, 1536), "c": (1536, 384)}
     spectra = {n: torch.linspace(1, 0.01, min(s)) ** (i + 1) for i, (n, s) in enumerate(shapes.items())}
     losses = {"a": 1.0, "b": 0.3, "c": 3.0}
-    for budget in (0, 20_000, 50_000, 200_000):
-        ranks = correction_ranks(spectra, losses, shapes, budget)
-        assert sum(correction_bytes(*shapes[n], r) for n, r in ranks.items() if r) <= budget
+    for budget in (0, 20_000, 50_000, 200_000, 500_000):
+        ranks, eight = correction_ranks(spectra, losses, shapes, budget)
+        widened = sum(shapes[n][0] * shapes[n][1] // 2 for n in eight)
+        assert sum(correction_bytes(*shapes[n], r) for n, r in ranks.items() if r) + widened <= budget
+        assert not set(ranks) & set(eight) and set(ranks) | set(eight) == set(shapes)
         assert all(
             r % 16 == 0 and correction_bytes(*shapes[n], r) < shapes[n][0] * shapes[n][1] // 2 for n, r in ranks.items()
         )
-    assert ranks["c"] > 0  # the layer that loses most gets a rank first
+    assert ranks.get("c", 0) > 0 or "c" in eight  # the layer that loses most is served first
+
+
+def test_one_budget_holds_a_spread_error_in_8_bits_and_a_concentrated_one_in_a_rank():
+    shapes = {"spread": (256, 256), "concentrated": (256, 256)}
+    spectra = {"spread": torch.ones(256), "concentrated": 0.5 ** torch.arange(256.0)}
+    budget = 256 * 256 // 2 + correction_bytes(256, 256, 16)
+    ranks, eight = correction_ranks(spectra, {"spread": 1.0, "concentrated": 1.0}, shapes, budget)
+    assert eight == ("spread",) and ranks == {"concentrated": 16}
 
 
 def test_a_corrected_graph_holds_8_bit_factors_and_lowers_each_layer_error(tmp_path):
@@ -104,7 +114,7 @@ def test_a_corrected_graph_holds_8_bit_factors_and_lowers_each_layer_error(tmp_p
     graph = onnx.load(str(result.path)).graph
     factors = [n for n in graph.node if n.op_type == "MatMulNBits" and "_correction_" in n.name]
     assert len(factors) == 2 * len(result.corrections)
-    assert all(helper.get_attribute_value(a) == 8 for n in factors for a in n.attribute if a.name == "bits")
+    assert all(_bits(n) == 8 for n in factors)
     plain = [i for i in graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) == 2 and min(i.dims) > 1]
     assert not [i.name for i in plain if i.name.endswith(("_L", "_R"))]  # no fp32 factor left
     tables = {
@@ -116,10 +126,20 @@ def test_a_corrected_graph_holds_8_bit_factors_and_lowers_each_layer_error(tmp_p
     }
     assert tables == {CORRECTED_TABLE_BLOCK}  # the tables in their wider default block, the layers in 16
     added = sum(correction_bytes(*_shape(graph, n), layer["rank"]) for n, layer in result.corrections.items())
+    widened = [n for n in graph.node if n.op_type == "MatMulNBits" and n not in factors and _bits(n) == 8]
+    assert len(widened) == len(result.eight_bit)  # the layers the budget held in 8 bits instead
+    added += sum(_attrs(n)["K"] * _attrs(n)["N"] // 2 for n in widened)
     assert added <= 0.3 * four_bit_codes(onnx.load(str(fp32)))
 
 
+def _attrs(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _bits(node) -> int:
+    return _attrs(node)["bits"]
+
+
 def _shape(graph, out):
-    node = next(n for n in graph.node if n.output[0] == f"{out}_rounded")
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = _attrs(next(n for n in graph.node if n.output[0] == f"{out}_rounded"))
     return attrs["K"], attrs["N"]

@@ -1,5 +1,5 @@
 """Train through the rounding (int4-trained): the PyTorch student holds the weights the quantized graph
-holds (its output equals the graph's), the trained factors go back into the graph exactly, a few
+holds, in 4 bits and in 8 (its output equals the graph's), the trained factors go back into the graph exactly, a few
 fine-tune steps raise the agreement with the fp32 model, and the scheme runs end to end."""
 
 import copy
@@ -14,7 +14,7 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.finetune import FinetuneConfig, finetune_
-from converters.quantization.correction import add_corrections, input_grams
+from converters.quantization.correction import add_corrections, input_grams, plan_corrections
 from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.smoothing import activation_absmax, smooth
@@ -48,10 +48,12 @@ def _corrected(fp32, feeds):
     exported = onnx.load(str(fp32))
     smoothed = smooth(exported, activation_absmax(exported, feeds), 0.5)
     name_nodes(smoothed.graph)
-    quantized = quantize_4bit(smoothed, block=16, accuracy_level=0, aware=True, head=np.arange(1, 60, 3))
+    eight = (next(n.name for n in smoothed.graph.node if n.op_type == "MatMul"),)  # as the budget may choose
+    quantized = quantize_4bit(smoothed, 16, 0, aware=True, eight_bit=eight, head=np.arange(1, 60, 3))
     losses = {n.output[0]: 1.0 for n in smoothed.graph.node if n.op_type == "MatMul"}
-    budget = int(0.3 * four_bit_codes(smoothed))
-    return exported, smoothed, add_corrections(quantized, smoothed, input_grams(smoothed, feeds), losses, budget)
+    grams = input_grams(smoothed, feeds)
+    ranks, _ = plan_corrections(quantized, smoothed, grams, losses, int(0.3 * four_bit_codes(smoothed)))
+    return exported, smoothed, add_corrections(quantized, smoothed, grams, ranks)
 
 
 def _run(proto, tmp_path, feed):
