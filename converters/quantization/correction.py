@@ -7,12 +7,13 @@ computes y = MatMulNBits(x) + (x L) R, L and R themselves 8-bit MatMulNBits, and
 error is measured again after L and R are rounded.
 
 Ranks and widths come from one byte budget over the layers (`correction_ranks`): a layer's loss at
-rank r is its measured loss in 4 bits (`int4.layer_losses`: the whole graph's output with that layer
-alone rounded) times the share of its output error energy the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²;
-held in 8 bits instead (K·N/2 more bytes) it is that loss times 2⁻⁸ (four more bits quarter the
-rounding error's energy four times). The greedy of `compressor.budget.allocate` walks each layer's
-lower hull of those points and buys the largest drop in loss per byte first, so a layer whose error
-is spread over many directions goes to 8 bits and one whose error a few directions hold gets a rank."""
+rank r is its loss in 4 bits (`sensitivity.four_bit_losses`: the whole graph's output with that layer
+alone rounded, or for large graphs its own output error) times the share of its output error energy
+the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²; held in 8 bits instead (K·N/2 more bytes) it is that loss
+times 2⁻⁸ (four more bits quarter the rounding error's energy four times). The greedy of
+`compressor.budget.allocate` walks each layer's lower hull of those points and buys the largest drop
+in loss per byte first, so a layer whose error is spread over many directions goes to 8 bits and one
+whose error a few directions hold gets a rank."""
 
 import copy
 from dataclasses import dataclass

@@ -28,16 +28,15 @@ from converters.quantization.int4 import (
     INT4_ACCURACY,
     INT4_AWARE_ALPHA,
     INT4_BLOCK,
-    SENSITIVITY_BATCHES,
     check_int4_options,
     eight_bit_layers,
     four_bit_codes,
-    layer_losses,
     name_nodes,
     quantize_4bit,
     quiet_quantizer,
 )
 from converters.quantization.mixed import quantize_mixed
+from converters.quantization.sensitivity import four_bit_losses
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
 from converters.quantization.table_head import TABLE_HEAD, frequent_ids
 from eval.benchmark import PARITY_KEY
@@ -201,11 +200,11 @@ def _corrected(exported, proto, calibration, kind, block, accuracy_level, share,
     error, as a low-rank correction or as 8 bits instead (correction.plan_corrections); `train` (None:
     the closed-form fit kept) then trains the corrections. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
-    losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], kind, block, accuracy_level)
+    grams = input_grams(proto, calibration)
+    losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
     nodes = {out: name for name, out in outputs.items()}
     quantized = quantize_4bit(proto, block, accuracy_level, aware=True, head=head, table_block=table_block)
-    grams = input_grams(proto, calibration)
     budget = int(share * four_bit_codes(proto))
     ranks, eight = plan_corrections(quantized, proto, grams, {outputs[n]: loss for n, loss in losses.items()}, budget)
     eight_bit = tuple(nodes[out] for out in eight)
@@ -276,7 +275,7 @@ def quantize_onnx(
         width, eight_bit = scheme.split("-")[0], ()
         head = frequent_ids(calibration, vocab, table_head) if scheme in HEAD_SCHEMES else None
         if scheme == "int4-aware":
-            losses = layer_losses(proto, calibration[:SENSITIVITY_BATCHES], graph_kind(src), block, accuracy_level)
+            losses = four_bit_losses(proto, calibration, graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))
         corrections, table_block = None, table_block_of(scheme, block, table_block)
         if scheme in CORRECTED:

@@ -1,0 +1,56 @@
+"""Each layer's 4-bit loss: the estimate from the input Gram is the output error energy the rounding
+leaves in the layer (what ONNX Runtime's 4-bit graph computes, on the calibration inputs), it grows
+with what flows through the layer, and the choice between measuring and estimating follows the layer
+count."""
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from converters.checkpoint import load_model
+from converters.export import export_onnx, sample_inputs
+from converters.quantization import sensitivity
+from converters.quantization.correction import input_grams
+from converters.quantization.int4 import layer_losses, name_nodes, quantize_matmuls
+from eval.graph import make_session
+from eval.kinds import ENCODER
+
+RNG = np.random.default_rng(0)
+
+
+def _matmul(k=64, n=48):
+    weight = RNG.standard_normal((k, n)).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", n])
+    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
+    graph = helper.make_graph([node], "g", [x], [y], [numpy_helper.from_array(weight, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_estimate_is_the_output_error_energy_of_the_rounded_layer(tmp_path):
+    model = _matmul()
+    feeds = [{"x": (RNG.standard_normal((32, 64)) * np.geomspace(5, 0.2, 64)).astype(np.float32)} for _ in range(3)]
+    (loss,) = sensitivity.gram_losses(model, input_grams(model, feeds), block=16, accuracy_level=0).values()
+    onnx.save_model(model, str(tmp_path / "fp32.onnx"))
+    onnx.save_model(quantize_matmuls(onnx.load(str(tmp_path / "fp32.onnx")), 16, 0, True), str(tmp_path / "q.onnx"))
+    fp32, rounded = make_session(tmp_path / "fp32.onnx"), make_session(tmp_path / "q.onnx")
+    energy = sum(float(np.sum((rounded.run(None, f)[0] - fp32.run(None, f)[0]).astype(np.float64) ** 2)) for f in feeds)
+    assert abs(loss - energy) <= 1e-3 * energy
+    louder = [{"x": 10 * f["x"]} for f in feeds]  # ten times the input: a hundred times the error energy
+    (loud,) = sensitivity.gram_losses(model, input_grams(model, louder), block=16, accuracy_level=0).values()
+    assert 99 < loud / loss < 101
+
+
+def test_large_graphs_are_estimated_and_small_ones_measured(tiny_bert_dir, tmp_path, monkeypatch):
+    model, _ = load_model(tiny_bert_dir)
+    vocab = model.get_input_embeddings().num_embeddings
+    graph = onnx.load(str(export_onnx(model, tmp_path / "m.onnx").path))
+    name_nodes(graph.graph)
+    names = ("input_ids", "attention_mask")
+    feeds = [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 4, 9, seed)))) for seed in range(3)]
+    measured = sensitivity.four_bit_losses(graph, feeds, ENCODER, 16, 4)
+    assert measured == layer_losses(graph, feeds[: sensitivity.SENSITIVITY_BATCHES], ENCODER, 16, 4)
+    monkeypatch.setattr(sensitivity, "MEASURED_LAYERS", len(measured) - 1)
+    estimated = sensitivity.four_bit_losses(graph, feeds, ENCODER, 16, 4)
+    assert set(estimated) == set(measured) and all(v > 0 for v in estimated.values())
+    assert estimated == sensitivity.gram_losses(graph, input_grams(graph, feeds), 16, 4)
