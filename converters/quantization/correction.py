@@ -41,6 +41,7 @@ __all__ = [
     "error_factors",
     "correction_bytes",
     "correction_ranks",
+    "rounding_errors",
     "plan_corrections",
     "add_corrections",
     "corrected_layers",
@@ -204,7 +205,7 @@ def _float64_weights(fp32: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {out: numpy_helper.to_array(initializers[w]).astype(np.float64) for out, w in names.items()}
 
 
-def _rounding_errors(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> dict[str, np.ndarray]:
+def rounding_errors(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Output name → W − Q (float64) of each MatMul of `fp32` that `quantized` holds in MatMulNBits."""
     weights = _float64_weights(fp32)
     rounded = {n.output[0]: n for n in quantized.graph.node if n.op_type == "MatMulNBits" and n.output[0] in weights}
@@ -221,7 +222,7 @@ def plan_corrections(
     """For `quantized` (the graph `fp32` with every MatMul in 4-bit MatMulNBits): each layer's rank and
     the layers to hold in 8 bits instead, under `budget` bytes (correction_ranks), all keyed by output
     name as `grams` and `losses` are."""
-    errors = _rounding_errors(quantized, fp32)
+    errors = rounding_errors(quantized, fp32)
     missing = sorted(set(errors) - set(grams))
     if missing:
         raise CompressorError(f"no calibration statistics for the layers {', '.join(missing[:3])}")
@@ -238,7 +239,7 @@ def add_corrections(
     fp32 initializers OUT_L and OUT_R."""
     model = copy.deepcopy(quantized)
     graph = model.graph
-    errors = _rounding_errors(model, fp32)
+    errors = rounding_errors(model, fp32)
     rounded = {n.output[0]: n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] in errors}
     added: dict[str, list[onnx.NodeProto]] = {}
     for out, rank in ranks.items():

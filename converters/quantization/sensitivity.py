@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import torch
 
-from converters.quantization.correction import dequantize_nbits, input_grams, weight_names
+from converters.quantization.correction import input_grams, rounding_errors
 from converters.quantization.int4 import SENSITIVITY_BATCHES, layer_losses, matmul_weights, quantize_matmuls
 
 __all__ = ["MEASURED_LAYERS", "gram_losses", "four_bit_losses"]
@@ -26,18 +26,9 @@ def gram_losses(
     """MatMul node name → tr(Eᵀ G E) of its weight's int4-aware rounding error E in its input Gram G
     (`grams`, by output name: correction.input_grams); `model` has named nodes."""
     quantized = quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True)
-    inits = {i.name: i for i in model.graph.initializer}
-    weights = {
-        out: onnx.numpy_helper.to_array(inits[w]).astype(np.float64) for out, w in weight_names(model.graph).items()
-    }
-    names = {n.output[0]: n.name for n in model.graph.node if n.output[0] in weights}
-    losses = {}
-    for node in quantized.graph.node:
-        out = node.output[0]
-        if node.op_type == "MatMulNBits" and out in names:
-            error = weights[out] - dequantize_nbits(quantized.graph, node)
-            losses[names[out]] = float(np.sum((grams[out].numpy() @ error) * error))
-    return losses
+    names = {n.output[0]: n.name for n in model.graph.node}
+    errors = rounding_errors(quantized, model)
+    return {names[out]: float(np.sum((grams[out].numpy() @ error) * error)) for out, error in errors.items()}
 
 
 def four_bit_losses(
