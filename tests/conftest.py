@@ -64,6 +64,18 @@ def write_tiny_bert(path: Path, seed: int = 0, hidden: int = 48, intermediate: i
     return path
 
 
+def matmul_graph(weight):
+    """The ONNX graph y = x W of one MatMul named "mm", its weight (K × N) the initializer "W"."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    k, n = weight.shape
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", k])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", n])
+    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
+    graph = helper.make_graph([node], "g", [x], [y], [numpy_helper.from_array(weight, "W")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def write_tiny_lm(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0) -> Path:
     """A causal LM of `arch` (llama: RMSNorm, SwiGLU, rotary, grouped-query attention; gpt2: Conv1D,
     learned positions) with a word-level tokenizer over WORDS, characters and <|endoftext|>."""

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from compressor.budget import tail_error
 from converters.checkpoint import load_model
@@ -21,18 +21,14 @@ from converters.quantization.correction import (
 from converters.quantization.int4 import four_bit_codes, quantize_4bit
 from converters.quantization.quantize import CORRECTED_TABLE_BLOCK, REL_TOL, quantize_onnx
 from eval.graph import make_session
-from tests.conftest import write_tiny_bert
+from tests.conftest import matmul_graph, write_tiny_bert
 
 RNG = np.random.default_rng(0)
 
 
 def _matmul(k=64, n=48):
     weight = RNG.standard_normal((k, n)).astype(np.float32)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", k])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", n])
-    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
-    graph = helper.make_graph([node], "g", [x], [y], [numpy_helper.from_array(weight, "W")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), weight
+    return matmul_graph(weight), weight
 
 
 @pytest.mark.parametrize("aware", [False, True])

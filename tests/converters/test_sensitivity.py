@@ -5,7 +5,6 @@ count."""
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
@@ -14,17 +13,13 @@ from converters.quantization.correction import input_grams
 from converters.quantization.int4 import layer_losses, name_nodes, quantize_matmuls
 from eval.graph import make_session
 from eval.kinds import ENCODER
+from tests.conftest import matmul_graph
 
 RNG = np.random.default_rng(0)
 
 
 def _matmul(k=64, n=48):
-    weight = RNG.standard_normal((k, n)).astype(np.float32)
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", k])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", n])
-    node = helper.make_node("MatMul", ["x", "W"], ["y"], name="mm")
-    graph = helper.make_graph([node], "g", [x], [y], [numpy_helper.from_array(weight, "W")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return matmul_graph(RNG.standard_normal((k, n)).astype(np.float32))
 
 
 def test_the_estimate_is_the_output_error_energy_of_the_rounded_layer(tmp_path):
