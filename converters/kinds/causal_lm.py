@@ -80,8 +80,9 @@ class CausalLMKind(ModelKind):
     agreement_name = "validation −KL"
     finetune_batch = 8  # a 135M-parameter LM: forward + backward of 8 × 64 tokens is ~4 s on 2 cores
     options = ("temperature",)
-    # A CPU LM's users run 4-bit weights (llama.cpp, ONNX Runtime GenAI). Not int4-aware: its choice of 8-bit
-    # layers measures each MatMul's loss through the whole graph, 35 s a layer on SmolLM2 (2 hours).
+    # A CPU LM's users run 4-bit weights (llama.cpp, ONNX Runtime GenAI). Not int4-aware by default: on SmolLM2
+    # it adds 12 minutes on 2 cores for perplexity 39.2 against int4's 43.0 (`--quantize int4-aware`, or
+    # int4-corrected: 37.0 at the same bytes; BENCHMARKS.md, "int4-aware and int4-corrected on SmolLM2").
     baselines = ("int8", "int4")
 
     def recognises(self, model: nn.Module) -> bool:
