@@ -201,10 +201,10 @@ def _corrected(exported, proto, calibration, kind, block, accuracy_level, share,
     the closed-form fit kept) then trains the corrections. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
     grams = input_grams(proto, calibration)
-    losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams)
+    quantized = quantize_4bit(proto, block, accuracy_level, aware=True, head=head, table_block=table_block)
+    losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
     nodes = {out: name for name, out in outputs.items()}
-    quantized = quantize_4bit(proto, block, accuracy_level, aware=True, head=head, table_block=table_block)
     budget = int(share * four_bit_codes(proto))
     ranks, eight = plan_corrections(quantized, proto, grams, {outputs[n]: loss for n, loss in losses.items()}, budget)
     eight_bit = tuple(nodes[out] for out in eight)

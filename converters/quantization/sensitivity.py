@@ -21,11 +21,17 @@ MEASURED_LAYERS = 64  # the most MatMuls whose losses are measured through the g
 
 
 def gram_losses(
-    model: onnx.ModelProto, grams: dict[str, torch.Tensor], block: int, accuracy_level: int
+    model: onnx.ModelProto,
+    grams: dict[str, torch.Tensor],
+    block: int,
+    accuracy_level: int,
+    quantized: onnx.ModelProto | None = None,
 ) -> dict[str, float]:
     """MatMul node name → tr(Eᵀ G E) of its weight's int4-aware rounding error E in its input Gram G
-    (`grams`, by output name: correction.input_grams); `model` has named nodes."""
-    quantized = quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True)
+    (`grams`, by output name: correction.input_grams); `model` has named nodes; `quantized`: `model`
+    with every MatMul so rounded, when the caller has it already."""
+    if quantized is None:
+        quantized = quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True)
     names = {n.output[0]: n.name for n in model.graph.node}
     errors = rounding_errors(quantized, model)
     return {names[out]: float(np.sum((grams[out].numpy() @ error) * error)) for out, error in errors.items()}
@@ -38,11 +44,13 @@ def four_bit_losses(
     block: int,
     accuracy_level: int,
     grams: dict[str, torch.Tensor] | None = None,
+    quantized: onnx.ModelProto | None = None,
 ) -> dict[str, float]:
     """MatMul node name → its loss in 4 bits (module docstring): measured through the graph on the
     first SENSITIVITY_BATCHES of `feeds` up to MEASURED_LAYERS layers, else estimated from the input
-    Grams (`grams`, or those of `feeds`)."""
+    Grams (`grams`, or those of `feeds`) and `model` rounded (`quantized`, or rounded here)."""
     layers = len(matmul_weights(model.graph))
     if layers <= MEASURED_LAYERS:
         return layer_losses(model, feeds[:SENSITIVITY_BATCHES], kind, block, accuracy_level)
-    return gram_losses(model, grams if grams is not None else input_grams(model, feeds), block, accuracy_level)
+    grams = grams if grams is not None else input_grams(model, feeds)
+    return gram_losses(model, grams, block, accuracy_level, quantized)

@@ -3,6 +3,8 @@ leaves in the layer (what ONNX Runtime's 4-bit graph computes, on the calibratio
 with what flows through the layer, and the choice between measuring and estimating follows the layer
 count."""
 
+import copy
+
 import numpy as np
 import onnx
 
@@ -49,3 +51,5 @@ def test_large_graphs_are_estimated_and_small_ones_measured(tiny_bert_dir, tmp_p
     estimated = sensitivity.four_bit_losses(graph, feeds, ENCODER, 16, 4)
     assert set(estimated) == set(measured) and all(v > 0 for v in estimated.values())
     assert estimated == sensitivity.gram_losses(graph, input_grams(graph, feeds), 16, 4)
+    rounded = quantize_matmuls(copy.deepcopy(graph), 16, 4, True)  # the caller's own rounding, read as it is
+    assert sensitivity.four_bit_losses(graph, feeds, ENCODER, 16, 4, quantized=rounded) == estimated
