@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from compressor.compact_embedding import CompactEmbedding
 from compressor.errors import CompressorError
 from compressor.tied_logits import TiedLogits
-from converters.distributed import agree_to_stop, process_group, world, wrap
+from converters.distributed import agree_to_stop, full_weights, process_group, shard, world, wrap
 from converters.finetune_data import batches, pad, synthetic_windows, window_weights, windows
 from converters.finetune_loss import agreement, outputs, step_loss
 from converters.finetune_state import load_state, save_state
@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 TRAINABLE = ("compressed", "all")
+SHARD_ALONE = "--shard splits the student over torchrun's processes: launch it with torchrun --nproc_per_node N"
 SCHEDULES = ("constant", "linear")
 
 
@@ -215,12 +216,14 @@ def finetune_(
     state: Path | None = None,
     resume: bool = False,
     on_eval: Callable[[int, float, nn.Module], None] | None = None,
+    sharded: bool = False,
 ) -> FinetuneReport:
     """Train `student` in place to match `teacher` on `texts` (and, with cfg.synthetic, on token
     sequences drawn from `prior`, a (V,) distribution); keep its best weights by agreement on
     `val_texts`. Returns what happened (steps, time, losses, why it stopped). `state`: the file the
     fine-tune's state is saved to; `resume`: go on from it; `on_eval(step, agreement, student)`: called
-    at each validation (a recovery curve's measures)."""
+    at each validation (a recovery curve's measures); `sharded`: under torchrun, student and teacher
+    sharded over the processes by FSDP instead of a whole student on each (DistributedDataParallel)."""
     if not texts:
         raise CompressorError("no fine-tune text: give a file with at least one passage")
     if not val_texts:
@@ -231,6 +234,8 @@ def finetune_(
         raise CompressorError("--resume goes on from a fine-tune state: give its file")
     if state is not None and world().size > 1:
         raise CompressorError("a fine-tune state is saved by one process: run --state and --resume without torchrun")
+    if sharded and world().size == 1:
+        raise CompressorError(SHARD_ALONE)
     device = device or pick_device()
     report = FinetuneReport(device=str(device))
     if cfg.steps == 0:
@@ -255,6 +260,7 @@ def finetune_(
             prior,
             (state, saved),
             on_eval,
+            sharded,
         )
     return report
 
@@ -274,22 +280,33 @@ def _train(
     prior,
     states,
     on_eval,
+    sharded,
 ) -> None:
     """The loop of finetune_; `states`: (the file to save the state to or None, the state resumed or None)."""
     path, saved = states
     here = world()  # under torchrun each process draws its share of a batch; rank 0 evaluates and logs
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed + here.rank)
-    teacher.to(device).eval()
-    student.to(device)
+    if sharded:  # FSDP places each process's shards on its device; the whole models stay on the CPU
+        source = shard(teacher.eval().requires_grad_(False), device)
+    else:
+        source = teacher.to(device).eval()
+        student.to(device)
     pool = windows(tokenizer, texts, cfg.max_length)  # what each step draws from
     weights = window_weights(pool, cfg.rare_share)
     made = round(cfg.synthetic * cfg.batch_size) // here.size  # synthetic windows per batch
     drawn = max(1, min(cfg.batch_size // here.size - made, len(pool)))
     val = batches(tokenizer, val_texts, cfg)
-    val_targets = outputs(kind, teacher, val, device) if here.main else []
+    evaluates = here.main or sharded  # FSDP's blocks run on all processes together
+    val_targets = outputs(kind, source, val, device) if evaluates else []
     groups = trainable_parameters(student, cfg.trainable, compact_types)
     report.trainable_params = sum(p.numel() for ps in groups for p in ps)
+    trained = wrap(student, device, sharded)  # DistributedDataParallel or FSDP under torchrun
+    scored = trained if sharded else student  # what validation runs
+    if sharded:  # the optimizer steps the shards
+        names = {id(p): n for n, p in student.named_parameters()}
+        own = dict(trained.module.named_parameters())
+        groups = tuple([own[names[id(p)]] for p in ps] for ps in groups)
     rates = (cfg.lr, cfg.linear_lr, cfg.rest_lr)
     optimizer = torch.optim.AdamW([{"params": ps, "lr": r} for ps, r in zip(groups, rates) if ps], weight_decay=0.0)
     for group in optimizer.param_groups:
@@ -297,9 +314,9 @@ def _train(
     window: list[float] = []
     spent = 0.0
     if saved is None:
-        best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
-        if here.main:
-            report.start_val_cosine = report.best_val_cosine = agreement(kind, student, val, val_targets, device)
+        best_state = {k: v.detach().clone() for k, v in scored.state_dict().items()}
+        if evaluates:
+            report.start_val_cosine = report.best_val_cosine = agreement(kind, scored, val, val_targets, device)
     else:
         student.load_state_dict(saved["student"])
         optimizer.load_state_dict(saved["optimizer"])
@@ -329,7 +346,6 @@ def _train(
         }
         save_state(path, cfg, student, fields)
 
-    trained = wrap(student, device)  # DistributedDataParallel under torchrun
     start = time.perf_counter() - spent
     before_draw = generator.get_state()
     show = progress and here.main
@@ -347,7 +363,7 @@ def _train(
             if made:
                 picked += synthetic_windows(tokenizer, prior, made, cfg.max_length, generator)
             ids, mask = (t.to(device) for t in pad(tokenizer, picked))
-            loss = step_loss(kind, trained, teacher, ids, mask, cfg)
+            loss = step_loss(kind, trained, source, ids, mask, cfg)
             value = float(loss.detach())
             if agree_to_stop(not math.isfinite(value), device):
                 report.stopped = f"loss became {value} at step {report.steps + 1}; kept the best weights"
@@ -361,13 +377,13 @@ def _train(
             window.append(value)
             bar.update()
             bar.set_postfix(loss=f"{value:.4f}", steps_s=f"{report.steps / (time.perf_counter() - start):.2f}")
-            if report.steps % cfg.eval_every == 0 and here.main:
+            if report.steps % cfg.eval_every == 0 and evaluates:
                 report.losses.append(sum(window) / len(window))
                 window = []
-                score = agreement(kind, student, val, val_targets, device)
+                score = agreement(kind, scored, val, val_targets, device)
                 if score > report.best_val_cosine:
                     report.best_val_cosine, report.best_step = score, report.steps
-                    best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
+                    best_state = {k: v.detach().clone() for k, v in scored.state_dict().items()}
                 if on_eval is not None:
                     on_eval(report.steps, score, student)
                 save(generator.get_state())
@@ -378,13 +394,15 @@ def _train(
     finally:
         bar.close()
     report.seconds = time.perf_counter() - start
-    if not report.stopped and here.main:
-        score = agreement(kind, student, val, val_targets, device)
+    if not report.stopped and evaluates:
+        score = agreement(kind, scored, val, val_targets, device)
         if score > report.best_val_cosine:
             report.best_val_cosine, report.best_step = score, report.steps
-            best_state = {k: v.detach().clone() for k, v in student.state_dict().items()}
-    if here.main:  # the others hold the last step's weights, which they share with it
-        student.load_state_dict(best_state)
+            best_state = {k: v.detach().clone() for k, v in scored.state_dict().items()}
+    if evaluates:  # under DistributedDataParallel the others hold the last step's weights, shared with it
+        scored.load_state_dict(best_state)
+    if sharded:
+        student.load_state_dict(full_weights(trained))
     for p in student.parameters():
         p.requires_grad_(False)
     student.to("cpu").eval()

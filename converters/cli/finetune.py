@@ -8,6 +8,7 @@ from converters.cli.options import FINETUNE_DEFAULTS, finetune_options
 from converters.cli.specs import finetune_config, kind_options
 from converters.compress import CompressionReport
 from converters.distributed import world
+from converters.finetune import SHARD_ALONE
 from converters.finetune_state import check_resumable
 from converters.kinds import kind_named, kind_of
 from converters.pipeline.say import say
@@ -29,6 +30,13 @@ def add_arguments(p) -> None:
         "and when stopped (Ctrl-C, SIGTERM), so that --resume can go on from it (default: not saved)",
     )
     p.add_argument(
+        "--shard",
+        action="store_true",
+        help="under torchrun, split the student and the teacher over the processes with FSDP (each holds 1/N of "
+        "every weight, gradient and optimizer state) instead of a whole student on each: for a model too large "
+        "for one device",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="go on from the state in --state: the same checkpoint, settings and budget, to the result of the run "
@@ -41,6 +49,8 @@ def run(args) -> None:
     check_writable(args.checkpoint, "checkpoint folder")
     check_kind_options(kind_options(vars(args)), kind_named(meta.get("kind", "encoder")))
     cfg = finetune_config(vars(args))  # a bad option fails now, before two models load
+    if args.shard and world().size == 1:
+        raise CompressorError(SHARD_ALONE)
     if args.resume and args.state is None:
         raise CompressorError("--resume goes on from a fine-tune state: give its file with --state")
     if args.resume:
@@ -61,7 +71,9 @@ def run(args) -> None:
         say("--steps 0: nothing to fine-tune; the checkpoint is unchanged")
         return
     texts = finetune_texts(args.data, kind_of(student))
-    result = finetune_and_say(student, teacher, teacher_dir, cfg, texts, state=args.state, resume=args.resume)
+    result = finetune_and_say(
+        student, teacher, teacher_dir, cfg, texts, state=args.state, resume=args.resume, sharded=args.shard
+    )
     if not world().main:  # under torchrun the first process writes
         return
     plan = Plan.from_dict(meta["plan"])

@@ -11,6 +11,7 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from compressor.errors import CompressorError
+from converters.distributed import Shards
 from converters.kinds.causal_lm import CausalLMKind
 
 __all__ = ["OwnLM", "OWN_LM", "OwnLMKind"]
@@ -89,8 +90,8 @@ class OwnLMKind(CausalLMKind):
         return model(ids, mask)
 
     def outputs(self, model: nn.Module, ids: Tensor, mask: Tensor) -> tuple[Tensor, tuple[Tensor, ...]]:
-        ddp = isinstance(model, nn.parallel.DistributedDataParallel)
-        inner = model.module if ddp else model  # under torchrun, the model DistributedDataParallel wraps
+        wrapped = isinstance(model, (nn.parallel.DistributedDataParallel, Shards))
+        inner = model.module if wrapped else model  # under torchrun, the model DistributedDataParallel or FSDP holds
         return model(ids, mask), (inner.get_input_embeddings()(ids),)
 
     def output_head(self, model: nn.Module) -> str | None:

@@ -300,16 +300,25 @@ def finetune_texts(data: Path | None, kind: ModelKind) -> tuple[list[str], list[
 
 
 def finetune_and_say(
-    student: nn.Module, teacher: nn.Module, source: Path, cfg: FinetuneConfig, texts, state=None, resume=False
+    student: nn.Module,
+    teacher: nn.Module,
+    source: Path,
+    cfg: FinetuneConfig,
+    texts,
+    state=None,
+    resume=False,
+    sharded=False,
 ) -> dict:
     """Distil `teacher` into `student` in place by `cfg` (`state`, `resume`: its state file, and whether
-    to go on from it); what happened, for the checkpoint and the report."""
+    to go on from it; `sharded`: under FSDP); what happened, for the checkpoint and the report."""
     train, val, where = texts
     compact = tuple(compact_modules().values())
     tokenizer = load_tokenizer(source)
     vocab = student.get_input_embeddings().num_embeddings
     prior = token_prior(tokenizer, vocab) if cfg.synthetic > 0 else None
-    report = finetune_(student, teacher, tokenizer, train, val, cfg, compact, prior=prior, state=state, resume=resume)
+    report = finetune_(
+        student, teacher, tokenizer, train, val, cfg, compact, prior=prior, state=state, resume=resume, sharded=sharded
+    )
     say(
         f"fine-tune on {where} ({len(train)} passages, {len(val)} held out) on {report.device}: {report.steps} steps "
         f"in {report.seconds:.0f} s ({report.steps_per_second:.2f} steps/s); {kind_of(student).agreement_name} "

@@ -1,7 +1,8 @@
 """The fine-tune under torchrun's processes: two gloo processes, each on its half of a batch, give the
-gradients one process gives on the whole batch (DistributedDataParallel averages them; the loss is a
-mean over examples), and a fine-tune on two processes runs its steps in step, ending with the same
-weights on both, rank 0 alone evaluating."""
+gradients one process gives on the whole batch (DistributedDataParallel averages them, FSDP reduces
+them to each one's shard; the loss is a mean over examples), and a fine-tune on two processes runs its
+steps in step, ending with the same weights on both (rank 0 alone evaluating; under FSDP both do, and
+end where DistributedDataParallel does)."""
 
 import math
 import os
@@ -10,10 +11,11 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 
 from converters.checkpoint import load_model
 from converters.compress import compress_
-from converters.distributed import process_group, world, wrap
+from converters.distributed import Shards, process_group, world, wrap
 from converters.finetune import FinetuneConfig, finetune_, trainable_parameters
 from converters.finetune_loss import step_loss
 from converters.kinds.encoder import ENCODER
@@ -24,8 +26,16 @@ from texts.tokens import load_tokenizer
 
 TEXTS = [f"the {w} value of a list is a string in python module number {i}" for i, w in enumerate("abcdefgh" * 4)]
 COMPACT = tuple(compact_modules().values())
-COSINE_ONLY = FinetuneConfig(
-    steps=6, seconds=None, lr=1e-2, batch_size=8, eval_every=3, hidden_weight=0, layer_weight=0
+COSINE_ONLY = FinetuneConfig(  # every weight trained, the layers' blocks (FSDP's units) too
+    steps=6,
+    seconds=None,
+    lr=1e-2,
+    rest_lr=1e-3,
+    batch_size=8,
+    eval_every=3,
+    hidden_weight=0,
+    layer_weight=0,
+    trainable="all",
 )
 
 
@@ -42,12 +52,14 @@ def _batch(tokenizer):
     return ids["input_ids"], ids["attention_mask"]
 
 
-def _gradients(student, teacher, ids, mask) -> dict[str, torch.Tensor]:
-    params = dict(student.named_parameters())
-    trainable_parameters(student, "compressed", COMPACT)
-    model = wrap(student, torch.device("cpu"))
+def _gradients(student, teacher, ids, mask, sharded=False) -> dict[str, torch.Tensor]:
+    """Each trained parameter's whole gradient, under DistributedDataParallel or FSDP (`sharded`)."""
+    trainable_parameters(student, COSINE_ONLY.trainable, COMPACT)
+    model = wrap(student, torch.device("cpu"), sharded)
+    params = dict((model.module if isinstance(model, Shards) else student).named_parameters())
     step_loss(ENCODER, model, teacher, ids, mask, COSINE_ONLY).backward()
-    return {k: p.grad.clone() for k, p in params.items() if p.grad is not None}
+    whole = {k: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for k, p in params.items()}
+    return {k: g.clone() for k, g in whole.items() if g is not None}
 
 
 def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
@@ -58,11 +70,19 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
     student, teacher, tokenizer = _pair(model_dir)
     ids, mask = _batch(tokenizer)
     half = slice(4 * rank, 4 * rank + 4)
-    with process_group(torch.device("cpu")):
-        grads = _gradients(student, teacher, ids[half], mask[half])
-    student, teacher, tokenizer = _pair(model_dir)
-    report = finetune_(student, teacher, tokenizer, TEXTS, TEXTS[:8], COSINE_ONLY, COMPACT, progress=False)
-    torch.save({"grads": grads, "report": report.to_dict(), "weights": student.state_dict()}, f"{out}/{rank}.pt")
+    with process_group(torch.device("cpu")):  # one group throughout: a second one could meet the first's rendezvous
+        result = {
+            "grads": _gradients(student, teacher, ids[half], mask[half]),
+            "sharded_grads": _gradients(*_pair(model_dir)[:2], ids[half], mask[half], sharded=True),
+        }
+        for sharded in (False, True):
+            student, teacher, tokenizer = _pair(model_dir)
+            report = finetune_(
+                student, teacher, tokenizer, TEXTS, TEXTS[:8], COSINE_ONLY, COMPACT, progress=False, sharded=sharded
+            )
+            result["sharded" * sharded + "report"] = report.to_dict()
+            result["sharded" * sharded + "weights"] = student.state_dict()
+    torch.save(result, f"{out}/{rank}.pt")
 
 
 def _free_port() -> int:
@@ -82,10 +102,12 @@ def test_two_processes_give_the_gradient_of_the_whole_batch(tiny_bert_dir, two_p
     student, teacher, tokenizer = _pair(tiny_bert_dir)
     alone = _gradients(student, teacher, *_batch(tokenizer))
     assert alone and world().size == 1
-    for result in two_processes:  # each process holds the averaged gradient
-        assert set(result["grads"]) == set(alone)
-        for name, grad in alone.items():
-            assert torch.allclose(result["grads"][name], grad, rtol=1e-4, atol=1e-6 * float(grad.abs().max()))
+    floor = 1e-6 * max(float(g.abs().max()) for g in alone.values())  # a key's bias: 0 but for rounding
+    for result in two_processes:  # each process holds the averaged gradient, under FSDP gathered from its shards
+        for held in (result["grads"], result["sharded_grads"]):
+            assert set(held) == set(alone)
+            for name, grad in alone.items():
+                assert torch.allclose(held[name], grad, rtol=1e-4, atol=floor), name
 
 
 def test_a_fine_tune_on_two_processes_stays_in_step(two_processes):
@@ -94,3 +116,14 @@ def test_a_fine_tune_on_two_processes_stays_in_step(two_processes):
     assert first["report"]["best_val_cosine"] > first["report"]["start_val_cosine"]  # rank 0 evaluates
     assert math.isnan(second["report"]["start_val_cosine"])  # and it alone
     assert all(torch.allclose(first["weights"][k], second["weights"][k], atol=1e-6) for k in first["weights"])
+
+
+def test_a_sharded_fine_tune_ends_where_the_replicated_one_does(two_processes):
+    first, second = two_processes
+    assert first["shardedreport"]["steps"] == second["shardedreport"]["steps"] == 6
+    assert first["shardedreport"]["best_val_cosine"] > first["shardedreport"]["start_val_cosine"]
+    assert second["shardedreport"]["start_val_cosine"] == first["shardedreport"]["start_val_cosine"]  # both evaluate
+    for name, weight in first["weights"].items():  # the whole weights back on both processes, as DDP's
+        scale = 1e-5 * max(1.0, float(weight.abs().max()))
+        assert torch.allclose(first["shardedweights"][name], second["shardedweights"][name], atol=scale)
+        assert torch.allclose(first["shardedweights"][name], weight, atol=scale), name

@@ -174,6 +174,8 @@ def test_finetune_command_and_run_with_finetune(tiny_bert_dir, eval_text_file, t
     state.write_text("mine")
     code, _, err = run_cli(capsys, "finetune", ckpt, "--steps", 3, "--data", eval_text_file, "--state", state)
     assert code == 2 and "is there: --resume goes on from it" in err and state.read_text() == "mine", err
+    code, _, err = run_cli(capsys, "finetune", ckpt, "--steps", 3, "--data", eval_text_file, "--shard")
+    assert code == 2 and "launch it with torchrun" in err, err
     out_dir = tmp_path / "run"
     code, _, err = run_cli(
         capsys,
