@@ -19,6 +19,7 @@ state every `eval_every` steps and when stopped (Ctrl-C, SIGTERM), and `resume` 
 the result of the same run unstopped (converters.finetune_state)."""
 
 import contextlib
+import copy
 import math
 import os
 import signal
@@ -52,6 +53,7 @@ __all__ = [
 ]
 
 TRAINABLE = ("compressed", "all")
+DEVICES = ("auto", "cpu", "cuda")
 SHARD_ALONE = "--shard splits the student over torchrun's processes: launch it with torchrun --nproc_per_node N"
 SCHEDULES = ("constant", "linear")
 
@@ -76,6 +78,7 @@ class FinetuneConfig:
     synthetic: float = 0.0  # the share of each batch made of token sequences drawn from the prior
     eval_every: int = 50
     seed: int = 0
+    device: str = "auto"  # cuda when present, else the CPU; or "cpu", "cuda"
 
     def __post_init__(self):
         if self.steps is None and self.seconds is None:
@@ -102,6 +105,12 @@ class FinetuneConfig:
         self.check_synthetic(self.batch_size or 10**9)  # any batch: a share of 1 leaves no text
         if self.layer_weight < 0:
             raise CompressorError(f"the per-layer matching weight must be ≥ 0, got {self.layer_weight!r}")
+        if self.device not in DEVICES:
+            raise CompressorError(f"the fine-tune's device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise CompressorError(
+                "--device cuda: PyTorch sees no GPU on this machine; leave it out to train on the CPU"
+            )
 
     def check_synthetic(self, batch: int) -> None:
         """The synthetic share leaves text in a batch of `batch` passages."""
@@ -130,18 +139,28 @@ class FinetuneReport:
     start_val_cosine: float = float("nan")
     losses: list[float] = field(default_factory=list)  # mean loss per eval interval
     stopped: str = ""  # why it stopped early (NaN loss, interrupt), empty otherwise
+    tokens: int = 0  # the real tokens of the windows trained on, every process's (this one's × their number)
 
     @property
     def steps_per_second(self) -> float:
         return self.steps / self.seconds if self.seconds else 0.0
 
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "steps_per_second": round(self.steps_per_second, 3)}
+        rates = {
+            "steps_per_second": round(self.steps_per_second, 3),
+            "tokens_per_second": round(self.tokens_per_second),
+        }
+        return {**asdict(self), **rates}
 
 
-def pick_device() -> torch.device:
-    """cuda when present (under torchrun the process's own GPU), else the CPU."""
-    return torch.device("cuda", world().local_rank) if torch.cuda.is_available() else torch.device("cpu")
+def pick_device(asked: str = "auto") -> torch.device:
+    """cuda when asked or, with "auto", when present (under torchrun the process's own GPU), else the CPU."""
+    gpu = asked == "cuda" or (asked == "auto" and torch.cuda.is_available())
+    return torch.device("cuda", world().local_rank) if gpu else torch.device("cpu")
 
 
 def trainable_parameters(
@@ -202,6 +221,14 @@ def _threads(device: torch.device):
         torch.set_num_threads(before)
 
 
+def _teacher_on(teacher: nn.Module, device: torch.device) -> nn.Module:
+    """The teacher to run on `device`: on a GPU a bf16 copy (half the memory; the student runs in bf16
+    autocast), on the CPU itself in float32."""
+    if device.type == "cpu":
+        return teacher.eval()
+    return copy.deepcopy(teacher).to(device, torch.bfloat16).eval()
+
+
 def finetune_(
     student: nn.Module,
     teacher: nn.Module,
@@ -236,7 +263,7 @@ def finetune_(
         raise CompressorError("a fine-tune state is saved by one process: run --state and --resume without torchrun")
     if sharded and world().size == 1:
         raise CompressorError(SHARD_ALONE)
-    device = device or pick_device()
+    device = device or pick_device(cfg.device)
     report = FinetuneReport(device=str(device))
     if cfg.steps == 0:
         report.stopped = "0 steps asked: skipped"
@@ -290,7 +317,7 @@ def _train(
     if sharded:  # FSDP places each process's shards on its device; the whole models stay on the CPU
         source = shard(teacher.eval().requires_grad_(False), device)
     else:
-        source = teacher.to(device).eval()
+        source = _teacher_on(teacher, device)
         student.to(device)
     pool = windows(tokenizer, texts, cfg.max_length)  # what each step draws from
     weights = window_weights(pool, cfg.rare_share)
@@ -324,6 +351,7 @@ def _train(
         torch.set_rng_state(saved["torch_rng"])
         best_state, window, spent = saved["best"], saved["window"], saved["seconds"]
         report.steps, report.losses, report.best_step = saved["step"], saved["losses"], saved["best_step"]
+        report.tokens = saved["tokens"]
         report.start_val_cosine, report.best_val_cosine = saved["start_val"], saved["best_val"]
 
     def save(drawn_from: Tensor) -> None:
@@ -343,6 +371,7 @@ def _train(
             "best_val": report.best_val_cosine,
             "losses": report.losses,
             "window": window,
+            "tokens": report.tokens,
         }
         save_state(path, cfg, student, fields)
 
@@ -363,6 +392,7 @@ def _train(
             if made:
                 picked += synthetic_windows(tokenizer, prior, made, cfg.max_length, generator)
             ids, mask = (t.to(device) for t in pad(tokenizer, picked))
+            report.tokens += int(mask.sum()) * here.size
             loss = step_loss(kind, trained, source, ids, mask, cfg)
             value = float(loss.detach())
             if agree_to_stop(not math.isfinite(value), device):

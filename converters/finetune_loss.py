@@ -20,8 +20,8 @@ def layer_loss(student: tuple[Tensor, ...], teacher: tuple[Tensor, ...], mask: T
 
 
 def step_loss(kind: ModelKind, student: nn.Module, teacher: nn.Module, ids: Tensor, mask: Tensor, cfg) -> Tensor:
-    """The distillation loss of one batch (the student, or its DistributedDataParallel, without dropout;
-    bf16 autocast on cuda; the teacher in full precision, as the validation targets are)."""
+    """The distillation loss of one batch (the student, or what DistributedDataParallel or FSDP holds it in,
+    without dropout; on cuda in bf16 autocast, the teacher a bf16 copy)."""
     with torch.no_grad():
         target, target_layers = kind.outputs(teacher, ids, mask)
     student.eval()  # no dropout: the teacher's targets are deterministic, so is the match

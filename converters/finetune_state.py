@@ -19,7 +19,7 @@ from files.atomic import atomic_file
 
 __all__ = ["STATE_VERSION", "save_state", "load_state", "check_resumable"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the tokens trained on
 
 
 def _shapes(student: nn.Module) -> dict[str, list[int]]:

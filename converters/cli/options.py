@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from compressor.errors import CompressorError
-from converters.finetune import SCHEDULES, TRAINABLE, FinetuneConfig
+from converters.finetune import DEVICES, SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
@@ -161,6 +161,14 @@ def finetune_options(p: argparse.ArgumentParser, run: bool, defaults: FinetuneCo
         + (" (default: no fine-tune)" if run else f" (default: {defaults.seconds:g})"),
     )
     data_option(p)
+    p.add_argument(
+        f"--{prefix}device",
+        dest="ft_device",
+        choices=list(DEVICES),
+        default=defaults.device,
+        help="fine-tune: where it runs; auto: cuda when PyTorch sees a GPU (bf16 autocast, the teacher in bf16), "
+        f"else the CPU with every core (default: {defaults.device})",
+    )
     p.add_argument(
         "--lr",
         type=float,

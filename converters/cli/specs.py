@@ -97,6 +97,7 @@ def finetune_config(values: Mapping[str, Any]) -> FinetuneConfig:
         trainable=values["trainable"],
         batch_size=values["batch_size"],
         temperature=_get(values, "temperature", 1.0),
+        device=values["ft_device"],
     )
 
 

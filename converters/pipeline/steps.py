@@ -321,7 +321,8 @@ def finetune_and_say(
     )
     say(
         f"fine-tune on {where} ({len(train)} passages, {len(val)} held out) on {report.device}: {report.steps} steps "
-        f"in {report.seconds:.0f} s ({report.steps_per_second:.2f} steps/s); {kind_of(student).agreement_name} "
+        f"in {report.seconds:.0f} s ({report.steps_per_second:.2f} steps/s, {report.tokens_per_second:,.0f} tokens/s); "
+        f"{kind_of(student).agreement_name} "
         f"{report.start_val_cosine:.4f} → {report.best_val_cosine:.4f} (best at step {report.best_step})"
         + (f"; {report.stopped}" if report.stopped else "")
     )

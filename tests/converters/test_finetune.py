@@ -46,6 +46,9 @@ def test_a_few_steps_lower_the_loss_and_train_only_the_compressed_layers(pair):
     before = loss_on(student, teacher, tok, cfg)
     report = finetune_(student, teacher, tok, TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
     assert report.steps == 30 and report.device == "cpu"
+    lengths = [len(w) for w in fd.windows(tok, TEXTS, cfg.max_length)]  # the real tokens of each step's 8 windows
+    assert 30 * 8 * min(lengths) <= report.tokens <= 30 * 8 * max(lengths)
+    assert report.to_dict()["tokens_per_second"] == round(report.tokens / report.seconds)
     assert loss_on(student, teacher, tok, cfg) < before
     assert report.best_step > 0 and report.best_val_cosine > report.start_val_cosine
     val = fd.batches(tok, TEXTS[:8], cfg)
@@ -148,6 +151,8 @@ def test_zero_steps_skip(pair):
         ({"synthetic": -0.1}, "synthetic"),
         ({"synthetic": 1.0}, "leaves no text"),
         ({"layer_weight": -1.0}, "per-layer"),
+        ({"device": "tpu"}, "device must be one of auto, cpu, cuda"),
+        *([({"device": "cuda"}, "sees no GPU")] if not torch.cuda.is_available() else []),
     ],
 )
 def test_bad_configs_raise(kwargs, message):

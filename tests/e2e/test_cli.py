@@ -176,6 +176,9 @@ def test_finetune_command_and_run_with_finetune(tiny_bert_dir, eval_text_file, t
     assert code == 2 and "is there: --resume goes on from it" in err and state.read_text() == "mine", err
     code, _, err = run_cli(capsys, "finetune", ckpt, "--steps", 3, "--data", eval_text_file, "--shard")
     assert code == 2 and "launch it with torchrun" in err, err
+    if not torch.cuda.is_available():
+        code, _, err = run_cli(capsys, "finetune", ckpt, "--steps", 3, "--data", eval_text_file, "--device", "cuda")
+        assert code == 2 and "sees no GPU" in err, err
     out_dir = tmp_path / "run"
     code, _, err = run_cli(
         capsys,
