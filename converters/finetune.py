@@ -221,6 +221,12 @@ def _threads(device: torch.device):
         torch.set_num_threads(before)
 
 
+def check_shares(count: int, what: str) -> None:
+    """Under torchrun, `count` things shared by the processes leave each at least one."""
+    if count < (size := world().size):
+        raise CompressorError(f"{size} processes cannot share {count} {what}: launch torchrun with at most {count}")
+
+
 def _teacher_on(teacher: nn.Module, device: torch.device) -> nn.Module:
     """The teacher to run on `device`: on a GPU a bf16 copy (half the memory; the student runs in bf16
     autocast), on the CPU itself in float32."""
@@ -270,6 +276,9 @@ def finetune_(
         return report
     kind = kind_of(student)
     cfg = cfg.with_batch(kind)
+    check_shares(cfg.batch_size, "windows in a batch")
+    pool = windows(tokenizer, texts, cfg.max_length)  # what each step draws from
+    check_shares(len(pool), "windows in the fine-tune text")
     saved = load_state(state, cfg, student) if resume else None  # a wrong state fails before any work
     with process_group(device), _threads(device), _stop_on_sigterm():
         _train(
@@ -277,7 +286,7 @@ def finetune_(
             student,
             teacher,
             tokenizer,
-            texts,
+            pool,
             val_texts,
             cfg,
             compact_types,
@@ -297,7 +306,7 @@ def _train(
     student,
     teacher,
     tokenizer,
-    texts,
+    pool,
     val_texts,
     cfg,
     compact_types,
@@ -309,7 +318,8 @@ def _train(
     on_eval,
     sharded,
 ) -> None:
-    """The loop of finetune_; `states`: (the file to save the state to or None, the state resumed or None)."""
+    """The loop of finetune_, drawing from `pool` (the text's windows); `states`: (the file to save the state to
+    or None, the state resumed or None)."""
     path, saved = states
     here = world()  # under torchrun each process draws its share of a batch; rank 0 evaluates and logs
     torch.manual_seed(cfg.seed)
@@ -319,7 +329,6 @@ def _train(
     else:
         source = _teacher_on(teacher, device)
         student.to(device)
-    pool = windows(tokenizer, texts, cfg.max_length)  # what each step draws from
     weights = window_weights(pool, cfg.rare_share)
     made = round(cfg.synthetic * cfg.batch_size) // here.size  # synthetic windows per batch
     drawn = max(1, min(cfg.batch_size // here.size - made, len(pool)))

@@ -8,7 +8,7 @@ from converters.cli.options import FINETUNE_DEFAULTS, finetune_options
 from converters.cli.specs import finetune_config, kind_options
 from converters.compress import CompressionReport
 from converters.distributed import world
-from converters.finetune import SHARD_ALONE
+from converters.finetune import SHARD_ALONE, check_shares
 from converters.finetune_state import check_resumable
 from converters.kinds import kind_named, kind_of
 from converters.pipeline.say import say
@@ -51,6 +51,7 @@ def run(args) -> None:
     cfg = finetune_config(vars(args))  # a bad option fails now, before two models load
     if args.shard and world().size == 1:
         raise CompressorError(SHARD_ALONE)
+    check_shares(cfg.with_batch(kind_named(meta.get("kind", "encoder"))).batch_size, "windows in a batch")
     if args.resume and args.state is None:
         raise CompressorError("--resume goes on from a fine-tune state: give its file with --state")
     if args.resume:

@@ -7,12 +7,14 @@ end where DistributedDataParallel does)."""
 import math
 import os
 import socket
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
+from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.distributed import Shards, process_group, world, wrap
@@ -127,3 +129,12 @@ def test_a_sharded_fine_tune_ends_where_the_replicated_one_does(two_processes):
         scale = 1e-5 * max(1.0, float(weight.abs().max()))
         assert torch.allclose(first["shardedweights"][name], second["shardedweights"][name], atol=scale)
         assert torch.allclose(first["shardedweights"][name], weight, atol=scale), name
+
+
+@pytest.mark.parametrize("batch, texts, shared", [(2, 8, "2 windows in a batch"), (8, 3, "3 windows in the fine-tune")])
+def test_more_processes_than_windows_are_refused(tiny_bert_dir, monkeypatch, batch, texts, shared):
+    student, teacher, tokenizer = _pair(tiny_bert_dir)
+    monkeypatch.setenv("WORLD_SIZE", "4")  # refused before any process group is sought
+    cfg = replace(COSINE_ONLY, batch_size=batch)
+    with pytest.raises(CompressorError, match=f"4 processes cannot share {shared}"):
+        finetune_(student, teacher, tokenizer, TEXTS[:texts], TEXTS[:4], cfg, COMPACT, progress=False)
