@@ -105,25 +105,40 @@ def check_parity(graph: nn.Module, onnx_path: Path, vocab: int, output: str, ato
 
 
 def _parity_on(graph: nn.Module, session, feed: dict[str, np.ndarray], output: str, shape: tuple[int, int]) -> float:
-    """Max |ONNX Runtime − PyTorch| of `output` on one feed (the graph's first output in PyTorch)."""
+    """Max |ONNX Runtime − PyTorch| of `output` on one feed (the graph's first output in PyTorch, fed its
+    own inputs: a fused decoder's graph reads the positions off the mask that CausalLMGraph is given)."""
     names = [i.name for i in session.get_inputs()]
+    ours = graph.input_names() if hasattr(graph, "input_names") else names
+    if "position_ids" in ours and "position_ids" not in feed:
+        feed = {**feed, "position_ids": positions(feed["attention_mask"], feed["input_ids"].shape[1])}
     with torch.no_grad():
-        expected = graph(*(torch.from_numpy(feed[n]) for n in names))
+        expected = graph(*(torch.from_numpy(feed[n]) for n in ours))
     expected = (expected[0] if isinstance(expected, tuple) else expected).numpy()
-    (got,) = session.run([output], feed)
+    (got,) = session.run([output], {n: feed[n] for n in names})
     if got.shape != expected.shape:
         raise ExportParityError(
             f"ONNX output shape {got.shape} differs from PyTorch's {expected.shape} at input shape {shape}"
         )
-    return float(np.abs(got - expected).max())
+    error = np.abs(got - expected)
+    if "attention_mask" in feed:  # what padding gives is nobody's output
+        error = error[feed["attention_mask"][:, -got.shape[1] :].astype(bool)]
+    return float(error.max())
 
 
 def _export_checked(
-    graph: nn.Module, names: tuple[str, ...], output: str, vocab: int, path: Path, opset: int, atol: float
+    graph: nn.Module,
+    names: tuple[str, ...],
+    output: str,
+    vocab: int,
+    path: Path,
+    opset: int,
+    atol: float,
+    built: onnx.ModelProto | None = None,
 ) -> ExportResult:
     """Trace `graph` (inputs `names`, which are input_ids and, when two, attention_mask) with the
     TorchScript-based exporter (its graph of a BERT runs faster in ONNX Runtime than the dynamo
-    one's), check parity, record it in the metadata, then rename."""
+    one's), or take the graph `built` from its weights, check parity, record it in the metadata, then
+    rename."""
     if opset < 17:
         raise CompressorError(f"opset must be ≥ 17, got {opset}")
     path = Path(path)
@@ -134,18 +149,10 @@ def _export_checked(
         inputs, names, outputs = (ids, mask)[: len(names)], list(names), [output]
         axes = {name: {0: "batch", 1: "sequence"} for name in (*names, output)}
     with atomic_file(path, needed=tensor_bytes(graph.state_dict().values())) as tmp:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                graph,
-                inputs,
-                str(tmp),
-                dynamo=False,
-                opset_version=opset,
-                input_names=names,
-                output_names=outputs,
-                dynamic_axes=axes,
-            )
+        if built is not None:
+            onnx.save_model(built, str(tmp))
+        else:
+            _trace(graph, inputs, tmp, opset, names, outputs, axes)
         parity = check_parity(graph, tmp, vocab, output, atol)
         proto = onnx.load(str(tmp))
         onnx.helper.set_model_props(proto, {PARITY_KEY: repr(parity)})
@@ -158,6 +165,22 @@ def _export_checked(
     return ExportResult(path, parity)
 
 
+def _trace(graph: nn.Module, inputs, path: Path, opset: int, names, outputs, axes) -> None:
+    """`graph` as ONNX at `path` through the TorchScript-based exporter."""
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            graph,
+            inputs,
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=names,
+            output_names=outputs,
+            dynamic_axes=axes,
+        )
+
+
 def export_onnx(model: nn.Module, path: Path, opset: int = 17, atol: float | None = None) -> ExportResult:
     """A model as its kind's graph (an encoder: (input_ids, attention_mask) → last_hidden_state), parity-checked
     within `atol` (default: the kind's, GraphKind.parity_atol)."""
@@ -165,7 +188,8 @@ def export_onnx(model: nn.Module, path: Path, opset: int = 17, atol: float | Non
     vocab = model.get_input_embeddings().num_embeddings
     graph = kind.export_graph(model).eval()
     atol = kind.graph.parity_atol if atol is None else atol
-    return _export_checked(graph, kind.graph.inputs, kind.graph.output, vocab, path, opset, atol)
+    built = kind.built_graph(model, opset)  # a decoder in ONNX Runtime's fused operators, else None: traced
+    return _export_checked(graph, kind.graph.inputs, kind.graph.output, vocab, path, opset, atol, built)
 
 
 def export_embedding_onnx(embedding: nn.Module, path: Path, opset: int = 17, atol: float = PARITY_ATOL) -> ExportResult:

@@ -43,6 +43,7 @@ class Decoder:
         self.session = session
         self.cached = use_cache and is_cached(session)
         self.outputs = [o.name for o in session.get_outputs()]
+        self.inputs = {i.name for i in session.get_inputs()}  # a fused graph has no position_ids
         self.ids = np.zeros((1, 0), dtype=np.int64)
         self.past: dict[str, np.ndarray] = {}
 
@@ -59,6 +60,7 @@ class Decoder:
         return self._run({"input_ids": self.ids[:, -1:], "attention_mask": mask, "position_ids": position, **self.past})
 
     def _run(self, feed: dict) -> np.ndarray:
+        feed = {n: v for n, v in feed.items() if n in self.inputs}
         out = dict(zip(self.outputs, self.session.run(None, feed)))
         if self.cached:
             self.past = {n.replace(PRESENT, PAST, 1): v for n, v in out.items() if n.startswith(PRESENT)}

@@ -76,7 +76,7 @@ def matmul_graph(weight):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def write_tiny_lm(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0) -> Path:
+def write_tiny_lm(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0, hidden: int = 48) -> Path:
     """A causal LM of `arch` (llama: RMSNorm, SwiGLU, rotary, grouped-query attention; gpt2: Conv1D,
     learned positions) with a word-level tokenizer over WORDS, characters and <|endoftext|>."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -97,8 +97,8 @@ def write_tiny_lm(path: Path, arch: str = "llama", tied: bool = True, seed: int 
     if arch == "llama":
         config = LlamaConfig(
             vocab_size=len(vocab),
-            hidden_size=48,
-            intermediate_size=96,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
             num_hidden_layers=2,
             num_attention_heads=4,
             num_key_value_heads=2,

@@ -10,8 +10,8 @@ __all__ = ["load_tokenizer", "encode_passages"]
 
 
 def load_tokenizer(tokenizer_dir: str | Path):
-    """The tokenizer saved in a model directory, offline; one without a padding token (GPT-2's,
-    Llama's) pads with its end-of-text token, which the attention mask hides. Read once per folder
+    """The tokenizer saved in a model directory, offline, padding on the right; one without a padding
+    token (GPT-2's, Llama's) pads with its end-of-text token, which the attention mask hides. Read once per folder
     (while its files stay as they are): the steps of a run share it."""
     path = Path(tokenizer_dir).absolute()
     files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else []
@@ -25,6 +25,7 @@ def _tokenizer(path: str, files: tuple) -> object:
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"  # a fused decoder's attention counts each row's tokens from the left
     return tokenizer
 
 

@@ -45,6 +45,11 @@ class ModelKind(ABC):
     def export_graph(self, model: nn.Module) -> nn.Module:
         """A module whose forward takes the graph's inputs in order and returns its output."""
 
+    def built_graph(self, model: nn.Module, opset: int):
+        """The graph written from the model's weights rather than traced (an onnx.ModelProto holding
+        export_graph's contract), or None: traced."""
+        return None
+
     @abstractmethod
     def output(self, model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
         """The model's output on a batch, the tensor distillation and probes read."""

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from compressor.dense import LINEAR_TYPES
 from compressor.tied_logits import TiedLogits
 from converters.kinds.base import ModelKind
+from converters.kinds.fused_decoder import fused_decoder
 from converters.loading import load_hf
 from eval.kinds import CAUSAL_LM as CAUSAL_LM_GRAPH
 from eval.probe import PAST, PRESENT
@@ -52,6 +53,10 @@ class CausalLMGraph(nn.Module):
         )
         return (out.logits, *(t for layer in out.cache.layers for t in (layer.keys, layer.values)))
 
+    def input_names(self) -> list[str]:
+        kv = [f"{i}.{k}" for i in range(self.layers) for k in ("key", "value")]
+        return ["input_ids", "attention_mask", "position_ids", *(PAST + n for n in kv)]
+
     def signature(self, ids: Tensor, mask: Tensor):
         """(trace inputs, input names, output names, dynamic axes): `ids` read after a random past of 3."""
         past = 3
@@ -61,7 +66,7 @@ class CausalLMGraph(nn.Module):
         g = torch.Generator().manual_seed(0)
         pasts = [torch.randn(batch, self.heads, past, self.head_dim, generator=g) for _ in range(2 * self.layers)]
         kv = [f"{i}.{k}" for i in range(self.layers) for k in ("key", "value")]
-        names = ["input_ids", "attention_mask", "position_ids", *(PAST + n for n in kv)]
+        names = self.input_names()
         outputs = ["logits", *(PRESENT + n for n in kv)]
         axes = {n: {0: "batch", 1: "sequence"} for n in ("input_ids", "position_ids", "logits")}
         axes["attention_mask"] = {0: "batch", 1: "past_sequence + sequence"}
@@ -124,6 +129,10 @@ class CausalLMKind(ModelKind):
 
     def export_graph(self, model: nn.Module) -> nn.Module:
         return CausalLMGraph(model)
+
+    def built_graph(self, model: nn.Module, opset: int):
+        """A Llama-style decoder of plain layers in ONNX Runtime's fused operators (kinds.fused_decoder)."""
+        return fused_decoder(model, opset)
 
     def output(self, model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
         return model(input_ids=ids, attention_mask=mask, use_cache=False).logits

@@ -8,17 +8,19 @@ import torch
 from converters.checkpoint import load_model
 from eval.decode import Decoder, decode_ids, decode_times
 from eval.graph import make_session
-from tests.conftest import run_cli
+from tests.conftest import run_cli, write_tiny_lm
 
 STEPS = 10
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2"])
+@pytest.fixture(scope="module", params=["llama", "gpt2", "llama-fused"])
 def lm_folder(request, tiny_llama_dir, tiny_gpt2_dir, tmp_path_factory):
-    """(the model, its ready folder from `compressor export`) for a tiny Llama and a tiny GPT-2."""
+    """(the model, its ready folder from `compressor export`) for a tiny Llama and a tiny GPT-2, traced, and a
+    tiny Llama whose heads of 16 dimensions GroupQueryAttention takes: the fused decoder's graph."""
     from converters.cli import main
 
-    source = {"llama": tiny_llama_dir, "gpt2": tiny_gpt2_dir}[request.param]
+    fused = lambda: write_tiny_lm(tmp_path_factory.mktemp("fused") / "llama", "llama", hidden=64)  # noqa: E731
+    source = {"llama": lambda: tiny_llama_dir, "gpt2": lambda: tiny_gpt2_dir, "llama-fused": fused}[request.param]()
     out = tmp_path_factory.mktemp("lm") / request.param
     assert main(["export", str(source), "--out", str(out)]) == 0
     return load_model(source)[0], out

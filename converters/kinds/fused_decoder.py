@@ -1,0 +1,190 @@
+"""The cached graph of a Llama-style decoder written from its weights in ONNX Runtime's fused operators,
+the layout of ONNX Runtime GenAI's model builder: per layer one SimplifiedLayerNormalization (the
+residual add fused in, SkipSimplifiedLayerNormalization), one MatMul for q, k and v together, one
+GroupQueryAttention (rotary positions from the mask's lengths, the cache concatenated inside), the
+o, gate, up and down MatMuls and SiLU as x·σ(x). The PyTorch exporter's graph of the same model holds
+~7,000 nodes, half of them shape arithmetic that at one token a step is the time; this one holds
+~11 a layer. Inputs and outputs are CausalLMGraph's but for position_ids, which the mask gives:
+
+    (input_ids (B, T), attention_mask (B, past + T), past_key_values.{i}.key / .value (B, kv_heads, past,
+    head_dim)) → (logits (B, T, V), present.{i}.key / .value (B, kv_heads, past + T, head_dim))
+
+The attention mask must be ones after padding on the right (GroupQueryAttention counts each row's
+tokens, it does not read holes). Models outside this form (other blocks, a compressed layer, biases
+on o or the MLP, another activation) get None and the PyTorch exporter's graph."""
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+from torch import nn
+
+from compressor.tied_logits import TiedLogits
+from converters.quantization.int4 import TABLE_OPSET
+from eval.probe import PAST, PRESENT
+
+__all__ = ["fused_decoder"]
+
+MS = "com.microsoft"
+
+
+def _plain(module) -> bool:
+    return type(module) is nn.Linear
+
+
+def _fits(model: nn.Module) -> bool:
+    """A Llama-style decoder of plain layers: q, k, v (biases allowed), o, gate, up, down without
+    bias, RMS norms, SiLU, a dense or tied dense head."""
+    body = getattr(model, "model", None)
+    config = getattr(model, "config", None)
+    if body is None or config is None or getattr(config, "hidden_act", None) != "silu":
+        return False
+    if not isinstance(getattr(body, "embed_tokens", None), nn.Embedding) or not hasattr(body, "rotary_emb"):
+        return False
+    if _head_dim(config) % 16:  # GroupQueryAttention's CPU kernel takes heads of a multiple of 16 dimensions
+        return False
+    head = model.get_output_embeddings()
+    dense_head = _plain(head) and head.bias is None
+    tied_head = isinstance(head, TiedLogits) and head.score == "dot" and head.bias is None
+    tied_head = tied_head and head.embedding is body.embed_tokens
+    if not (dense_head or tied_head):
+        return False
+    for layer in body.layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        linears = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        linears += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if not all(_plain(m) for m in linears) or any(m.bias is not None for m in linears[3:]):
+            return False
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3's per-head norms: not in this form
+            return False
+    return True
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _rotary_caches(model: nn.Module, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(max positions, head_dim / 2) cos and sin of the model's own rotary embedding (its scaling included)."""
+    length = model.config.max_position_embeddings
+    x = torch.zeros(1, 1, head_dim)
+    with torch.no_grad():
+        cos, sin = model.model.rotary_emb(x, torch.arange(length).unsqueeze(0))
+    half = head_dim // 2
+    return cos[0, :, :half].float().numpy(), sin[0, :, :half].float().numpy()
+
+
+def fused_decoder(model: nn.Module, opset: int = 17) -> onnx.ModelProto | None:
+    """`model` (a Llama-style causal LM) as the fused cached graph at `opset` or 21, the later, or None when
+    it is not of that form. (From 21 the 4-bit stage needs no conversion, which does not know
+    SimplifiedLayerNormalization, an ONNX Runtime operator in ONNX's domain.)"""
+    if not _fits(model):
+        return None
+    config, body = model.config, model.model
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = _head_dim(config)
+    layers = len(body.layers)
+    weights: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def weight(name: str, array, dtype=np.float32) -> str:
+        weights.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=dtype), name))
+        return name
+
+    def node(op: str, inputs: list[str], outputs: list[str], name: str, domain: str = "", **attrs):
+        nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs))
+        return outputs[0]
+
+    def matmul(x: str, linears: list[nn.Linear], name: str) -> str:
+        """x Wᵀ (+ b) with the linears' weights side by side: one MatMul of a (in, Σ out) initializer."""
+        w = torch.cat([m.weight.detach() for m in linears]).T.numpy()
+        out = node("MatMul", [x, weight(f"{name}.weight", w)], [f"/{name}/MatMul/output_0"], f"/{name}/MatMul")
+        if linears[0].bias is not None:
+            b = torch.cat([m.bias.detach() for m in linears]).numpy()
+            out = node("Add", [out, weight(f"{name}.bias", b)], [f"/{name}/Add/output_0"], f"/{name}/Add")
+        return out
+
+    def norm(name: str, module, x: str, skip: str | None = None) -> tuple[str, str | None]:
+        """RMS norm of x (+ skip): (the normed, the sum when skip is given)."""
+        w = weight(f"{name}.weight", module.weight.detach().numpy())
+        eps = float(getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6)))
+        if skip is None:
+            return node("SimplifiedLayerNormalization", [x, w], [f"/{name}/output_0"], f"/{name}", epsilon=eps), None
+        outs = [f"/{name}/output_0", "", "", f"/{name}/output_3"]
+        node("SkipSimplifiedLayerNormalization", [x, skip, w], outs, f"/{name}", domain=MS, epsilon=eps)
+        return outs[0], outs[3]
+
+    one = weight("/constants/one", [1], np.int64)
+    lengths = node("ReduceSum", ["attention_mask", one], ["/mask/ReduceSum/output_0"], "/mask/ReduceSum", keepdims=0)
+    lengths = node("Sub", [lengths, one], ["/mask/Sub/output_0"], "/mask/Sub")
+    seqlens = node("Cast", [lengths], ["/mask/seqlens_k"], "/mask/Cast", to=TensorProto.INT32)
+    shape = node("Shape", ["attention_mask"], ["/mask/Shape/output_0"], "/mask/Shape")
+    index = weight("/constants/scalar_one", 1, np.int64)
+    total = node("Gather", [shape, index], ["/mask/Gather/output_0"], "/mask/Gather", axis=0)
+    total = node("Cast", [total], ["/mask/total_sequence_length"], "/mask/Cast_1", to=TensorProto.INT32)
+    cos, sin = _rotary_caches(model, head_dim)
+    weight("cos_cache", cos), weight("sin_cache", sin)
+
+    table = weight("model.embed_tokens.weight", body.embed_tokens.weight.detach().numpy())
+    hidden = node("Gather", [table, "input_ids"], ["/embed_tokens/output_0"], "/embed_tokens/Gather")
+    residual, mlp_out = hidden, None
+    kv = [f"{i}.{k}" for i in range(layers) for k in ("key", "value")]
+    for i, layer in enumerate(body.layers):
+        attn, mlp, prefix = layer.self_attn, layer.mlp, f"model.layers.{i}"
+        x, summed = norm(f"{prefix}.input_layernorm", layer.input_layernorm, residual, mlp_out)
+        residual = summed or residual
+        qkv = matmul(x, [attn.q_proj, attn.k_proj, attn.v_proj], f"{prefix}.attn.qkv_proj")
+        past = [f"{PAST}{i}.key", f"{PAST}{i}.value"]
+        attended = node(
+            "GroupQueryAttention",
+            [qkv, "", "", *past, seqlens, total, "cos_cache", "sin_cache"],
+            [f"/{prefix}/attn/output_0", f"{PRESENT}{i}.key", f"{PRESENT}{i}.value"],
+            f"/{prefix}/attn/GroupQueryAttention",
+            domain=MS,
+            num_heads=heads,
+            kv_num_heads=kv_heads,
+            scale=float(getattr(attn, "scaling", head_dim**-0.5)),
+            do_rotary=1,
+            rotary_interleaved=0,
+            local_window_size=-1,
+        )
+        o = matmul(attended, [attn.o_proj], f"{prefix}.attn.o_proj")
+        y, residual = norm(f"{prefix}.post_attention_layernorm", layer.post_attention_layernorm, residual, o)
+        gate = matmul(y, [mlp.gate_proj], f"{prefix}.mlp.gate_proj")
+        up = matmul(y, [mlp.up_proj], f"{prefix}.mlp.up_proj")
+        sigmoid = node("Sigmoid", [gate], [f"/{prefix}/mlp/Sigmoid/output_0"], f"/{prefix}/mlp/Sigmoid")
+        silu = node("Mul", [gate, sigmoid], [f"/{prefix}/mlp/act/output_0"], f"/{prefix}/mlp/act")
+        product = node("Mul", [silu, up], [f"/{prefix}/mlp/Mul/output_0"], f"/{prefix}/mlp/Mul")
+        mlp_out = matmul(product, [mlp.down_proj], f"{prefix}.mlp.down_proj")
+    out, _ = norm("model.norm", body.norm, residual, mlp_out)
+    head = model.get_output_embeddings()
+    if isinstance(head, TiedLogits):  # the table stored once: x Eᵀ as FusedMatMul(x, E, transB=1)
+        node("FusedMatMul", [out, table], ["logits"], "/lm_head/FusedMatMul", domain=MS, transB=1)
+    else:
+        nodes.append(helper.make_node("Identity", [matmul(out, [head], "lm_head")], ["logits"], name="/lm_head/out"))
+
+    float_, int64 = TensorProto.FLOAT, TensorProto.INT64
+    inputs = [
+        helper.make_tensor_value_info("input_ids", int64, ["batch", "sequence"]),
+        helper.make_tensor_value_info("attention_mask", int64, ["batch", "past_sequence + sequence"]),
+        *(helper.make_tensor_value_info(PAST + n, float_, ["batch", kv_heads, "past_sequence", head_dim]) for n in kv),
+    ]
+    vocab = body.embed_tokens.num_embeddings
+    total_shape = ["batch", kv_heads, "past_sequence + sequence", head_dim]
+    outputs = [
+        helper.make_tensor_value_info("logits", float_, ["batch", "sequence", vocab]),
+        *(helper.make_tensor_value_info(PRESENT + n, float_, total_shape) for n in kv),
+    ]
+    integers = {lengths: int64, "/mask/ReduceSum/output_0": int64, shape: int64, "/mask/Gather/output_0": int64}
+    integers.update({seqlens: TensorProto.INT32, total: TensorProto.INT32})
+    declared = {v.name for v in outputs}
+    typed = [  # element types of what ONNX's shape inference cannot see through the contrib operators
+        helper.make_tensor_value_info(name, integers.get(name, float_), None)
+        for n in nodes
+        for name in n.output
+        if name and name not in declared
+    ]
+    graph = helper.make_graph(nodes, "fused_decoder", inputs, outputs, initializer=weights, value_info=typed)
+    opsets = [helper.make_opsetid("", max(opset, TABLE_OPSET)), helper.make_opsetid(MS, 1)]
+    return helper.make_model(graph, opset_imports=opsets, producer_name="compressor")

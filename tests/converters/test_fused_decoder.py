@@ -1,0 +1,66 @@
+"""The fused decoder's graph (converters.kinds.fused_decoder): written for a plain Llama-style model whose
+heads GroupQueryAttention takes, with the table stored once under a tied head; not for a model with a
+compressed layer or heads of another size (they are traced); int8 and int4 round its MatMuls and keep
+its fused operators. Its logits against PyTorch at every cached step: tests/eval/test_decode.py."""
+
+import collections
+
+import numpy as np
+import onnx
+import pytest
+
+from converters.checkpoint import load_model
+from converters.compress import compress_
+from converters.export import export_onnx
+from converters.kinds.fused_decoder import fused_decoder
+from converters.methods.lowrank import LowRankConfig
+from converters.plan import Plan
+from converters.quantization.quantize import quantize_onnx
+from eval.graph import make_session
+from eval.probe import full_feed
+from tests.conftest import write_tiny_lm
+
+
+@pytest.fixture(scope="module")
+def fused_dir(tmp_path_factory):
+    return write_tiny_lm(tmp_path_factory.mktemp("fused") / "llama", "llama", hidden=64)
+
+
+def _ops(path) -> collections.Counter:
+    return collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+
+
+def test_a_plain_llama_is_written_fused_with_its_table_once(fused_dir, tmp_path):
+    model, _ = load_model(fused_dir)
+    result = export_onnx(model, tmp_path / "fused.onnx")
+    ops = _ops(result.path)
+    layers = model.config.num_hidden_layers
+    assert ops["GroupQueryAttention"] == layers and ops["SkipSimplifiedLayerNormalization"] == 2 * layers
+    assert ops["MatMul"] == 5 * layers  # q, k and v as one
+    graph = onnx.load(str(result.path)).graph
+    assert "position_ids" not in {i.name for i in graph.input}
+    table = model.get_input_embeddings().weight
+    stored = [i for i in graph.initializer if tuple(i.dims) in (tuple(table.shape), tuple(table.shape[::-1]))]
+    assert len(stored) == 1  # the Gather's table is the FusedMatMul's, not a transposed copy
+    assert result.parity_max_abs <= 1e-4
+
+
+def test_other_models_are_traced(fused_dir, tiny_llama_dir):
+    narrow, _ = load_model(tiny_llama_dir)  # heads of 12 dimensions: GroupQueryAttention takes multiples of 16
+    assert fused_decoder(narrow) is None
+    model, _ = load_model(fused_dir)
+    compress_(model, Plan((("ffn", LowRankConfig(rank=4, fit="plain")),)), progress=False)
+    assert fused_decoder(model) is None
+
+
+@pytest.mark.parametrize("scheme, rounded", [("int8", "MatMulInteger"), ("int4", "MatMulNBits")])
+def test_quantization_rounds_the_matmuls_and_keeps_the_fused_operators(fused_dir, tmp_path, scheme, rounded):
+    model, _ = load_model(fused_dir)
+    fp32 = export_onnx(model, tmp_path / "fp32.onnx").path
+    vocab = model.config.vocab_size
+    result = quantize_onnx(fp32, tmp_path / f"{scheme}.onnx", vocab, scheme)
+    ops = _ops(result.path)
+    assert ops["GroupQueryAttention"] == model.config.num_hidden_layers and ops[rounded] > 0
+    feed = {"input_ids": np.array([[3, 7, 11, 5]]), "attention_mask": np.ones((1, 4), np.int64)}
+    logits = [make_session(p).run(["logits"], full_feed(make_session(p), feed))[0] for p in (fp32, result.path)]
+    assert np.linalg.norm(logits[1] - logits[0]) / np.linalg.norm(logits[0]) < 0.2
