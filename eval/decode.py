@@ -31,11 +31,15 @@ __all__ = [
 DECODE_CONTEXTS = (128, 512)  # tokens of context before the timed steps
 DECODE_TOKENS = 32  # greedy steps timed after each context, per round
 DECODE_ROUNDS = 3  # rounds in which the graphs take turns
+SHARED_START = 256  # tokens of room past the prompt in a shared cache's first buffers
 
 
 class Decoder:
     """One sequence (batch 1) through a causal LM session: `start(prompt)` and `step(token)` give the
-    logits (V,) of the next token."""
+    logits (V,) of the next token. A graph whose positions come from the mask (GroupQueryAttention's:
+    the fused decoder's, GenAI's) gets its pasts as buffers it writes each step's keys and values into,
+    bound in place (ONNX Runtime's I/O binding), as GenAI's own loop does; other cached graphs are fed
+    the presents they returned."""
 
     def __init__(self, session, use_cache: bool = True):
         """`use_cache` False: a cached graph too reads the whole sequence at every step (pasts empty),
@@ -43,21 +47,60 @@ class Decoder:
         self.session = session
         self.cached = use_cache and is_cached(session)
         self.outputs = [o.name for o in session.get_outputs()]
-        self.inputs = {i.name for i in session.get_inputs()}  # a fused graph has no position_ids
+        self.inputs = {i.name for i in session.get_inputs()}
+        self.shared = self.cached and "position_ids" not in self.inputs
+        self.buffers: dict[str, np.ndarray] = {}  # past name → (1, heads, capacity, head_dim), when shared
         self.ids = np.zeros((1, 0), dtype=np.int64)
         self.past: dict[str, np.ndarray] = {}
 
     def start(self, prompt: np.ndarray) -> np.ndarray:
         self.ids = np.asarray(prompt, dtype=np.int64).reshape(1, -1)
+        if self.shared:
+            self.buffers = {}
+            return self._bound(self.ids)
         return self._run(full_feed(self.session, {"input_ids": self.ids, "attention_mask": np.ones_like(self.ids)}))
 
     def step(self, token: int) -> np.ndarray:
         self.ids = np.concatenate([self.ids, [[token]]], axis=1)
         mask = np.ones_like(self.ids)
+        if self.shared:
+            return self._bound(self.ids[:, -1:])
         if not self.cached:
             return self._run(full_feed(self.session, {"input_ids": self.ids, "attention_mask": mask}))
         position = np.array([[self.ids.shape[1] - 1]], dtype=np.int64)
         return self._run({"input_ids": self.ids[:, -1:], "attention_mask": mask, "position_ids": position, **self.past})
+
+    def _bound(self, new: np.ndarray) -> np.ndarray:
+        """The next logits after the `new` ids, the pasts' buffers (grown by doubling) bound as the presents."""
+        import onnxruntime as ort
+
+        total = self.ids.shape[1]
+        held = next(iter(self.buffers.values())).shape[2] if self.buffers else 0
+        if total > held:
+            capacity = max(2 * held, total + SHARED_START)
+            for i in self.session.get_inputs():
+                if i.name.startswith(PAST):
+                    grown = np.zeros((1, i.shape[1], capacity, self._head_dim(i)), dtype=np.float32)
+                    if held:
+                        grown[:, :, :held] = self.buffers[i.name]
+                    self.buffers[i.name] = grown
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("input_ids", new)
+        binding.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
+        for name, buffer in self.buffers.items():
+            value = ort.OrtValue.ortvalue_from_numpy(buffer)  # over the buffer's memory, written in place
+            binding.bind_ortvalue_input(name, value)
+            binding.bind_ortvalue_output(name.replace(PAST, PRESENT, 1), value)
+        binding.bind_output("logits")
+        self.session.run_with_iobinding(binding)
+        self.past = {name: buffer[:, :, :total] for name, buffer in self.buffers.items()}
+        return binding.get_outputs()[-1].numpy()[0, -1]
+
+    def _head_dim(self, past) -> int:
+        """A past's last dimension, which the graph must declare."""
+        if isinstance(past.shape[3], int):
+            return past.shape[3]
+        raise CompressorError(f"the graph's {past.name} does not declare its head size")
 
     def _run(self, feed: dict) -> np.ndarray:
         feed = {n: v for n, v in feed.items() if n in self.inputs}

@@ -41,6 +41,18 @@ def test_each_cached_step_gives_the_uncached_models_logits(lm_folder):
         logits = decoder.step(ids[-1])
 
 
+def test_a_shared_cache_grows_without_changing_the_logits(lm_folder, monkeypatch):
+    _, folder = lm_folder
+    session = make_session(folder / "onnx/model.onnx")
+    roomy, tight = Decoder(session), Decoder(session)
+    first = roomy.start(np.arange(5))  # room for every step
+    monkeypatch.setattr("eval.decode.SHARED_START", 1)  # the buffers grow every few steps
+    pairs = [(first, tight.start(np.arange(5)))]
+    pairs += [(roomy.step(t), tight.step(t)) for t in (3, 1, 4, 1, 5, 9, 2)]
+    assert all(np.array_equal(a, b) for a, b in pairs)
+    assert tight.shared == (folder.name == "llama-fused")
+
+
 def test_presents_have_the_declared_shapes(lm_folder):
     model, folder = lm_folder
     session = make_session(folder / "onnx/model.onnx")
