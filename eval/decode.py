@@ -50,13 +50,14 @@ class Decoder:
         self.inputs = {i.name for i in session.get_inputs()}
         self.shared = self.cached and "position_ids" not in self.inputs
         self.buffers: dict[str, np.ndarray] = {}  # past name → (1, heads, capacity, head_dim), when shared
+        self.values: dict = {}  # past name → the OrtValue over its buffer's memory
         self.ids = np.zeros((1, 0), dtype=np.int64)
         self.past: dict[str, np.ndarray] = {}
 
     def start(self, prompt: np.ndarray) -> np.ndarray:
         self.ids = np.asarray(prompt, dtype=np.int64).reshape(1, -1)
         if self.shared:
-            self.buffers = {}
+            self.buffers, self.values = {}, {}
             return self._bound(self.ids)
         return self._run(full_feed(self.session, {"input_ids": self.ids, "attention_mask": np.ones_like(self.ids)}))
 
@@ -84,11 +85,11 @@ class Decoder:
                     if held:
                         grown[:, :, :held] = self.buffers[i.name]
                     self.buffers[i.name] = grown
+                    self.values[i.name] = ort.OrtValue.ortvalue_from_numpy(grown)  # written in place
         binding = self.session.io_binding()
         binding.bind_cpu_input("input_ids", new)
         binding.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
-        for name, buffer in self.buffers.items():
-            value = ort.OrtValue.ortvalue_from_numpy(buffer)  # over the buffer's memory, written in place
+        for name, value in self.values.items():
             binding.bind_ortvalue_input(name, value)
             binding.bind_ortvalue_output(name.replace(PAST, PRESENT, 1), value)
         binding.bind_output("logits")
