@@ -51,8 +51,9 @@ class Decoder:
         self.shared = self.cached and "position_ids" not in self.inputs
         self.buffers: dict[str, np.ndarray] = {}  # past name → (1, heads, capacity, head_dim), when shared
         self.values: dict = {}  # past name → the OrtValue over its buffer's memory
+        self.binding = None  # when shared: the session's I/O binding over the buffers
         self.ids = np.zeros((1, 0), dtype=np.int64)
-        self.past: dict[str, np.ndarray] = {}
+        self._past: dict[str, np.ndarray] = {}
 
     def start(self, prompt: np.ndarray) -> np.ndarray:
         self.ids = np.asarray(prompt, dtype=np.int64).reshape(1, -1)
@@ -86,16 +87,22 @@ class Decoder:
                         grown[:, :, :held] = self.buffers[i.name]
                     self.buffers[i.name] = grown
                     self.values[i.name] = ort.OrtValue.ortvalue_from_numpy(grown)  # written in place
-        binding = self.session.io_binding()
-        binding.bind_cpu_input("input_ids", new)
-        binding.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
-        for name, value in self.values.items():
-            binding.bind_ortvalue_input(name, value)
-            binding.bind_ortvalue_output(name.replace(PAST, PRESENT, 1), value)
-        binding.bind_output("logits")
-        self.session.run_with_iobinding(binding)
-        self.past = {name: buffer[:, :, :total] for name, buffer in self.buffers.items()}
-        return binding.get_outputs()[-1].numpy()[0, -1]
+            self.binding = self.session.io_binding()  # the buffers bound once, the ids each step
+            for name, value in self.values.items():
+                self.binding.bind_ortvalue_input(name, value)
+                self.binding.bind_ortvalue_output(name.replace(PAST, PRESENT, 1), value)
+        self.binding.bind_output("logits")  # allocated by the run, of this step's length
+        self.binding.bind_cpu_input("input_ids", new)
+        self.binding.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
+        self.session.run_with_iobinding(self.binding)
+        return self.binding.get_outputs()[-1].numpy()[0, -1]
+
+    @property
+    def past(self) -> dict[str, np.ndarray]:
+        """Each past the next step reads: (1, heads, tokens so far, head_dim)."""
+        if not self.shared:
+            return self._past
+        return {name: buffer[:, :, : self.ids.shape[1]] for name, buffer in self.buffers.items()}
 
     def _head_dim(self, past) -> int:
         """A past's last dimension, which the graph must declare."""
@@ -107,7 +114,7 @@ class Decoder:
         feed = {n: v for n, v in feed.items() if n in self.inputs}
         out = dict(zip(self.outputs, self.session.run(None, feed)))
         if self.cached:
-            self.past = {n.replace(PRESENT, PAST, 1): v for n, v in out.items() if n.startswith(PRESENT)}
+            self._past = {n.replace(PRESENT, PAST, 1): v for n, v in out.items() if n.startswith(PRESENT)}
         return out["logits"][0, -1]
 
 
