@@ -43,7 +43,7 @@ def test_run_on_a_tied_lm_compresses_the_table_once_and_reports_perplexity(
     assert code == 0, err
     report = json.loads((out / "report.json").read_text())
     rows = {v["name"]: v for v in report["variants"]}
-    originals = ["original", "original-int8", "original-int4"]  # an LM's baselines: 4-bit too
+    originals = ["original", "original-int8", "original-int4", "original-int4-aware"]  # an LM's baselines: 4-bit too
     assert list(rows) == [*originals, "lowrank-head8-r4-aware", "lowrank-head8-r4-aware-ft"]
     assert all(set(row["decode_ms"]) == {"ctx128"} for row in rows.values())  # the tiny LM's context is 160
     assert (out / "original-int4" / "onnx" / "model_q4.onnx").is_file()
