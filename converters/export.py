@@ -150,7 +150,8 @@ def _export_checked(
         axes = {name: {0: "batch", 1: "sequence"} for name in (*names, output)}
     with atomic_file(path, needed=tensor_bytes(graph.state_dict().values())) as tmp:
         if built is not None:
-            onnx.save_model(built, str(tmp))
+            large = built.ByteSize() > TWO_GB  # protobuf's limit: the weights beside it, as the exporter does
+            onnx.save_model(built, str(tmp), save_as_external_data=large, location=f"{path.name}.data")
         else:
             _trace(graph, inputs, tmp, opset, names, outputs, axes)
         parity = check_parity(graph, tmp, vocab, output, atol)

@@ -424,7 +424,7 @@ def _train(
                     report.best_val_cosine, report.best_step = score, report.steps
                     best_state = {k: v.detach().clone() for k, v in scored.state_dict().items()}
                 if on_eval is not None:
-                    on_eval(report.steps, score, student)
+                    on_eval(report.steps, score, scored)
                 save(generator.get_state())
     except KeyboardInterrupt:
         save(before_draw)
