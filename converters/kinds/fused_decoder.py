@@ -34,7 +34,8 @@ def _plain(module) -> bool:
 
 def _fits(model: nn.Module) -> bool:
     """A Llama-style decoder of plain layers: q, k, v (biases allowed), o, gate, up, down without
-    bias, RMS norms, SiLU, a dense or tied dense head."""
+    bias, RMS norms, SiLU, rotary positions over whole heads, attention over the whole past, a dense or
+    tied dense head."""
     body = getattr(model, "model", None)
     config = getattr(model, "config", None)
     if body is None or config is None or getattr(config, "hidden_act", None) != "silu":
@@ -43,6 +44,10 @@ def _fits(model: nn.Module) -> bool:
         return False
     if _head_dim(config) % 16:  # GroupQueryAttention's CPU kernel takes heads of a multiple of 16 dimensions
         return False
+    if getattr(config, "partial_rotary_factor", 1.0) != 1.0:  # the caches rotate whole heads
+        return False
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return False  # attention over a window: not written (local_window_size would be)
     head = model.get_output_embeddings()
     dense_head = _plain(head) and head.bias is None
     tied_head = isinstance(head, TiedLogits) and head.score == "dot" and head.bias is None

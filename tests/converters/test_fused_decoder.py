@@ -49,6 +49,12 @@ def test_other_models_are_traced(fused_dir, tiny_llama_dir):
     narrow, _ = load_model(tiny_llama_dir)  # heads of 12 dimensions: GroupQueryAttention takes multiples of 16
     assert fused_decoder(narrow) is None
     model, _ = load_model(fused_dir)
+    assert fused_decoder(model) is not None
+    for setting, value in (("partial_rotary_factor", 0.5), ("sliding_window", 32)):  # another attention
+        before = getattr(model.config, setting, None)
+        setattr(model.config, setting, value)
+        assert fused_decoder(model) is None, setting
+        setattr(model.config, setting, before)
     compress_(model, Plan((("ffn", LowRankConfig(rank=4, fit="plain")),)), progress=False)
     assert fused_decoder(model) is None
 
