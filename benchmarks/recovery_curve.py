@@ -21,7 +21,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from converters.checkpoint import load_model, read_meta
-from converters.finetune import FinetuneConfig, finetune_
+from converters.finetune import finetune_
+from converters.finetune_config import FinetuneConfig
 from converters.kinds import kind_of
 from converters.pipeline.steps import finetune_texts
 from converters.registry import compact_modules

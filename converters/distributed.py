@@ -17,7 +17,20 @@ from torch.distributed.fsdp import fully_shard
 
 from compressor.errors import CompressorError
 
-__all__ = ["World", "world", "process_group", "wrap", "Shards", "shard", "full_weights", "agree_to_stop"]
+__all__ = [
+    "World",
+    "world",
+    "process_group",
+    "wrap",
+    "Shards",
+    "shard",
+    "full_weights",
+    "agree_to_stop",
+    "check_shares",
+    "SHARD_ALONE",
+]
+
+SHARD_ALONE = "--shard splits the student over torchrun's processes: launch it with torchrun --nproc_per_node N"
 
 
 @dataclass(frozen=True)
@@ -112,3 +125,9 @@ def agree_to_stop(stop: bool, device: torch.device) -> bool:
     flag = torch.tensor([float(stop)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
+
+
+def check_shares(count: int, what: str) -> None:
+    """Under torchrun, `count` things shared by the processes leave each at least one."""
+    if count < (size := world().size):
+        raise CompressorError(f"{size} processes cannot share {count} {what}: launch torchrun with at most {count}")

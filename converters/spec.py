@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from compressor.errors import CompressorError
-from converters.finetune import FinetuneConfig
+from converters.finetune_config import FinetuneConfig
 from converters.quantization.correction import CORRECTION_SHARE, check_correction_share
 from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK, check_int4_options
 from converters.quantization.quantize import check_table_head

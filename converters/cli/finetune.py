@@ -7,8 +7,7 @@ from converters.checkpoint import load_model, read_meta, save_compressed
 from converters.cli.options import FINETUNE_DEFAULTS, finetune_options
 from converters.cli.specs import finetune_config, kind_options
 from converters.compress import CompressionReport
-from converters.distributed import world
-from converters.finetune import SHARD_ALONE, check_shares
+from converters.distributed import SHARD_ALONE, check_shares, world
 from converters.finetune_state import check_resumable
 from converters.kinds import kind_named, kind_of
 from converters.pipeline.say import say

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from compressor.errors import CompressorError
-from converters.finetune import DEVICES, SCHEDULES, TRAINABLE, FinetuneConfig
+from converters.finetune_config import DEVICES, SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK

@@ -15,7 +15,8 @@ from converters.budget import check_budget_fits, parse_budget, plan_for_budget
 from converters.calibration import Calibration, default_cache_dir, statistics_bytes
 from converters.checkpoint import is_compressed_dir, load_model, save_compressed
 from converters.compress import CompressionReport, compress_
-from converters.finetune import FinetuneConfig, finetune_
+from converters.finetune import finetune_
+from converters.finetune_config import FinetuneConfig
 from converters.kinds import KINDS, ModelKind, kind_of
 from converters.loading import available_memory
 from converters.pipeline.calibrating import calibration

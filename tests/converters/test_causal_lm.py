@@ -19,7 +19,8 @@ from compressor.tt_embedding import TTEmbedding
 from converters.checkpoint import CHECKPOINT_WEIGHTS, load_model, save_compressed
 from converters.compress import compress_, set_submodule
 from converters.export import export_onnx
-from converters.finetune import FinetuneConfig, finetune_
+from converters.finetune import finetune_
+from converters.finetune_config import FinetuneConfig
 from converters.kinds import kind_of
 from converters.kinds.causal_lm import CAUSAL_LM
 from converters.methods.lowrank import LowRankConfig

@@ -13,7 +13,8 @@ from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.finetune import FinetuneConfig, finetune_
+from converters.finetune import finetune_
+from converters.finetune_config import FinetuneConfig
 from converters.quantization.correction import add_corrections, input_grams, plan_corrections
 from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
 from converters.quantization.quantize import REL_TOL, quantize_onnx

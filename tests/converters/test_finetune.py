@@ -8,7 +8,8 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
-from converters.finetune import FinetuneConfig, finetune_
+from converters.finetune import finetune_
+from converters.finetune_config import FinetuneConfig
 from converters.kinds.encoder import ENCODER
 from converters.methods.lowrank import LowRankConfig
 from converters.methods.tt import TTConfig

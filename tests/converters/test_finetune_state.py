@@ -8,7 +8,8 @@ import converters.finetune as ft
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.compress import compress_
-from converters.finetune import FinetuneConfig, finetune_
+from converters.finetune import finetune_
+from converters.finetune_config import FinetuneConfig
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
 from converters.registry import compact_modules
