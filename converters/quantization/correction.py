@@ -26,6 +26,7 @@ from onnx import helper, numpy_helper
 from compressor.budget import Point, allocate, tail_error
 from compressor.errors import CompressorError
 from compressor.lowrank import whitened_factors
+from converters.quantization.half_scales import SCALE_BYTES, scale_values
 from converters.quantization.int4 import quiet_quantizer
 from converters.quantization.smoothing import probe_activations
 
@@ -94,13 +95,14 @@ def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
 
 def dequantize_nbits(graph: onnx.GraphProto, node: onnx.NodeProto) -> np.ndarray:
     """The weight Q (K × N, float64) a MatMulNBits node multiplies by: codes B (N, blocks, block·bits/8),
-    one scale per block, zero points packed like the codes (2^(bits−1) when absent): scale · (q − z)."""
+    one scale per block (either precision, half_scales), zero points packed like the codes (2^(bits−1)
+    when absent): scale · (q − z)."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
     inits = {i.name: i for i in graph.initializer if i.name in node.input}
     blocks = -(-k // block)
     codes = _unpack(numpy_helper.to_array(inits[node.input[1]]), bits).reshape(n, blocks, block)
-    scales = numpy_helper.to_array(inits[node.input[2]]).astype(np.float64).reshape(n, blocks)
+    scales = scale_values(graph, node.input[2]).astype(np.float64).reshape(n, blocks)
     if len(node.input) > 3 and node.input[3]:
         zero = _unpack(numpy_helper.to_array(inits[node.input[3]]).reshape(n, -1), bits)[:, :blocks]
     else:
@@ -142,9 +144,9 @@ def error_factors(error: np.ndarray, gram: torch.Tensor, rank: int) -> tuple[np.
 
 
 def correction_bytes(k: int, n: int, rank: int) -> int:
-    """Bytes of L (K × r) and R (r × N) in 8 bits with one fp32 scale per block."""
-    left = rank * k + 4 * rank * -(-k // FACTOR_BLOCK["left"])
-    right = rank * n + 4 * n * -(-rank // FACTOR_BLOCK["right"])
+    """Bytes of L (K × r) and R (r × N) in 8 bits with one scale per block (SCALE_BYTES)."""
+    left = rank * k + SCALE_BYTES * rank * -(-k // FACTOR_BLOCK["left"])
+    right = rank * n + SCALE_BYTES * n * -(-rank // FACTOR_BLOCK["right"])
     return left + right
 
 

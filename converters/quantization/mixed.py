@@ -34,6 +34,7 @@ from compressor.budget import Point
 from compressor.dense import dense_weight
 from compressor.errors import CompressorError
 from converters.plan import WIDTHS
+from converters.quantization.half_scales import SCALE_BYTES
 from converters.quantization.int4 import (
     INT4_ACCURACY,
     INT4_BLOCK,
@@ -49,10 +50,11 @@ __all__ = ["WIDTHS", "bytes_per_weight", "quantization_error", "widened", "modul
 
 
 def bytes_per_weight(width: str, block: int = INT4_BLOCK) -> float:
-    """Bytes a weight costs at `width`: int4 is half a byte plus, per block, an fp32 scale and a 4-bit zero point."""
+    """Bytes a weight costs at `width`: int4 is half a byte plus, per block, a scale (SCALE_BYTES) and a 4-bit
+    zero point."""
     if width not in WIDTHS:
         raise CompressorError(f"a width is one of {', '.join(WIDTHS)}, got {width!r}")
-    return {"fp32": 4.0, "int8": 1.0, "int4": 0.5 + (4 + 0.5) / block}[width]
+    return {"fp32": 4.0, "int8": 1.0, "int4": 0.5 + (SCALE_BYTES + 0.5) / block}[width]
 
 
 def quantization_error(module: nn.Module, width: str, block: int = INT4_BLOCK) -> float:

@@ -3,7 +3,8 @@
 tables behind a Gather alike), the one line every user knows; int8-aware first smooths the graph's
 activation outliers into its weights from calibration batches (converters.quantization.smoothing, exact in
 fp32), then quantizes the same way. int4 and int4-aware are 4-bit weights (converters.quantization.int4):
-block-wise MatMulNBits and GatherBlockQuantized, int4-aware after smoothing at its own α. A
+block-wise MatMulNBits and GatherBlockQuantized, int4-aware after smoothing at its own α; every
+4-bit graph keeps its block scales in half precision (converters.quantization.half_scales). A
 quantized graph is checked against its own fp32 graph: the relative error ‖y_q − y‖ / ‖y‖ of the
 output on inputs the exporter never saw must stay under REL_TOL of its width."""
 
@@ -24,6 +25,7 @@ from converters.quantization.correction import (
     plan_corrections,
     store_factors,
 )
+from converters.quantization.half_scales import half_scales
 from converters.quantization.int4 import (
     INT4_ACCURACY,
     INT4_AWARE_ALPHA,
@@ -283,13 +285,13 @@ def quantize_onnx(
             corrected, corrections, eight_bit = _corrected(
                 exported, proto, calibration, kind, block, accuracy_level, correction, train, head, table_block
             )
-            onnx.save_model(corrected, str(tmp))
+            onnx.save_model(half_scales(corrected), str(tmp))
         elif scheme == "mixed":
-            onnx.save_model(quantize_mixed(proto, widths, block, accuracy_level), str(tmp))
+            onnx.save_model(half_scales(quantize_mixed(proto, widths, block, accuracy_level)), str(tmp))
         elif width == "int4":
             aware = scheme in CALIBRATED
             quantized = quantize_4bit(proto, block, accuracy_level, aware, eight_bit, head, table_block)
-            onnx.save_model(quantized, str(tmp))
+            onnx.save_model(half_scales(quantized), str(tmp))
         else:
             onnx.save_model(proto, str(plain))
             _int8(plain, tmp, per_channel=graph_kind(src).int8_per_channel)

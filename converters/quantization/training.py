@@ -28,6 +28,7 @@ from torch import nn
 from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import UnmatchedWeightError
 from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
+from converters.quantization.half_scales import constant_of, scale_values
 from converters.quantization.table_head import split_tables
 
 __all__ = [
@@ -102,14 +103,19 @@ def _module_of(held: dict[bytes, str], weight: np.ndarray, what: str) -> str:
 
 def dequantize_table(model: onnx.ModelProto, node: onnx.NodeProto, rows: int) -> np.ndarray:
     """The table (rows × D, float32) a GatherBlockQuantized node gathers from, by running it on every row."""
-    inits = {i.name: i for i in model.graph.initializer}
+    consts = {name: constant_of(model.graph, name) for name in node.input if name}
+    consts = {
+        name: init if init.name == name else numpy_helper.from_array(scale_values(model.graph, name), name)
+        for name, init in consts.items()
+        if init is not None
+    }  # scales in half precision: read back
     ids = helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [rows])
     out = helper.make_tensor_value_info("rows", onnx.TensorProto.FLOAT, None)
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     gather = helper.make_node(
         node.op_type, [node.input[0], "ids", *node.input[2:]], ["rows"], domain=node.domain, **attrs
     )
-    graph = helper.make_graph([gather], "table", [ids], [out], [inits[i] for i in node.input if i in inits])
+    graph = helper.make_graph([gather], "table", [ids], [out], list(consts.values()))
     single = helper.make_model(graph, opset_imports=list(model.opset_import))
     single.ir_version = model.ir_version
     session = ort.InferenceSession(single.SerializeToString(), providers=["CPUExecutionProvider"])
