@@ -2,13 +2,15 @@
 generator): the time per generated token at batch 1, taking turns, and the greedy tokens against
 the fp32 graph's.
 
-    python benchmarks/lm_against_genai.py --ours FOLDER [FOLDER …] --genai GENAI_FOLDER [--json OUT]
+    python benchmarks/lm_against_genai.py --ours FOLDER [FOLDER …] --genai FOLDER [FOLDER …] [--json OUT]
 
 The first of --ours is the reference of the greedy comparison (the fp32 graph). onnxruntime-genai is
 not a dependency of the project: install it beside (`pip install --target DIR onnxruntime-genai
 --no-deps`, then PYTHONPATH=DIR) and build its folder with `python -m onnxruntime_genai.models.builder
--i runs/lm/smollm2 -o GENAI_FOLDER -p int4 -e cpu`. Contexts are the first tokens of the LM eval
-text; each graph takes one prefill and DECODE_TOKENS steps in turn, the first round a warm-up."""
+-i runs/lm/smollm2 -o GENAI_FOLDER -p int4 -e cpu`; a fused decoder's folder of ours holds a
+genai_config.json (files.genai_config), so --genai runs it by GenAI's generator too. Contexts are the
+first tokens of the LM eval text; each graph takes one prefill and DECODE_TOKENS steps in turn, the first
+round a warm-up."""
 
 import argparse
 import json
@@ -57,22 +59,29 @@ def genai_run(model, context: np.ndarray, new_tokens: int) -> tuple[DecodeTimes,
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ours", nargs="+", type=Path, required=True, help="model folders; the first is fp32")
-    p.add_argument("--genai", type=Path, required=True, help="a folder of onnxruntime-genai's model builder")
+    p.add_argument(
+        "--genai",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="folders run by onnxruntime-genai's generator: its model builder's, or ours with genai_config.json",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     tokenizer = load_tokenizer(args.ours[0])
     passages, _ = CAUSAL_LM.passages(None, "eval")
     stream = np.array([i for t in passages for i in tokenizer(t)["input_ids"]], dtype=np.int64)
     sessions = {str(f): make_session(graph_in(f), threads=THREADS) for f in args.ours}
-    model = genai_model(args.genai)
-    names = [*sessions, "genai"]
+    models = {f"genai:{f}": genai_model(f) for f in args.genai}
+    names = [*sessions, *models]
 
     prompts = [ids[:PROMPT_TOKENS] for t in passages if len(ids := tokenizer(t)["input_ids"]) >= PROMPT_TOKENS]
     greedy = {name: [] for name in names}
     for prompt in prompts[:PROMPTS]:
         for name, session in sessions.items():
             greedy[name].append(decode_ids(session, np.array(prompt), DECODE_TOKENS))
-        greedy["genai"].append(genai_run(model, np.array(prompt), DECODE_TOKENS)[1])
+        for name, model in models.items():
+            greedy[name].append(genai_run(model, np.array(prompt), DECODE_TOKENS)[1])
     reference = greedy[names[0]]
     result = {"greedy": {}, "decode": {name: {} for name in names}}
     for name in names:
@@ -91,8 +100,8 @@ def main() -> None:
         kept = {name: [] for name in names}
         for round_ in range(DECODE_ROUNDS + 1):
             for name in names:
-                if name == "genai":
-                    times = genai_run(model, context, DECODE_TOKENS)[0]
+                if name in models:
+                    times = genai_run(models[name], context, DECODE_TOKENS)[0]
                 else:
                     times = decode_times(sessions[name], context, DECODE_TOKENS)
                 if round_:

@@ -3,7 +3,8 @@ it is. The source's config.json, generation_config.json and tokenizer files, eve
 sentence-transformers file it has (modules.json and the folders it names, such as 1_Pooling/,
 sentence_bert_config.json, config_sentence_transformers.json), and the graph under onnx/ by the name
 those tools look for at its width: model.onnx (fp32), model_quantized.onnx (8-bit; transformers.js'
-`q8`), model_q4.onnx (4-bit; its `q4`). A compressed checkpoint's folder is one too: its graph goes
+`q8`), model_q4.onnx (4-bit; its `q4`); beside a fused decoder's graph, ONNX Runtime GenAI's
+genai_config.json (files.genai_config). A compressed checkpoint's folder is one too: its graph goes
 beside its weights, and its own config.json is kept."""
 
 import contextlib
@@ -16,6 +17,7 @@ import onnx
 
 from compressor.errors import CompressorError
 from files.atomic import atomic_dir, atomic_file
+from files.genai_config import GENAI_CONFIG, write_genai_config
 
 __all__ = [
     "GRAPH_DIR",
@@ -111,6 +113,7 @@ def model_folder(folder: Path, source: Path, width: int | None) -> Iterator[Path
         try:
             yield graph
             copy_source_files(source, work)
+            write_genai_config(work, graph)
         except CompressorError as e:  # said of the folder's final name, not of its temporary one
             raise type(e)(str(e).replace(str(work), str(folder))) from None
 
@@ -147,6 +150,8 @@ def load_lines(folder: Path, graph: str, kind: str) -> list[str]:
             f'ORTModelForFeatureExtraction.from_pretrained("{folder}", subfolder="{GRAPH_DIR}", file_name="{name}")'
         )
     lines.append(f'onnxruntime.InferenceSession("{folder / graph}")')
+    if (folder / GENAI_CONFIG).is_file():
+        lines.append(f'onnxruntime_genai.Model("{folder}")')
     return lines
 
 
