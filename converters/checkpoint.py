@@ -3,10 +3,13 @@ compressed.safetensors, and the source's config and tokenizer files. Loading reb
 then the weights; nothing is decomposed again.
 
 The weights are not named model.safetensors so that `transformers` and `sentence-transformers`, which
-know nothing of the compact modules, refuse the folder (no weights file of theirs) instead of building
-the source's dense structure and initialising its missing table at random with only a warning
-(cosine 0.001 to the original's embeddings). `load_model` loads it; so does a version-1 checkpoint,
-whose weights were model.safetensors."""
+know nothing of the compact modules, refuse the folder instead of building the source's dense structure
+and initialising its missing table at random with only a warning (cosine 0.001 to the original's
+embeddings). What they find instead is model.safetensors.index.json, a sharded checkpoint's index whose
+one shard is named for the loader (REFUSAL_SHARD) and is absent: `AutoModel.from_pretrained` (and so
+`SentenceTransformer`) stops on "No such file or directory: …/compressed-checkpoint--load-it-with-
+converters.load_model.safetensors". `load_model` loads it; so does a version-1 checkpoint, whose weights
+were model.safetensors."""
 
 import json
 from pathlib import Path
@@ -30,6 +33,8 @@ __all__ = [
     "CHECKPOINT_META",
     "CHECKPOINT_VERSION",
     "CHECKPOINT_WEIGHTS",
+    "REFUSAL_INDEX",
+    "REFUSAL_SHARD",
     "save_compressed",
     "load_model",
     "is_compressed_dir",
@@ -39,6 +44,8 @@ __all__ = [
 CHECKPOINT_META = "compressor.json"
 CHECKPOINT_VERSION = 2
 CHECKPOINT_WEIGHTS = "compressed.safetensors"
+REFUSAL_INDEX = "model.safetensors.index.json"  # what transformers reads for a sharded checkpoint's weights
+REFUSAL_SHARD = "compressed-checkpoint--load-it-with-converters.load_model.safetensors"  # never written
 WEIGHTS_OF_VERSION = {1: "model.safetensors", 2: CHECKPOINT_WEIGHTS}  # versions load_model reads
 
 
@@ -76,6 +83,11 @@ def save_compressed(
         copy_source_files(source, tmp)  # its tokenizer and sentence-transformers files, not its config
         save_safetensors(model, str(tmp / CHECKPOINT_WEIGHTS))
         (tmp / CHECKPOINT_META).write_text(json.dumps(meta, indent=2))
+        refusal = {
+            "metadata": {"compressor": "a compressed checkpoint: load it with converters.load_model"},
+            "weight_map": {next(iter(model.state_dict())): REFUSAL_SHARD},
+        }
+        (tmp / REFUSAL_INDEX).write_text(json.dumps(refusal, indent=2))
     return Path(out_dir)
 
 

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 import torch
@@ -86,7 +87,7 @@ def test_transformers_refuses_a_compressed_checkpoint_instead_of_a_random_table(
     from transformers import AutoModel
 
     _, path = compressed
-    with pytest.raises(OSError, match="no file named"):
+    with pytest.raises(OSError, match=re.escape("load-it-with-converters.load_model")):
         AutoModel.from_pretrained(path)
 
 

@@ -131,7 +131,7 @@ def test_a_checkpoint_is_refused_by_sentence_transformers(st_model, tmp_path, ca
     assert (ckpt / "modules.json").is_file()  # the source's sentence-transformers files travel with it
     from sentence_transformers import SentenceTransformer
 
-    with pytest.raises(OSError, match="no file named"):  # never the source's structure with a random table
+    with pytest.raises(OSError, match="load-it-with-converters.load_model"):  # never a random table
         SentenceTransformer(str(ckpt), device="cpu")
 
 
