@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import onnx
 import pytest
 import torch
 
@@ -58,6 +59,14 @@ def test_sizes_and_initializers(tiny_onnx):
     assert file_bytes(tiny_onnx) >= total
     assert 0 < optimized_initializer_bytes(tiny_onnx) <= 1.05 * file_bytes(tiny_onnx)
     assert parity_of(tiny_onnx) <= 1e-4
+
+
+def test_sizes_of_a_graph_with_its_weights_beside_it(tiny_onnx, tmp_path):
+    model = load_graph(tiny_onnx)
+    path = tmp_path / "beside.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, location="beside.onnx.data", size_threshold=0)
+    assert file_bytes(path) >= initializer_stats(model)[1] > path.stat().st_size  # the weights are beside it
+    assert optimized_initializer_bytes(path) == pytest.approx(optimized_initializer_bytes(tiny_onnx), rel=0.05)
 
 
 def test_latency_has_the_contract_keys(tiny_onnx):
