@@ -44,8 +44,8 @@ PRIOR_DESTS = ("freq_prior", "prior_weight")  # a recipe may set them; alone the
 # most on both texts: the 2,048 most frequent tokens' rows exact, the rest of the table low-rank
 # (frequency-weighted) at a quarter of its parameters, then int8-aware. No fine-tune: 300 s of it
 # (with dropout on) took recall@10 0.826 → 0.838 on pydoc and 0.750 → 0.753 on news (BENCHMARKS.md,
-# "The default recipe on the new texts"): not worth tripling the demo. Its int4-aware row (0.109×,
-# 0.789 / 0.730) is the size front's point below half of original-int8's bytes, and the run then
+# "The default recipe on the new texts"): not worth tripling the demo. Its int4-aware row (0.099×,
+# 0.790 / 0.725) is the size front's point below half of original-int8's bytes, and the run then
 # shows original-int4-aware, which beats its int8-aware row (BENCHMARKS.md, "make demo with 4 bits").
 DEFAULT_RECIPE = {
     "name": "emb4",
