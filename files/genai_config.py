@@ -79,11 +79,15 @@ def genai_config(config: dict, graph: str) -> dict:
 
 def write_genai_config(folder: Path, graph: Path) -> bool:
     """Write `folder`/genai_config.json for `graph` (a file under `folder`) when it is a fused decoder's
-    and the folder has a config.json; whether it was written."""
+    and the folder has a config.json; whether it was written. Only a causal LM's graph is read (an
+    encoder's folder is written without loading its graph again)."""
     folder = Path(folder)
-    if not (folder / "config.json").is_file() or not is_fused_decoder(onnx.load(str(graph), load_external_data=False)):
+    if not (folder / "config.json").is_file():
         return False
     config = json.loads((folder / "config.json").read_text())
+    causal = any(a.endswith("ForCausalLM") for a in config.get("architectures") or ())
+    if not causal or not is_fused_decoder(onnx.load(str(graph), load_external_data=False)):
+        return False
     with atomic_file(folder / GENAI_CONFIG) as tmp:
         tmp.write_text(json.dumps(genai_config(config, Path(graph).relative_to(folder).as_posix()), indent=4))
     return True
