@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# transformers.js for the tests that load our folders under Node, where node and npm are (else they are skipped)
+NODE_MODULES := $(VENV)/node/node_modules
+TRANSFORMERS_JS := @huggingface/transformers@4.3.1
 
 .PHONY: install demo test test-fast bench lm lint clean
 
@@ -21,7 +24,10 @@ demo: install
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	@test -d $(NODE_MODULES)/@huggingface/transformers || ! command -v npm >/dev/null || \
+		timeout 180 npm install --silent --ignore-scripts --prefix $(VENV)/node $(TRANSFORMERS_JS) || \
+		echo "npm could not install $(TRANSFORMERS_JS): the transformers.js tests will be skipped"
+	NODE_PATH=$(abspath $(NODE_MODULES)) $(BIN)/python -m pytest -q
 
 # Everything but the tests marked slow (those that run the real default model): under a minute.
 test-fast: install

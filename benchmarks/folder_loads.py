@@ -1,15 +1,16 @@
 """Do the tools a user already runs load `compressor export`'s model folders as they are, and do they
-embed the eval split as `compressor bench` does? Two steps, because sentence-transformers' ONNX backend
-needs Optimum, whose pin of transformers (< 4.58) the toolkit's own (5.x) excludes:
+embed the eval split as `compressor bench` does? Two steps, both in the toolkit's venv (its `dev` extra
+holds Optimum for transformers 5, optimum-onnx-naf), the second runnable in any venv with
+sentence-transformers, Optimum and onnxruntime (and no compressor):
 
-    python benchmarks/folder_loads.py reference FOLDER... --out ref.npz      # in the toolkit's venv
-    python benchmarks/folder_loads.py load ref.npz                            # in a venv with
-        # sentence-transformers, optimum-onnx and onnxruntime (and no compressor)
+    python benchmarks/folder_loads.py reference FOLDER... --out ref.npz
+    python benchmarks/folder_loads.py load ref.npz
 
 `reference` writes the eval split's passages and, per folder, the embeddings the bench computes from
 its graph (mean of last_hidden_state over real tokens, unit rows, 128 tokens at most); `load` embeds
 the same passages with SentenceTransformer(folder, backend="onnx") and with Optimum's
-ORTModelForFeatureExtraction from the folder, and prints each one's mean and smallest cosine to the
+ORTModelForFeatureExtraction from the folder, each fed the bench's batches of 32 (a dynamic int8 graph
+scales its activations per batch), and prints each one's mean and smallest cosine to the
 bench's rows.
 """
 
@@ -61,7 +62,7 @@ def load(ref: Path) -> None:
         folder, graph = Path(key), str(data[f"{key}:graph"])
         st = SentenceTransformer(str(folder), backend="onnx", model_kwargs={"file_name": graph})
         st.max_seq_length = MAX_TOKENS
-        by_st = st.encode(passages, batch_size=32)
+        by_st = np.concatenate([st.encode(passages[s : s + 32], batch_size=32) for s in range(0, len(passages), 32)])
         model = ORTModelForFeatureExtraction.from_pretrained(folder, subfolder="onnx", file_name=Path(graph).name)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         by_optimum = []

@@ -135,14 +135,26 @@ def test_a_checkpoint_is_refused_by_sentence_transformers(st_model, tmp_path, ca
         SentenceTransformer(str(ckpt), device="cpu")
 
 
-def test_sentence_transformers_onnx_backend_agrees_with_the_bench(st_model, tmp_path, capsys):
-    pytest.importorskip("optimum.onnxruntime", reason="sentence-transformers' ONNX backend needs optimum-onnx")
+@pytest.mark.parametrize(
+    ("scheme", "graph"), [(None, "model.onnx"), ("int8", "model_quantized.onnx"), ("int4", "model_q4.onnx")]
+)
+def test_sentence_transformers_and_optimum_agree_with_the_bench(st_model, tmp_path, capsys, scheme, graph):
+    from optimum.onnxruntime import ORTModelForFeatureExtraction
     from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
 
     out = tmp_path / "m"
-    assert run_cli(capsys, "export", st_model, "--out", out)[0] == 0
-    st = SentenceTransformer(str(out), backend="onnx", device="cpu")
-    assert np.allclose(st.encode(PASSAGES), embeddings(out, "onnx/model.onnx"), atol=1e-4)
+    quantize = ["--quantize", scheme] if scheme else []
+    assert run_cli(capsys, "export", st_model, *quantize, "--out", out)[0] == 0
+    ours = embeddings(out, f"onnx/{graph}")
+    for passage, mine in zip(PASSAGES, ours):  # one passage a batch: int8's activation scales are the batch's
+        st = SentenceTransformer(str(out), backend="onnx", device="cpu", model_kwargs={"file_name": f"onnx/{graph}"})
+        assert float(st.encode([passage])[0] @ mine) == pytest.approx(1.0, abs=1e-4)
+        model = ORTModelForFeatureExtraction.from_pretrained(out, subfolder="onnx", file_name=graph)
+        tokens = AutoTokenizer.from_pretrained(out)([passage], return_tensors="np")
+        hidden = model(**tokens).last_hidden_state[0]
+        pooled = hidden.mean(0) / np.linalg.norm(hidden.mean(0))
+        assert float(pooled @ mine) == pytest.approx(1.0, abs=1e-4)
 
 
 def _transformers_js() -> bool:
