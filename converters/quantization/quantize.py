@@ -4,7 +4,8 @@ tables behind a Gather alike), the one line every user knows; int8-aware first s
 activation outliers into its weights from calibration batches (converters.quantization.smoothing, exact in
 fp32), then quantizes the same way. int4 and int4-aware are 4-bit weights (converters.quantization.int4):
 block-wise MatMulNBits and GatherBlockQuantized, int4-aware after smoothing at its own α; every
-4-bit graph keeps its block scales in half precision (converters.quantization.half_scales). A
+4-bit graph keeps its block scales in half precision (converters.quantization.half_scales), and a tied
+table's rows are read from its head's codes (converters.quantization.tied_codes). A
 quantized graph is checked against its own fp32 graph: the relative error ‖y_q − y‖ / ‖y‖ of the
 output on inputs the exporter never saw must stay under REL_TOL of its width."""
 
@@ -41,6 +42,7 @@ from converters.quantization.mixed import quantize_mixed
 from converters.quantization.sensitivity import four_bit_losses
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
 from converters.quantization.table_head import TABLE_HEAD, frequent_ids
+from converters.quantization.tied_codes import share_tied_codes, smoothing_of, tied_pairs
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
@@ -290,8 +292,9 @@ def quantize_onnx(
             onnx.save_model(half_scales(quantize_mixed(proto, widths, block, accuracy_level)), str(tmp))
         elif width == "int4":
             aware = scheme in CALIBRATED
+            tied = {table: smoothing_of(proto.graph, table) for table in tied_pairs(proto.graph)}
             quantized = quantize_4bit(proto, block, accuracy_level, aware, eight_bit, head, table_block)
-            onnx.save_model(half_scales(quantized), str(tmp))
+            onnx.save_model(half_scales(share_tied_codes(quantized, tied)), str(tmp))
         else:
             onnx.save_model(proto, str(plain))
             _int8(plain, tmp, per_channel=graph_kind(src).int8_per_channel)

@@ -1,0 +1,120 @@
+"""A tied table's codes stored once. A tied LM reads its table E (V × D) twice: a Gather of the token
+rows, and the head's logits x Eᵀ, which the quantizers take as a MatMul on a transposed copy
+(quantize.tied_products_as_matmul). MatMulNBits holds that copy's codes as (V, D / block, block · bits
+/ 8) bytes, each of the V rows cut into blocks along D: the table's rows, blocked as
+GatherBlockQuantized blocks them. So the Gather reads the head's codes, scales and zero points
+(GatherBlockQuantized along the last axis of that 3-D tensor, then a Reshape back to D), and the
+table's own 4-bit copy (a sixth of SmolLM2's 4-bit file) is not written. Where SmoothQuant scaled the
+head's weight rows (W_s = diag(s) Eᵀ), the gathered row is s ⊙ e and is divided by s."""
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+__all__ = ["tied_pairs", "smoothing_of", "share_tied_codes"]
+
+TRANSPOSED = "_transposed"  # quantize.tied_products_as_matmul's name of a table's transposed copy
+
+
+def tied_pairs(graph: onnx.GraphProto) -> list[str]:
+    """The tables E whose transposed copy E_transposed is a MatMul weight of `graph` and that a Gather
+    still reads (the graph before quantization)."""
+    inits = {i.name for i in graph.initializer}
+    gathered = {n.input[0] for n in graph.node if n.op_type == "Gather"}
+    return sorted(name for name in inits if name + TRANSPOSED in inits and name in gathered)
+
+
+def smoothing_of(graph: onnx.GraphProto, table: str) -> np.ndarray | None:
+    """s (D,) with E_transposed = diag(s) Eᵀ (SmoothQuant's scaling of the head's input), None when s = 1."""
+    inits = {i.name: i for i in graph.initializer}
+    w = numpy_helper.to_array(inits[table]).T.astype(np.float64)
+    w_s = numpy_helper.to_array(inits[table + TRANSPOSED]).astype(np.float64)
+    norms = (w * w).sum(1)
+    s = np.where(norms > 0, (w_s * w).sum(1) / np.maximum(norms, 1e-30), 1.0)
+    return None if np.allclose(s, 1.0, rtol=1e-6, atol=0) else s
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def share_tied_codes(model: onnx.ModelProto, smoothing: dict[str, np.ndarray | None]) -> onnx.ModelProto:
+    """`model` (a quantized graph, changed in place) with each table of `smoothing` (table → s or None,
+    from the graph before quantization) read from its head's MatMulNBits codes when the head has them
+    and the table's Gather is one GatherBlockQuantized (not split by frequency); its own codes dropped."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    for table, s in smoothing.items():
+        head = next(
+            (n for n in graph.node if n.op_type == "MatMulNBits" and n.input[1].startswith(table + TRANSPOSED)), None
+        )
+        gathers = [n for n in graph.node if n.op_type == "GatherBlockQuantized" and n.input[0].startswith(table + "_Q")]
+        if head is None or len(gathers) != 1 or len(head.input) > 4 and head.input[4]:  # g_idx: not plain blocks
+            continue
+        (gather,) = gathers
+        hat = _attrs(head)
+        bits, block, vocab, depth = hat["bits"], hat["block_size"], hat["N"], hat["K"]
+        blocks = inits[head.input[1]].dims[1]
+        prefix = f"{table}_shared"
+        scales = helper.make_node(
+            "Reshape",
+            [head.input[2], _constant(graph, f"{prefix}_scales_shape", [vocab, blocks, 1])],
+            [f"{prefix}_scales"],
+            name=f"{prefix}_scales_reshape",
+        )
+        inputs = [head.input[1], gather.input[1], f"{prefix}_scales"]
+        if len(head.input) > 3 and head.input[3]:  # asymmetric: one zero point a block, unpacked to a byte each
+            packed = numpy_helper.to_array(inits[head.input[3]]).reshape(vocab, -1)
+            points = np.stack([packed & 15, packed >> 4], -1).reshape(vocab, -1) if bits == 4 else packed
+            graph.initializer.append(
+                numpy_helper.from_array(points[:, :blocks, None].astype(np.uint8), f"{prefix}_zero_points")
+            )
+            inputs.append(f"{prefix}_zero_points")
+        rows = f"{prefix}_blocks"
+        shared = helper.make_node(
+            "GatherBlockQuantized",
+            inputs,
+            [rows],
+            name=f"{prefix}_gather",
+            domain="com.microsoft",
+            bits=bits,
+            block_size=block,
+            gather_axis=0,
+            quantize_axis=2,
+        )
+        width = blocks * block  # D padded to whole blocks
+        ids_shape = helper.make_node("Shape", [gather.input[1]], [f"{prefix}_ids_shape"], name=f"{prefix}_ids_shape")
+        shape = helper.make_node(
+            "Concat",
+            [f"{prefix}_ids_shape", _constant(graph, f"{prefix}_width", [width])],
+            [f"{prefix}_shape"],
+            name=f"{prefix}_shape",
+            axis=0,
+        )
+        nodes = [scales, shared, ids_shape, shape]
+        steps = [("Reshape", [f"{prefix}_shape"])]
+        if width != depth:  # the padding of the last block cut off
+            cut = [_constant(graph, f"{prefix}_{k}", [v]) for k, v in (("start", 0), ("end", depth), ("axis", -1))]
+            steps.append(("Slice", cut))
+        if s is not None:  # the head's rows were scaled by s: gathered s ⊙ e, divided back
+            graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), f"{prefix}_unsmooth"))
+            steps.append(("Mul", [f"{prefix}_unsmooth"]))
+        x = rows
+        for k, (op, more) in enumerate(steps):
+            y = gather.output[0] if k == len(steps) - 1 else f"{prefix}_{op.lower()}_output"
+            nodes.append(helper.make_node(op, [x, *more], [y], name=f"{prefix}_{op.lower()}"))
+            x = y
+        at = list(graph.node).index(gather)
+        graph.node.remove(gather)
+        for k, node in enumerate(nodes):
+            graph.node.insert(at + k, node)
+        used = {i for n in graph.node for i in n.input}
+        for name in [gather.input[0], *gather.input[2:]]:
+            if name and name not in used and name in inits:
+                graph.initializer.remove(inits.pop(name))
+    return model
+
+
+def _constant(graph: onnx.GraphProto, name: str, values: list[int]) -> str:
+    graph.initializer.append(numpy_helper.from_array(np.array(values, dtype=np.int64), name))
+    return name
