@@ -282,17 +282,17 @@ def quantize_onnx(
             losses = four_bit_losses(proto, calibration, graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))
         corrections, table_block = None, table_block_of(scheme, block, table_block)
+        tied = {table: smoothing_of(proto.graph, table) for table in tied_pairs(proto.graph)}
         if scheme in CORRECTED:
             kind = graph_kind(src)
             corrected, corrections, eight_bit = _corrected(
                 exported, proto, calibration, kind, block, accuracy_level, correction, train, head, table_block
             )
-            onnx.save_model(half_scales(corrected), str(tmp))
+            onnx.save_model(half_scales(share_tied_codes(corrected, tied)), str(tmp))
         elif scheme == "mixed":
             onnx.save_model(half_scales(quantize_mixed(proto, widths, block, accuracy_level)), str(tmp))
         elif width == "int4":
             aware = scheme in CALIBRATED
-            tied = {table: smoothing_of(proto.graph, table) for table in tied_pairs(proto.graph)}
             quantized = quantize_4bit(proto, block, accuracy_level, aware, eight_bit, head, table_block)
             onnx.save_model(half_scales(share_tied_codes(quantized, tied)), str(tmp))
         else:

@@ -28,7 +28,7 @@ def _rows(path, name: str, ids: np.ndarray) -> np.ndarray:
     return session.run([name], full_feed(session, feed))[0]
 
 
-@pytest.mark.parametrize("scheme", ["int4", "int4-aware"])
+@pytest.mark.parametrize("scheme", ["int4", "int4-aware", "int4-corrected"])
 def test_the_table_is_read_from_the_head_codes(tiny_llama_dir, tmp_path, monkeypatch, scheme):
     model, _ = load_model(tiny_llama_dir)
     table = model.get_input_embeddings().weight.detach().numpy()
@@ -51,7 +51,7 @@ def test_the_table_is_read_from_the_head_codes(tiny_llama_dir, tmp_path, monkeyp
     read_back = dequantize_nbits(graph, head).T[ids[0]]  # (ids, D): the head's weight rows, smoothed
     inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     unsmooth = next((v for k, v in inits.items() if k.endswith("_shared_unsmooth")), np.ones(dim))
-    assert (scheme == "int4-aware") == (not np.allclose(unsmooth, 1.0))  # only int4-aware smooths the head
+    assert (scheme != "int4") == (not np.allclose(unsmooth, 1.0))  # the data-aware schemes smooth the head
     np.testing.assert_allclose(rows, read_back * unsmooth, rtol=1e-5, atol=1e-6)
     error = np.linalg.norm(rows - table[ids[0]]) / np.linalg.norm(table[ids[0]])
     assert error < 0.15  # 4-bit rounding of the original rows, not some other table
