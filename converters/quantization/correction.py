@@ -184,15 +184,18 @@ def _relative_error(delta: np.ndarray, weight: np.ndarray, gram: np.ndarray) -> 
     return float(np.sqrt(np.sum((gram @ delta) * delta) / np.sum((gram @ weight) * weight)))
 
 
-def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]]) -> onnx.ModelProto:
-    """The factor MatMuls `nodes` (side → node names) in 8-bit MatMulNBits, each side at its block."""
+def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]], accuracy_level: int) -> onnx.ModelProto:
+    """The factor MatMuls `nodes` (side → node names) in 8-bit MatMulNBits, each side at its block, at
+    `accuracy_level`."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
     for side, names in nodes.items():
         if not names:
             continue
         block = FACTOR_BLOCK[side]
-        config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True, bits=FACTOR_BITS)
+        config = DefaultWeightOnlyQuantConfig(
+            block_size=block, is_symmetric=True, bits=FACTOR_BITS, accuracy_level=accuracy_level
+        )
         others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in names]
         quantizer = MatMulNBitsQuantizer(model, block_size=block, nodes_to_exclude=others, algo_config=config)
         with quiet_quantizer():
@@ -221,11 +224,12 @@ def plan_corrections(
     grams: dict[str, torch.Tensor],
     losses: dict[str, float],
     budget: int,
+    skip: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, int], tuple[str, ...]]:
     """For `quantized` (the graph `fp32` with every MatMul in 4-bit MatMulNBits): each layer's rank and
     the layers to hold in 8 bits instead, under `budget` bytes (correction_ranks), all keyed by output
-    name as `grams` and `losses` are."""
-    errors = rounding_errors(quantized, fp32)
+    name as `grams` and `losses` are; the layers `skip` (output names) left in 4 bits."""
+    errors = {out: e for out, e in rounding_errors(quantized, fp32).items() if out not in skip}
     missing = sorted(set(errors) - set(grams))
     if missing:
         raise CompressorError(f"no calibration statistics for the layers {', '.join(missing[:3])}")
@@ -271,10 +275,11 @@ def corrected_layers(model: onnx.ModelProto) -> list[str]:
 
 
 def store_factors(
-    model: onnx.ModelProto, fp32: onnx.ModelProto, grams: dict[str, torch.Tensor]
+    model: onnx.ModelProto, fp32: onnx.ModelProto, grams: dict[str, torch.Tensor], accuracy_level: int = 0
 ) -> tuple[onnx.ModelProto, dict[str, Correction]]:
-    """`model` (from add_corrections, its factors fitted or trained) with L and R in 8-bit MatMulNBits,
-    and each corrected layer's output errors: rounded alone, with the fp32 factors, as stored."""
+    """`model` (from add_corrections, its factors fitted or trained) with L and R in 8-bit MatMulNBits at
+    `accuracy_level`, and each corrected layer's output errors: rounded alone, with the fp32 factors, as
+    stored."""
     weights = _float64_weights(fp32)
     layers = corrected_layers(model)
     inits = {i.name: i for i in model.graph.initializer}
@@ -286,7 +291,7 @@ def store_factors(
     }
     ranks = {out: int(inits[f"{out}_R"].dims[0]) for out in layers}
     sides = {side: [f"{out}_correction_{side}" for out in layers] for side in FACTOR_BLOCK}
-    model = _quantize_factors(model, sides)
+    model = _quantize_factors(model, sides, accuracy_level)
     stored = {n.output[0]: n for n in model.graph.node if n.op_type == "MatMulNBits"}
     report = {}
     for out in layers:

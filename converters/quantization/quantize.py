@@ -34,6 +34,7 @@ from converters.quantization.int4 import (
     check_int4_options,
     eight_bit_layers,
     four_bit_codes,
+    matmul_weights,
     name_nodes,
     quantize_4bit,
     quiet_quantizer,
@@ -198,11 +199,13 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def _corrected(exported, proto, calibration, kind, block, accuracy_level, share, train, head, table_block):
+def _corrected(exported, proto, calibration, kind, block, accuracy_level, share, train, head, table_block, vocab):
     """int4-aware's rounding of `proto` (the smoothed graph of `exported`) with the word table's `head`
     rows in 8 bits, then one byte budget (`share` of the 4-bit codes) spent on each layer's rounding
-    error, as a low-rank correction or as 8 bits instead (correction.plan_corrections); `train` (None:
-    the closed-form fit kept) then trains the corrections. (graph, corrections' report, 8-bit layers)."""
+    error, as a low-rank correction or as 8 bits instead (correction.plan_corrections), but not on an LM's
+    head (a layer of `vocab` outputs: its rounded and corrected logits would be two more (batch, sequence,
+    V) tensors at the peak); `train` (None: the closed-form fit kept) then trains the corrections.
+    (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
     grams = input_grams(proto, calibration)
     quantized = quantize_4bit(proto, block, accuracy_level, aware=True, head=head, table_block=table_block)
@@ -210,14 +213,16 @@ def _corrected(exported, proto, calibration, kind, block, accuracy_level, share,
     outputs = {node.name: node.output[0] for node in proto.graph.node}
     nodes = {out: name for name, out in outputs.items()}
     budget = int(share * four_bit_codes(proto))
-    ranks, eight = plan_corrections(quantized, proto, grams, {outputs[n]: loss for n, loss in losses.items()}, budget)
+    logits = frozenset(outputs[name] for name, (_, n) in matmul_weights(proto.graph).items() if n == vocab)
+    layer_losses = {outputs[n]: loss for n, loss in losses.items()}
+    ranks, eight = plan_corrections(quantized, proto, grams, layer_losses, budget, logits)
     eight_bit = tuple(nodes[out] for out in eight)
     if eight_bit:
         quantized = quantize_4bit(proto, block, accuracy_level, True, eight_bit, head, table_block)
     corrected = add_corrections(quantized, proto, grams, ranks)
     if train is not None:
         corrected = train(exported, proto, corrected)
-    corrected, corrections = store_factors(corrected, proto, grams)
+    corrected, corrections = store_factors(corrected, proto, grams, kind.factor_accuracy)
     return corrected, {out: c.to_dict() for out, c in corrections.items()}, eight_bit
 
 
@@ -286,7 +291,7 @@ def quantize_onnx(
         if scheme in CORRECTED:
             kind = graph_kind(src)
             corrected, corrections, eight_bit = _corrected(
-                exported, proto, calibration, kind, block, accuracy_level, correction, train, head, table_block
+                exported, proto, calibration, kind, block, accuracy_level, correction, train, head, table_block, vocab
             )
             onnx.save_model(half_scales(share_tied_codes(corrected, tied)), str(tmp))
         elif scheme == "mixed":

@@ -21,7 +21,7 @@ from converters.quantization.correction import (
 from converters.quantization.int4 import four_bit_codes, quantize_4bit
 from converters.quantization.quantize import CORRECTED_TABLE_BLOCK, REL_TOL, quantize_onnx
 from eval.graph import make_session
-from tests.conftest import matmul_graph, write_tiny_bert
+from tests.conftest import matmul_graph, write_tiny_bert, write_tiny_lm
 
 RNG = np.random.default_rng(0)
 
@@ -110,7 +110,7 @@ def test_a_corrected_graph_holds_8_bit_factors_and_lowers_each_layer_error(tmp_p
     graph = onnx.load(str(result.path)).graph
     factors = [n for n in graph.node if n.op_type == "MatMulNBits" and "_correction_" in n.name]
     assert len(factors) == 2 * len(result.corrections)
-    assert all(_bits(n) == 8 for n in factors)
+    assert all(_bits(n) == 8 and _attrs(n).get("accuracy_level", 0) == 0 for n in factors)  # fp32 products
     plain = [i for i in graph.initializer if i.data_type == TensorProto.FLOAT and len(i.dims) == 2 and min(i.dims) > 1]
     assert not [i.name for i in plain if i.name.endswith(("_L", "_R"))]  # no fp32 factor left
     tables = {
@@ -139,3 +139,23 @@ def _bits(node) -> int:
 def _shape(graph, out):
     attrs = _attrs(next(n for n in graph.node if n.output[0] == f"{out}_rounded"))
     return attrs["K"], attrs["N"]
+
+
+def test_an_lm_head_is_left_in_4_bits_and_its_factors_multiply_int8_rows(tmp_path):
+    # an LM decodes one token a step: its factors at accuracy level 4; its head (V outputs) gets no share
+    model, _ = load_model(write_tiny_lm(tmp_path / "llama", hidden=128))
+    fp32 = export_onnx(model, tmp_path / "lm.onnx").path
+    vocab = model.get_input_embeddings().num_embeddings
+    names = ("input_ids", "attention_mask")
+    feeds = [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 4, 12, seed)))) for seed in range(4)]
+    result = quantize_onnx(fp32, tmp_path / "c.onnx", vocab, "int4-corrected", feeds, block=16, correction=0.5)
+    graph = onnx.load(str(result.path)).graph
+    head = [
+        n.output[0].removesuffix("_rounded")
+        for n in graph.node
+        if n.op_type == "MatMulNBits" and _attrs(n)["N"] == vocab
+    ]
+    assert len(head) == 1 and head[0] not in result.corrections  # the logits' layer: no correction
+    assert _bits(next(n for n in graph.node if n.output[0].removesuffix("_rounded") == head[0])) == 4  # nor 8 bits
+    factors = [n for n in graph.node if n.op_type == "MatMulNBits" and "_correction_" in n.name]
+    assert factors and all(_attrs(n)["accuracy_level"] == 4 for n in factors)
