@@ -287,7 +287,7 @@ def quantize_onnx(
             losses = four_bit_losses(proto, calibration, graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))
         corrections, table_block = None, table_block_of(scheme, block, table_block)
-        tied = {table: smoothing_of(proto.graph, table) for table in tied_pairs(proto.graph)}
+        tied = {table: smoothing_of(proto.graph, table) for table in tied_pairs(proto.graph)} if width == "int4" else {}
         if scheme in CORRECTED:
             kind = graph_kind(src)
             corrected, corrections, eight_bit = _corrected(
