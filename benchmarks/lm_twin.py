@@ -5,16 +5,15 @@ with `transformers`' `generate` on the same model holding the weights the graph 
 
 FOLDER is `compressor export MODEL --quantize int4 --out FOLDER` of a Llama-style LM (the fused graph:
 one q/k/v MatMul a layer). The twin is MODEL with every MatMulNBits weight read back from its codes
-(correction.dequantize_nbits: scale · (q − z)), the q/k/v product split into its three projections,
-and its tied table the head's (the table's rows are gathered from the head's codes,
-converters.quantization.tied_codes). The graph runs as written (MatMulNBits at accuracy level 4: the
-activations rounded to 8 bits on the fly, which no PyTorch model computes) and with the level set to 0
-(fp32 products of the same weights): 8 prompts × 32 new tokens, as benchmarks/lm_decode.py.
+(converters.kinds.fused_decoder.rounded_twin: the q/k/v product split into its three projections, the
+tied table the head's, whose codes the table's rows are gathered from). The graph runs as written
+(MatMulNBits at accuracy level 4: the activations rounded to 8 bits on the fly, which no PyTorch model
+computes) and with the level set to 0 (fp32 products of the same weights): 8 prompts × 32 new tokens,
+as benchmarks/lm_decode.py.
 """
 
 import argparse
 import json
-import re
 import tempfile
 from pathlib import Path
 
@@ -25,41 +24,11 @@ from lm_decode import NEW_TOKENS, prompts  # beside this script
 from onnx import helper
 
 from converters.checkpoint import load_model
-from converters.quantization.correction import dequantize_nbits
+from converters.kinds.fused_decoder import rounded_twin
 from eval.decode import decode_ids
 from eval.graph import make_session
 from files.model_folder import graph_in
 from texts.tokens import load_tokenizer
-
-LAYER = re.compile(
-    r"model\.layers\.(\d+)\.(attn\.qkv_proj|attn\.o_proj|mlp\.gate_proj|mlp\.up_proj|mlp\.down_proj)\.weight"
-)
-
-
-def twin_of(model, graph: onnx.GraphProto):
-    """`model` (in place) holding each weight as the 4-bit `graph` multiplies by it."""
-    layers = model.model.layers
-    for node in graph.node:
-        if node.op_type != "MatMulNBits":
-            continue
-        name = re.sub(r"_Q\d$", "", node.input[1])
-        weight = torch.from_numpy(dequantize_nbits(graph, node).T.astype(np.float32))  # (out, in)
-        if name == "model.embed_tokens.weight_transposed":
-            model.get_input_embeddings().weight.data = weight.contiguous()  # tied: the head's table too
-            continue
-        found = LAYER.fullmatch(name)
-        if found is None:
-            raise ValueError(f"{name!r}: no weight of a fused Llama-style graph")
-        i, what = int(found[1]), found[2]
-        if what == "attn.qkv_proj":
-            attn = layers[i].self_attn
-            parts = [attn.q_proj, attn.k_proj, attn.v_proj]
-            for module, part in zip(parts, weight.split([m.out_features for m in parts])):
-                module.weight.data = part.contiguous()
-        else:
-            module = layers[i].get_submodule(what.replace("attn.", "self_attn."))
-            module.weight.data = weight.contiguous()
-    return model
 
 
 def at_level(graph_path: Path, level: int, work: Path) -> Path:
@@ -84,7 +53,7 @@ def main() -> None:
     tokenizer = load_tokenizer(args.model)
     graph_path = graph_in(args.folder)
     model, _ = load_model(args.model)
-    twin = twin_of(model, onnx.load(str(graph_path)).graph).eval()
+    twin = rounded_twin(model, onnx.load(str(graph_path)).graph).eval()
     eos = twin.config.eos_token_id
     theirs = []
     for prompt in prompts(tokenizer):

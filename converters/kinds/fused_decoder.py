@@ -13,6 +13,8 @@ The attention mask must be ones after padding on the right (GroupQueryAttention 
 tokens, it does not read holes). Models outside this form (other blocks, a compressed layer, biases
 on o or the MLP, another activation) get None and the PyTorch exporter's graph."""
 
+import re
+
 import numpy as np
 import onnx
 import torch
@@ -20,10 +22,11 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from compressor.tied_logits import TiedLogits
+from converters.quantization.correction import dequantize_nbits
 from converters.quantization.int4 import TABLE_OPSET
 from eval.probe import PAST, PRESENT
 
-__all__ = ["fused_decoder"]
+__all__ = ["fused_decoder", "rounded_twin"]
 
 MS = "com.microsoft"
 
@@ -193,3 +196,39 @@ def fused_decoder(model: nn.Module, opset: int = 17) -> onnx.ModelProto | None:
     graph = helper.make_graph(nodes, "fused_decoder", inputs, outputs, initializer=weights, value_info=typed)
     opsets = [helper.make_opsetid("", max(opset, TABLE_OPSET)), helper.make_opsetid(MS, 1)]
     return helper.make_model(graph, opset_imports=opsets, producer_name="compressor")
+
+
+_LAYER = re.compile(
+    r"model\.layers\.(\d+)\.(attn\.qkv_proj|attn\.o_proj|mlp\.gate_proj|mlp\.up_proj|mlp\.down_proj)\.weight"
+)
+_TIED = "model.embed_tokens.weight_transposed"  # quantize.tied_products_as_matmul's copy of the tied table
+
+
+def rounded_twin(model: nn.Module, graph: onnx.GraphProto) -> nn.Module:
+    """`model` (in place) holding each weight as `graph`, its fused graph in plain 4 or 8 bits (`--quantize
+    int4`: no smoothing, no corrections), multiplies by: each MatMulNBits weight read back from its codes,
+    the q/k/v product split into its projections, a tied table the head's (quantization.tied_codes)."""
+    if any(n.output[0].endswith(("/smoothed", "_rounded")) for n in graph.node):
+        raise ValueError("a smoothed or corrected graph computes what no weights of this model hold")
+    codes = {n.input[1] for n in graph.node if n.op_type == "MatMulNBits"}
+    if any(n.op_type == "GatherBlockQuantized" and n.input[0] not in codes for n in graph.node):
+        raise ValueError("the table has codes of its own (an untied LM): read back here are the MatMuls' only")
+    layers = model.model.layers
+    for node in graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        name = re.sub(r"_Q\d+(G\d+)?$", "", node.input[1])
+        weight = torch.from_numpy(dequantize_nbits(graph, node).T.astype(np.float32)).contiguous()  # (out, in)
+        found = _LAYER.fullmatch(name)
+        if name in (_TIED, "lm_head.weight"):
+            (model.get_input_embeddings() if name == _TIED else model.lm_head).weight.data = weight
+        elif found is None:
+            raise ValueError(f"{name!r} is no weight of a fused Llama-style graph")
+        elif found[2] == "attn.qkv_proj":
+            attn = layers[int(found[1])].self_attn
+            parts = [attn.q_proj, attn.k_proj, attn.v_proj]
+            for module, part in zip(parts, weight.split([m.out_features for m in parts])):
+                module.weight.data = part.contiguous()
+        else:
+            layers[int(found[1])].get_submodule(found[2].replace("attn.", "self_attn.")).weight.data = weight
+    return model

@@ -70,3 +70,35 @@ def test_quantization_rounds_the_matmuls_and_keeps_the_fused_operators(fused_dir
     feed = {"input_ids": np.array([[3, 7, 11, 5]]), "attention_mask": np.ones((1, 4), np.int64)}
     logits = [make_session(p).run(["logits"], full_feed(make_session(p), feed))[0] for p in (fp32, result.path)]
     assert np.linalg.norm(logits[1] - logits[0]) / np.linalg.norm(logits[0]) < 0.2
+
+
+def test_the_int4_graph_computes_its_rounded_twin(fused_dir, tmp_path):
+    # at MatMulNBits' fp32 compute the int4 graph is the model holding the weights it multiplies by
+    import torch
+
+    from converters.export import sample_inputs
+    from converters.kinds.fused_decoder import rounded_twin
+
+    model, _ = load_model(fused_dir)
+    vocab = model.get_input_embeddings().num_embeddings
+    fp32 = export_onnx(model, tmp_path / "lm.onnx").path
+    graph_path = quantize_onnx(fp32, tmp_path / "q4.onnx", vocab, "int4", block=16, accuracy_level=0).path
+    twin = rounded_twin(load_model(fused_dir)[0], onnx.load(str(graph_path)).graph).eval()
+    ids, mask = sample_inputs(vocab, 2, 7, 0)
+    session = make_session(graph_path)
+    ours = session.run(["logits"], full_feed(session, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}))[0]
+    with torch.no_grad():
+        theirs, original = (m(input_ids=ids, attention_mask=mask).logits.numpy() for m in (twin, model))
+    scale = np.abs(original).max()
+    assert np.abs(ours - theirs).max() < 1e-4 * scale  # the same weights, fp32 summation order apart
+    assert np.abs(ours - original).max() > 1e-2 * scale  # and not the original's: 4 bits were rounded
+    with pytest.raises(ValueError, match="smoothed or corrected"):
+        aware = quantize_onnx(fp32, tmp_path / "a.onnx", vocab, "int4-aware", _feeds(vocab), block=16).path
+        rounded_twin(model, onnx.load(str(aware)).graph)
+
+
+def _feeds(vocab: int) -> list[dict]:
+    from converters.export import sample_inputs
+
+    names = ("input_ids", "attention_mask")
+    return [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 4, 12, seed)))) for seed in range(4)]
