@@ -4,11 +4,13 @@ one long fine-tune that measures along the way (not several restarted runs).
     python benchmarks/recovery_curve.py CKPT --steps 2000 --every 100 --out runs/curve
 
 CKPT is a compressed encoder checkpoint (`compressor compress … --out CKPT`); it is not changed. The
-fine-tune is `compressor finetune`'s (its defaults, the default fine-tune text); at every `--every`
-steps the student's sentence embeddings (PyTorch, mean-pooled, normalised) of the eval text (pydoc)
-and the second text (news) are compared with the original's, as the bench compares graphs. Writes
-OUT/curve.json and OUT/curve.png. The learning rate decays to 0 at the budget's end, so a point at
-step s is not what a run of s steps would give."""
+fine-tune is `compressor finetune`'s (its defaults, the default fine-tune text or `--data`, on `--device`);
+at every `--every` steps the student's sentence embeddings (PyTorch, mean-pooled, normalised) of the eval
+text (pydoc) and the second text (news), or of `--texts EVAL SECOND` (files, one passage per line, for a
+machine without them), are compared with the original's, as the bench compares graphs. Writes
+OUT/curve.json and OUT/curve.png, and with `--save DIR` the fine-tuned student as a checkpoint. The
+learning rate decays to 0 at the budget's end (`--steps`, or `--seconds` when it comes first), so a point
+at step s is not what a run of s steps would give."""
 
 import argparse
 import json
@@ -20,11 +22,13 @@ import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from converters.checkpoint import load_model, read_meta
+from converters.checkpoint import load_model, read_meta, save_compressed
+from converters.compress import CompressionReport
 from converters.finetune import finetune_
 from converters.finetune_config import FinetuneConfig
 from converters.kinds import kind_of
 from converters.pipeline.steps import finetune_texts
+from converters.plan import Plan
 from converters.registry import compact_modules
 from eval.quality import mean_pool, recall_at_k
 from texts.corpus import SECOND
@@ -34,11 +38,12 @@ from texts.tokens import encode_passages, load_tokenizer
 @torch.no_grad()
 def embeddings(model, batches) -> np.ndarray:
     model.eval()
+    device = next(model.parameters()).device
     out = []
     for feed in batches:
-        hidden = model(input_ids=feed["input_ids"], attention_mask=feed["attention_mask"]).last_hidden_state
-        pooled = mean_pool(hidden, feed["attention_mask"])
-        out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+        ids, mask = feed["input_ids"].to(device), feed["attention_mask"].to(device)
+        pooled = mean_pool(model(input_ids=ids, attention_mask=mask).last_hidden_state, mask)
+        out.append(torch.nn.functional.normalize(pooled, dim=-1).cpu().numpy())
     return np.concatenate(out)
 
 
@@ -47,6 +52,11 @@ def main() -> None:
     p.add_argument("checkpoint", type=Path)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--every", type=int, default=100)
+    p.add_argument("--seconds", type=float, default=None, help="a time budget too (default: steps alone)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--data", type=Path, default=None, help="the fine-tune text (default: the default one)")
+    p.add_argument("--texts", type=Path, nargs=2, metavar=("EVAL", "SECOND"), default=(None, None))
+    p.add_argument("--save", type=Path, default=None, help="write the fine-tuned student here as a checkpoint")
     p.add_argument("--out", type=Path, default=Path("runs/curve"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -56,8 +66,8 @@ def main() -> None:
     tokenizer = load_tokenizer(source)
     kind = kind_of(student)
     texts = {}
-    for split in ("eval", SECOND):
-        passages, where = kind.graph.passages(None, split)
+    for split, path in zip(("eval", SECOND), args.texts):
+        passages, where = kind.graph.passages(path, split)
         texts[split] = (where, encode_passages(tokenizer, passages, tensors="pt"))
     references = {split: embeddings(teacher, batches) for split, (_, batches) in texts.items()}
     points = []
@@ -73,12 +83,17 @@ def main() -> None:
         print(json.dumps(points[-1]), flush=True)
         write()
 
-    train, val, where = finetune_texts(None, kind)
-    cfg = FinetuneConfig(steps=args.steps, seconds=None, eval_every=args.every)
+    train, val, where = finetune_texts(args.data, kind)
+    cfg = FinetuneConfig(steps=args.steps, seconds=args.seconds, eval_every=args.every, device=args.device)
     measure(0, float("nan"), student)
     report = finetune_(student, teacher, tokenizer, train, val, cfg, tuple(compact_modules().values()), on_eval=measure)
     points[0]["validation"] = report.start_val_cosine  # the last point is the budget's last validation
     write()
+    print(f"{report.steps} steps in {report.seconds:.0f} s on {report.device}: {report.steps_per_second:.2f} steps/s")
+    if args.save is not None:
+        meta = read_meta(args.checkpoint)
+        plan, made = Plan.from_dict(meta["plan"]), CompressionReport(**meta["report"])
+        save_compressed(student, plan, made, source, args.save, finetune=report.to_dict())
 
     fig = Figure(figsize=(7, 4))
     FigureCanvasAgg(fig)
@@ -89,7 +104,7 @@ def main() -> None:
     ax.plot(steps, [q["validation"] for q in points], linestyle="--", label="validation cosine (fit text)")
     ax.set_xlabel(f"fine-tune step (batch {cfg.batch_size or kind.finetune_batch}, {where.split(' (')[0][:40]}…)")
     ax.set_ylabel("against the original")
-    ax.set_title(f"{args.checkpoint.name}: one {args.steps}-step fine-tune, 2 CPU cores")
+    ax.set_title(f"{args.checkpoint.name}: one {report.steps}-step fine-tune on {report.device}")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -1,9 +1,10 @@
 """What a machine without network needs to fine-tune a compressed checkpoint there (a GPU lent for
 minutes, reached by copying at most PACK_LIMIT bytes): the original model in bf16 safetensors with its
-config and tokenizer, the plan, the calibration and fine-tune texts, the project's own wheel (and any
-other the machine lacks), and `run.sh`, which installs the wheels, compresses the original by the plan
-there and fine-tunes it, writing the checkpoint under $OUT. The student is made there rather than
-carried: the original in bf16 and a plan are smaller than both models."""
+config and tokenizer, the plan, the calibration and fine-tune texts, the token-frequency prior (saved: the
+machine may lack wordfreq), the project's own wheel (and any other the machine lacks), and `run.sh`, which
+installs the wheels, compresses the original by the plan there and fine-tunes it, writing the checkpoint
+under $OUT. The student is made there rather than carried: the original in bf16 and a plan are smaller
+than both models."""
 
 import json
 import shutil
@@ -20,6 +21,8 @@ from converters.checkpoint import load_model, read_meta
 from converters.kinds import kind_named
 from files.atomic import atomic_dir
 from files.model_folder import copy_source_files
+from texts.prior import save_prior, token_prior
+from texts.tokens import load_tokenizer
 
 __all__ = ["PACK_LIMIT", "RUN_SCRIPT", "pack_finetune", "folder_bytes"]
 
@@ -31,7 +34,7 @@ set -e
 cd "$(dirname "$0")"
 OUT="${{OUT:-out}}"
 python -m pip install --quiet --no-deps --no-index wheels/*.whl
-compressor compress original --plan plan.json --calib calib.txt --out "$OUT/checkpoint"
+compressor compress original --plan plan.json --calib calib.txt --freq-prior prior.safetensors --out "$OUT/checkpoint"
 compressor finetune "$OUT/checkpoint" --data finetune.txt --time "${{SECONDS_BUDGET:-{seconds:g}}}"
 """
 PROJECT = Path(__file__).resolve().parents[1]  # where pyproject.toml is, for the project's wheel
@@ -42,13 +45,14 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
 
 
-def _write_original(source: Path, folder: Path) -> None:
-    """The original's weights in bf16 safetensors beside its config and tokenizer files."""
+def _write_original(source: Path, folder: Path) -> int:
+    """The original's weights in bf16 safetensors beside its config and tokenizer files; its vocabulary's size."""
     model, _ = load_model(source)
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     folder.mkdir(parents=True)
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     copy_source_files(source, folder)
+    return model.get_input_embeddings().num_embeddings
 
 
 def _source_copy(work: Path) -> Path:
@@ -96,7 +100,8 @@ def pack_finetune(
     calib, _ = graph.passages(None, "calib")
     tune, _ = graph.passages(None, "finetune", minimum=2)
     with atomic_dir(Path(out)) as tmp:
-        _write_original(source, tmp / "original")
+        vocab = _write_original(source, tmp / "original")
+        save_prior(tmp / "prior.safetensors", token_prior(load_tokenizer(source), vocab))
         (tmp / "plan.json").write_text(json.dumps(meta["plan"], indent=1))
         (tmp / "calib.txt").write_text("\n".join(p.replace("\n", " ") for p in calib[:1024]) + "\n")
         (tmp / "finetune.txt").write_text("\n".join(p.replace("\n", " ") for p in tune) + "\n")

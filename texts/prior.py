@@ -6,18 +6,32 @@ every token of it; blended with the calibration counts c (N = Σ c tokens) as
     c' = (1 − λ) c + λ N p,
 
 so a token the calibration text never holds still weighs λ N p, and c' sums to N as c does
-(`converters.calibration.Calibration.with_prior`)."""
+(`converters.calibration.Calibration.with_prior`). A prior can also be saved and read back from a
+safetensors file (`save_prior`), for a machine without wordfreq (what `compressor pack` carries)."""
 
 import importlib.util
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from compressor.errors import CompressorError
 
-__all__ = ["PRIORS", "PRIOR_WEIGHT", "PRIOR_WORDS", "check_prior", "check_wordfreq", "token_prior"]
+__all__ = [
+    "PRIORS",
+    "PRIOR_WEIGHT",
+    "PRIOR_WORDS",
+    "check_prior",
+    "check_wordfreq",
+    "prior_for",
+    "prior_said",
+    "save_prior",
+    "token_prior",
+]
 
-PRIORS = ("wordfreq", "none")
+PRIORS = ("wordfreq", "none")  # or the path of a saved prior's .safetensors file
 PRIOR_WEIGHT = 0.5  # λ: measured in BENCHMARKS.md ("A general-English prior")
 PRIOR_WORDS = 50_000  # the most frequent English words wordfreq lists
 
@@ -30,8 +44,13 @@ def check_wordfreq(instead: str) -> None:
 
 def check_prior(prior: str, weight: float) -> None:
     """Before any work: a known prior, its package installed, a weight in [0, 1]."""
-    if prior not in PRIORS:
-        raise CompressorError(f"a frequency prior is one of {', '.join(PRIORS)}, got {prior!r}")
+    saved = prior.endswith(".safetensors")
+    if prior not in PRIORS and not saved:
+        raise CompressorError(
+            f"a frequency prior is one of {', '.join(PRIORS)} or a saved prior's .safetensors file, got {prior!r}"
+        )
+    if saved and not Path(prior).is_file():
+        raise CompressorError(f"the saved frequency prior {prior!r} does not exist")
     if not 0 <= weight <= 1:
         raise CompressorError(f"the prior's blend weight must lie in [0, 1], got {weight!r}")
     if prior == "wordfreq":
@@ -53,3 +72,26 @@ def token_prior(tokenizer, vocab: int, words: int = PRIOR_WORDS) -> Tensor:
     if not prior.sum() > 0:
         raise CompressorError("the tokenizer maps no English word into the model's vocabulary: no prior to blend")
     return prior / prior.sum()
+
+
+def save_prior(path: Path, prior: Tensor) -> None:
+    save_file({"prior": prior.to(torch.float64).contiguous()}, str(path))
+
+
+def prior_for(prior: str, tokenizer, vocab: int) -> Tensor:
+    """The prior `prior` names (checked by check_prior): wordfreq's through `tokenizer`, or a saved one,
+    which must be a distribution over the model's `vocab` tokens."""
+    if prior == "wordfreq":
+        return token_prior(tokenizer, vocab)
+    try:
+        saved = load_file(prior).get("prior")
+    except (SafetensorError, OSError) as e:
+        raise CompressorError(f"the saved frequency prior {prior!r} cannot be read: {e}") from None
+    if saved is None or saved.shape != (vocab,) or not abs(float(saved.sum()) - 1) < 1e-6:
+        raise CompressorError(f"{prior!r} is not a frequency prior over this model's {vocab:,} tokens")
+    return saved.to(torch.float64)
+
+
+def prior_said(prior: str) -> str:
+    """How a report names the prior: wordfreq's frequencies, or the saved file's."""
+    return "wordfreq's English word frequencies" if prior == "wordfreq" else f"the saved prior {prior!r}"

@@ -125,11 +125,11 @@ def prior_options(p: argparse.ArgumentParser) -> None:
     """The token-frequency prior of the data-aware methods (texts.prior)."""
     p.add_argument(
         "--freq-prior",
-        choices=PRIORS,
         default=PRIORS[0],
         help="token frequencies for the dense head and the row weights: the calibration counts blended with "
         "general-English word frequencies (the wordfreq package) pushed through the model's tokenizer, so tokens "
-        "the calibration text lacks still count; none: the calibration counts alone (default: wordfreq)",
+        "the calibration text lacks still count; none: the calibration counts alone; or a saved prior's "
+        ".safetensors file, as `compressor pack` carries for a machine without wordfreq (default: wordfreq)",
     )
     p.add_argument(
         "--prior-weight",

@@ -20,7 +20,7 @@ from converters.loading import available_memory
 from converters.pipeline.say import say
 from converters.quantization.quantize import CALIBRATED, CALIBRATION_PASSAGES
 from converters.spec import MethodSpec, TextSpec
-from texts.prior import token_prior
+from texts.prior import prior_for, prior_said
 from texts.tokens import encode_passages, load_tokenizer
 
 __all__ = ["quantize_calibration", "calibration", "token_frequencies"]
@@ -69,11 +69,11 @@ def calibration(
     say(f"token counts: all {len(every):,} passages of the calibration text, {calib.tokens:,} tokens")
     if spec.freq_prior == "none" or spec.prior_weight == 0:
         return calib
-    prior = token_prior(tokenizer, calib.counts.numel())
+    prior = prior_for(spec.freq_prior, tokenizer, calib.counts.numel())
     seen = int((calib.counts > 0).sum())
     say(
-        f"token frequencies: the calibration counts ({seen:,} distinct tokens) blended with {spec.freq_prior}'s "
-        f"English word frequencies ({int((prior > 0).sum()):,} tokens) at weight {spec.prior_weight:g}"
+        f"token frequencies: the calibration counts ({seen:,} distinct tokens) blended with "
+        f"{prior_said(spec.freq_prior)} ({int((prior > 0).sum()):,} tokens) at weight {spec.prior_weight:g}"
     )
     return calib.with_prior(prior, spec.prior_weight)
 
@@ -90,8 +90,8 @@ def token_frequencies(
     say(f"token counts: every passage of {where}, {counts.tokens:,} tokens")
     if freq_prior == "none" or prior_weight == 0:
         return counts
-    say(f"token frequencies: blended with {freq_prior}'s English word frequencies at weight {prior_weight:g}")
-    return counts.with_prior(token_prior(tokenizer, vocab), prior_weight)
+    say(f"token frequencies: blended with {prior_said(freq_prior)} at weight {prior_weight:g}")
+    return counts.with_prior(prior_for(freq_prior, tokenizer, vocab), prior_weight)
 
 
 def _in_mib_or_gib(size: int) -> str:

@@ -3,6 +3,7 @@ the project's wheel), stays under its limit or is not written, and its commands 
 compressed by the plan there and fine-tuned."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ def packed(tiny_bert_dir, tmp_path_factory):
     from converters.cli import main
 
     root = tmp_path_factory.mktemp("pack")
-    assert main(["compress", str(tiny_bert_dir), "--rank", "4", "--kind", "plain", "--out", str(root / "ckpt")]) == 0
+    assert main(["compress", str(tiny_bert_dir), "--rank", "4", "--fit", "aware", "--out", str(root / "ckpt")]) == 0
     size = pack_finetune(root / "ckpt", root / "pack", 60.0)
     return root, size
 
@@ -27,12 +28,13 @@ def test_the_pack_holds_what_run_sh_reads(tiny_bert_dir, packed):
     root, size = packed
     pack = root / "pack"
     names = {p.name for p in pack.iterdir()}
-    assert names == {"original", "plan.json", "calib.txt", "finetune.txt", "wheels", "run.sh"}
+    assert names == {"original", "plan.json", "calib.txt", "finetune.txt", "prior.safetensors", "wheels", "run.sh"}
     assert [w.name.split("-")[0] for w in (pack / "wheels").iterdir()] == ["compressor"]
     assert size == folder_bytes(pack) <= PACK_LIMIT
     assert json.loads((pack / "plan.json").read_text()) == read_meta(root / "ckpt")["plan"]
     script = (pack / "run.sh").read_text()
-    assert "compressor compress original --plan plan.json --calib calib.txt" in script and "--time" in script
+    assert "compress original --plan plan.json --calib calib.txt --freq-prior prior.safetensors" in script
+    assert "--time" in script
     original, _ = load_model(tiny_bert_dir)
     carried, _ = load_model(pack / "original")  # stored in bf16, loaded in float32
     assert next(carried.parameters()).dtype == torch.float32
@@ -40,13 +42,13 @@ def test_the_pack_holds_what_run_sh_reads(tiny_bert_dir, packed):
         assert torch.allclose(a, b, rtol=2**-8, atol=1e-6), name  # bf16 keeps 8 bits of each weight
 
 
-def test_run_sh_s_commands_compress_and_fine_tune(packed, capsys):
+def test_run_sh_s_commands_compress_and_fine_tune_without_wordfreq(packed, capsys, monkeypatch):
     root, _ = packed
     pack, out = root / "pack", root / "there"
-    code, _, err = run_cli(
-        capsys, "compress", pack / "original", "--plan", pack / "plan.json", "--calib", pack / "calib.txt", "--out", out
-    )
-    assert code == 0, err
+    monkeypatch.setitem(sys.modules, "wordfreq", None)  # the machine lacks it: the saved prior is read instead
+    calib = ("--calib", pack / "calib.txt", "--freq-prior", pack / "prior.safetensors")
+    code, _, err = run_cli(capsys, "compress", pack / "original", "--plan", pack / "plan.json", *calib, "--out", out)
+    assert code == 0 and "blended with the saved prior" in err, err
     code, _, err = run_cli(capsys, "finetune", out, "--data", pack / "finetune.txt", "--steps", 2)
     assert code == 0 and "2 steps" in err, err
 

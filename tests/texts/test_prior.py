@@ -11,7 +11,7 @@ from converters.checkpoint import load_model
 from converters.cli import build_parser
 from converters.cli.specs import finetune_config, method_spec, text_spec
 from converters.pipeline.steps import check_method_options
-from texts.prior import check_prior, token_prior
+from texts.prior import check_prior, prior_for, save_prior, token_prior
 from texts.tokens import load_tokenizer
 
 CODE_WORDS = ["def", "class", "return", "import", "while", "loop", "dict", "list"]
@@ -61,7 +61,12 @@ def test_the_head_holds_the_commonest_english_tokens_the_calibration_text_lacks(
 
 @pytest.mark.parametrize(
     "prior, weight, message",
-    [("zipf", 0.5, "one of wordfreq, none"), ("wordfreq", 1.5, r"\[0, 1\]"), ("none", -0.1, r"\[0, 1\]")],
+    [
+        ("zipf", 0.5, "one of wordfreq, none or a saved prior"),
+        ("wordfreq", 1.5, r"\[0, 1\]"),
+        ("none", -0.1, r"\[0, 1\]"),
+        ("missing.safetensors", 0.5, "does not exist"),
+    ],
 )
 def test_bad_prior_options_are_refused(prior, weight, message):
     with pytest.raises(CompressorError, match=message):
@@ -87,3 +92,16 @@ def _specs(*argv: str):
 def test_a_missing_calibration_text_is_refused_before_any_work(tmp_path):
     with pytest.raises(CompressorError, match="does not exist"):
         check_method_options(*_specs("run", "--method", "lowrank", "--keep", "0.25", "--calib", str(tmp_path / "no")))
+
+
+def test_a_saved_prior_reads_back_as_wordfreq_s_and_must_fit_the_vocabulary(tokenizer, tmp_path):
+    prior = token_prior(tokenizer, tokenizer.vocab_size)
+    save_prior(tmp_path / "prior.safetensors", prior)
+    path = str(tmp_path / "prior.safetensors")
+    check_prior(path, 0.5)
+    assert torch.equal(prior_for(path, tokenizer, tokenizer.vocab_size), prior)  # float64 kept bit for bit
+    with pytest.raises(CompressorError, match="not a frequency prior over this model's"):
+        prior_for(path, tokenizer, tokenizer.vocab_size + 1)
+    (tmp_path / "cut.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(CompressorError, match="cannot be read"):
+        prior_for(str(tmp_path / "cut.safetensors"), tokenizer, tokenizer.vocab_size)
