@@ -1,8 +1,9 @@
 """Our cached LM graphs against ONNX Runtime GenAI's (its model builder's graph, run by its own
-generator): the time per generated token at batch 1, taking turns, and the greedy tokens against
-the fp32 graph's.
+generator) and llama.cpp's (a GGUF file): the time per generated token at batch 1, taking turns, and the
+greedy tokens against the fp32 graph's.
 
-    python benchmarks/lm_against_genai.py --ours FOLDER [FOLDER …] --genai FOLDER [FOLDER …] [--json OUT]
+    python benchmarks/lm_against_genai.py --ours FOLDER [FOLDER …] [--genai FOLDER …]
+        [--gguf FILE --llama-python V/bin/python] [--json OUT]
 
 The first of --ours is the reference of the greedy comparison (the fp32 graph). onnxruntime-genai is
 not a dependency of the project: install it beside (`pip install --target DIR onnxruntime-genai
@@ -10,10 +11,12 @@ not a dependency of the project: install it beside (`pip install --target DIR on
 -i runs/lm/smollm2 -o GENAI_FOLDER -p int4 -e cpu`; a fused decoder's folder of ours holds a
 genai_config.json (files.genai_config), so --genai runs it by GenAI's generator too. Contexts are the
 first tokens of the LM eval text; each graph takes one prefill and DECODE_TOKENS steps in turn, the first
-round a warm-up."""
+round a warm-up. llama.cpp runs in its own interpreter (benchmarks/llamacpp_decode.py says how to make one),
+fed the same token ids over a pipe."""
 
 import argparse
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -56,6 +59,23 @@ def genai_run(model, context: np.ndarray, new_tokens: int) -> tuple[DecodeTimes,
     return DecodeTimes(prefill, steps), list(generator.get_sequence(0))[len(context) :]
 
 
+class LlamaCpp:
+    """llama.cpp's decoding of `gguf`, in the interpreter `python` (benchmarks/llamacpp_decode.py)."""
+
+    def __init__(self, python: Path, gguf: Path):
+        worker = Path(__file__).with_name("llamacpp_decode.py")
+        command = [str(python), str(worker), str(gguf), "--threads", str(THREADS)]
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        json.loads(self.process.stdout.readline())  # {"ready": true} once the model is loaded
+
+    def run(self, context: np.ndarray, steps: int) -> tuple[DecodeTimes, list[int]]:
+        """Its prefill of `context` and `steps` greedy steps: their times, and the steps + 1 tokens picked."""
+        self.process.stdin.write(json.dumps({"context": [int(i) for i in context], "steps": steps}) + "\n")
+        self.process.stdin.flush()
+        answer = json.loads(self.process.stdout.readline())
+        return DecodeTimes(answer["prefill_ms"], answer["step_ms"]), answer["tokens"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ours", nargs="+", type=Path, required=True, help="model folders; the first is fp32")
@@ -63,17 +83,22 @@ def main() -> None:
         "--genai",
         type=Path,
         nargs="+",
-        required=True,
+        default=[],
         help="folders run by onnxruntime-genai's generator: its model builder's, or ours with genai_config.json",
     )
+    p.add_argument("--gguf", type=Path, nargs="+", default=[], help="GGUF files run by llama.cpp")
+    p.add_argument("--llama-python", type=Path, default=None, help="an interpreter with llama-cpp-python")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    if args.gguf and args.llama_python is None:
+        p.error("--gguf runs in an interpreter with llama-cpp-python: give it with --llama-python")
     tokenizer = load_tokenizer(args.ours[0])
     passages, _ = CAUSAL_LM.passages(None, "eval")
     stream = np.array([i for t in passages for i in tokenizer(t)["input_ids"]], dtype=np.int64)
     sessions = {str(f): make_session(graph_in(f), threads=THREADS) for f in args.ours}
     models = {f"genai:{f}": genai_model(f) for f in args.genai}
-    names = [*sessions, *models]
+    llamas = {f"llama.cpp:{f.name}": LlamaCpp(args.llama_python, f) for f in args.gguf}
+    names = [*sessions, *models, *llamas]
 
     prompts = [ids[:PROMPT_TOKENS] for t in passages if len(ids := tokenizer(t)["input_ids"]) >= PROMPT_TOKENS]
     greedy = {name: [] for name in names}
@@ -82,6 +107,8 @@ def main() -> None:
             greedy[name].append(decode_ids(session, np.array(prompt), DECODE_TOKENS))
         for name, model in models.items():
             greedy[name].append(genai_run(model, np.array(prompt), DECODE_TOKENS)[1])
+        for name, llama in llamas.items():
+            greedy[name].append(llama.run(np.array(prompt), DECODE_TOKENS - 1)[1])
     reference = greedy[names[0]]
     result = {"greedy": {}, "decode": {name: {} for name in names}}
     for name in names:
@@ -102,6 +129,8 @@ def main() -> None:
             for name in names:
                 if name in models:
                     times = genai_run(models[name], context, DECODE_TOKENS)[0]
+                elif name in llamas:
+                    times = llamas[name].run(context, DECODE_TOKENS)[0]
                 else:
                     times = decode_times(sessions[name], context, DECODE_TOKENS)
                 if round_:

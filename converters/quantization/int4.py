@@ -33,6 +33,7 @@ from onnx import version_converter
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
+from converters.quantization.grid import grid_matmuls
 from converters.quantization.table_head import TAIL_SUFFIX, eight_bit_gather, split_table, word_table
 from eval.graph import make_session
 
@@ -122,7 +123,7 @@ def quantize_matmuls(
     """`model` (named nodes, changed in place) with its MatMul weights in MatMulNBits: all of them,
     or `only` those; `eight_bit` of them (aware only) in 8 bits. ONNX Runtime 1.32's k-quant packs
     the 4-bit zero points of a weight with an odd number of blocks along K wrongly (it fails), so
-    those take asymmetric round-to-nearest instead."""
+    those take asymmetric round-to-nearest instead, as do weights already on a 4-bit grid (grid.py)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         KQuantWeightOnlyQuantConfig,
@@ -139,9 +140,10 @@ def quantize_matmuls(
 
     if aware:
         odd = {n for n in names if -(-shapes[n][0] // block) % 2}
+        nearest = odd | grid_matmuls(model, block, names - odd)  # weights on a 4-bit grid keep it (grid.py)
         eight = set(eight_bit)
         kquant = KQuantWeightOnlyQuantConfig(customized_weight_config={n: {"bits": 8} for n in eight_bit})
-        passes = [(kquant, names - odd), (rtn(4), odd - eight), (rtn(8), odd & eight)]
+        passes = [(kquant, names - nearest), (rtn(4), nearest - eight), (rtn(8), nearest & eight)]
     else:
         passes = [(rtn(4), names)]
     for config, chosen in passes:

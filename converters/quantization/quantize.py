@@ -26,6 +26,7 @@ from converters.quantization.correction import (
     plan_corrections,
     store_factors,
 )
+from converters.quantization.grid import off_grid
 from converters.quantization.half_scales import half_scales
 from converters.quantization.int4 import (
     INT4_ACCURACY,
@@ -279,9 +280,10 @@ def quantize_onnx(
         proto = tied_products_as_matmul(onnx.load(str(src)))
         del proto.metadata_props[:]
         exported = proto
-        if scheme in SMOOTHING:
-            proto = smooth(proto, activation_absmax(proto, calibration), SMOOTHING[scheme])
         width, eight_bit = scheme.split("-")[0], ()
+        if scheme in SMOOTHING:  # at 4 bits not an activation whose weights sit on a 4-bit grid (grid.py)
+            absmax = activation_absmax(proto, calibration)
+            proto = smooth(proto, off_grid(proto, absmax, block) if width == "int4" else absmax, SMOOTHING[scheme])
         head = frequent_ids(calibration, vocab, table_head) if scheme in HEAD_SCHEMES else None
         if scheme == "int4-aware":
             losses = four_bit_losses(proto, calibration, graph_kind(src), block, accuracy_level)
