@@ -1,11 +1,15 @@
 """Weights already on a 4-bit grid: a checkpoint dequantized from a 4-bit file (SmolLM2 from its Q4_1
 GGUF) holds, in each block of `block` weights along K, at most 16 evenly spaced values w = m + d·q,
-q ∈ 0…15. Smoothing would scale its rows off that grid, and k-quant's search moves the scale off d;
-asymmetric round-to-nearest keeps the scale d and misses only the minimum's offset from the integer zero
-point z, W − Q = m + d·z: one value per block and column, an error of rank ≤ K / block, which a low-rank
-correction of that rank takes whole (converters.quantization.correction). (ONNX Runtime's asymmetric range
-takes in 0, so a block of one sign only is rounded on another step; every block of SmolLM2's holds both.) So the data-aware 4-bit schemes
-neither smooth an activation that feeds such a weight nor search its scale."""
+q ∈ 0…15. Smoothing would scale its rows off that grid. Asymmetric round-to-nearest keeps the step d
+and misses only the minimum's offset from the integer zero point z, W − Q = m + d·z: one value per block
+and column, an error of rank ≤ K / block, which a low-rank correction of that rank takes whole
+(converters.quantization.correction); k-quant's search finds d on nearly every block, not all (on
+SmolLM2 its error keeps 0.2–0.3% of its energy beyond rank K/32, round-to-nearest's 0.03–0.09%).
+ONNX Runtime's asymmetric range takes in 0, so a block of one sign only is rounded on another step;
+every block of SmolLM2's holds both.
+So the corrected schemes neither smooth an activation that feeds such a weight nor search its scale;
+int4-aware, which has no correction to take the offset, keeps its own rounding (on SmolLM2 it measured
+better so: BENCHMARKS.md, "Weights on a 4-bit grid")."""
 
 import numpy as np
 import onnx

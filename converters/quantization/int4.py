@@ -118,12 +118,13 @@ def matmul_weights(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
 
 
 def quantize_matmuls(
-    model: onnx.ModelProto, block: int, accuracy_level: int, aware: bool, only=None, eight_bit=()
+    model: onnx.ModelProto, block: int, accuracy_level: int, aware: bool, only=None, eight_bit=(), keep_grid=False
 ) -> onnx.ModelProto:
     """`model` (named nodes, changed in place) with its MatMul weights in MatMulNBits: all of them,
     or `only` those; `eight_bit` of them (aware only) in 8 bits. ONNX Runtime 1.32's k-quant packs
     the 4-bit zero points of a weight with an odd number of blocks along K wrongly (it fails), so
-    those take asymmetric round-to-nearest instead, as do weights already on a 4-bit grid (grid.py)."""
+    those take asymmetric round-to-nearest instead, as do, with `keep_grid` (for the corrected schemes),
+    weights already on a 4-bit grid (grid.py)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         KQuantWeightOnlyQuantConfig,
@@ -140,7 +141,7 @@ def quantize_matmuls(
 
     if aware:
         odd = {n for n in names if -(-shapes[n][0] // block) % 2}
-        nearest = odd | grid_matmuls(model, block, names - odd)  # weights on a 4-bit grid keep it (grid.py)
+        nearest = odd | (grid_matmuls(model, block, names - odd) if keep_grid else set())
         eight = set(eight_bit)
         kquant = KQuantWeightOnlyQuantConfig(customized_weight_config={n: {"bits": 8} for n in eight_bit})
         passes = [(kquant, names - nearest), (rtn(4), nearest - eight), (rtn(8), nearest & eight)]
@@ -205,25 +206,32 @@ def quantize_4bit(
     eight_bit: tuple[str, ...] = (),
     head: np.ndarray | None = None,
     table_block: int | None = None,
+    keep_grid: bool = False,
 ) -> onnx.ModelProto:
     """A copy of `model` with 4-bit MatMul weights and tables (module docstring); `aware` picks the
     int4-aware rounding (k-quant and asymmetric tables) over symmetric round-to-nearest, and with
-    it the MatMul nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits;
-    the tables in blocks of `table_block` (None: `block`)."""
+    it the MatMul nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits,
+    and with `keep_grid` weights on a 4-bit grid keep it (grid.py); the tables in blocks of `table_block`
+    (None: `block`)."""
     check_int4_options(block, accuracy_level)
     if (eight_bit or head is not None) and not aware:
         raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")
     model = copy.deepcopy(model)
     name_nodes(model.graph)
-    model = quantize_matmuls(model, block, accuracy_level, aware, eight_bit=eight_bit)
+    model = quantize_matmuls(model, block, accuracy_level, aware, eight_bit=eight_bit, keep_grid=keep_grid)
     return quantize_tables(model, table_block or block, aware, head=head)
 
 
 def layer_losses(
-    model: onnx.ModelProto, feeds: list[dict], kind, block: int = INT4_BLOCK, accuracy_level: int = INT4_ACCURACY
+    model: onnx.ModelProto,
+    feeds: list[dict],
+    kind,
+    block: int = INT4_BLOCK,
+    accuracy_level: int = INT4_ACCURACY,
+    keep_grid: bool = False,
 ) -> dict[str, float]:
     """MatMul node name → the graph kind's loss (`kind.loss`) of the output when that layer alone
-    is in 4 bits (k-quant), against `model`'s own output on `feeds`."""
+    is in 4 bits (k-quant; `keep_grid`: as quantize_matmuls), against `model`'s own output on `feeds`."""
     check_int4_options(block, accuracy_level)
     model = copy.deepcopy(model)
     name_nodes(model.graph)
@@ -233,7 +241,8 @@ def layer_losses(
         reference = kind.represent(make_session(path, threads=2), feeds)
         losses = {}
         for name in tqdm(matmul_weights(model.graph), desc="int4-aware: each layer's 4-bit loss", leave=False):
-            onnx.save_model(quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True, only={name}), str(path))
+            alone = quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True, {name}, keep_grid=keep_grid)
+            onnx.save_model(alone, str(path))
             losses[name] = kind.loss(reference, kind.represent(make_session(path, threads=2), feeds, reference))
     return losses
 

@@ -202,15 +202,16 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 def _corrected(exported, proto, calibration, kind, block, accuracy_level, share, train, head, table_block, vocab):
     """int4-aware's rounding of `proto` (the smoothed graph of `exported`) with the word table's `head`
-    rows in 8 bits, then one byte budget (`share` of the 4-bit codes) spent on each layer's rounding
-    error, as a low-rank correction or as 8 bits instead (correction.plan_corrections), but not on an LM's
-    head (a layer of `vocab` outputs: its rounded and corrected logits would be two more (batch, sequence,
-    V) tensors at the peak); `train` (None: the closed-form fit kept) then trains the corrections.
-    (graph, corrections' report, 8-bit layers)."""
+    rows in 8 bits (but weights on a 4-bit grid keep it: grid.py), then one byte budget (`share` of the
+    4-bit codes) spent on each layer's rounding error, as a low-rank correction or as 8 bits instead
+    (correction.plan_corrections), but not on an LM's head (a layer of `vocab` outputs: its rounded and
+    corrected logits would be two more (batch, sequence, V) tensors at the peak); `train` (None: the
+    closed-form fit kept) then trains the corrections. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
     grams = input_grams(proto, calibration)
-    quantized = quantize_4bit(proto, block, accuracy_level, aware=True, head=head, table_block=table_block)
-    losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized)
+    rounding = {"aware": True, "head": head, "table_block": table_block, "keep_grid": True}  # grid.py
+    quantized = quantize_4bit(proto, block, accuracy_level, **rounding)
+    losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized, keep_grid=True)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
     nodes = {out: name for name, out in outputs.items()}
     budget = int(share * four_bit_codes(proto))
@@ -219,7 +220,7 @@ def _corrected(exported, proto, calibration, kind, block, accuracy_level, share,
     ranks, eight = plan_corrections(quantized, proto, grams, layer_losses, budget, logits)
     eight_bit = tuple(nodes[out] for out in eight)
     if eight_bit:
-        quantized = quantize_4bit(proto, block, accuracy_level, True, eight_bit, head, table_block)
+        quantized = quantize_4bit(proto, block, accuracy_level, eight_bit=eight_bit, **rounding)
     corrected = add_corrections(quantized, proto, grams, ranks)
     if train is not None:
         corrected = train(exported, proto, corrected)
@@ -281,9 +282,9 @@ def quantize_onnx(
         del proto.metadata_props[:]
         exported = proto
         width, eight_bit = scheme.split("-")[0], ()
-        if scheme in SMOOTHING:  # at 4 bits not an activation whose weights sit on a 4-bit grid (grid.py)
+        if scheme in SMOOTHING:  # for the corrected, not an activation whose weights sit on a 4-bit grid (grid.py)
             absmax = activation_absmax(proto, calibration)
-            proto = smooth(proto, off_grid(proto, absmax, block) if width == "int4" else absmax, SMOOTHING[scheme])
+            proto = smooth(proto, off_grid(proto, absmax, block) if scheme in CORRECTED else absmax, SMOOTHING[scheme])
         head = frequent_ids(calibration, vocab, table_head) if scheme in HEAD_SCHEMES else None
         if scheme == "int4-aware":
             losses = four_bit_losses(proto, calibration, graph_kind(src), block, accuracy_level)

@@ -1,5 +1,5 @@
 """Weights already on a 4-bit grid (a checkpoint dequantized from a 4-bit file): they are told from
-others; the data-aware rounding keeps their scale, so its error is constant in each block and a
+others; the corrected schemes' rounding keeps their scale, so its error is constant in each block and a
 correction of rank K / block takes it whole; an activation that feeds one is not smoothed."""
 
 import numpy as np
@@ -42,7 +42,7 @@ def test_its_rounding_error_is_constant_in_each_block_and_a_rank_k_over_block_co
     weight = q4_1(k, n)
     model = matmul_graph(weight)
     assert grid_matmuls(model, BLOCK) == {"mm"}
-    quantized = quantize_4bit(model, block=BLOCK, accuracy_level=0, aware=True)
+    quantized = quantize_4bit(model, block=BLOCK, accuracy_level=0, aware=True, keep_grid=True)
     (node,) = [x for x in quantized.graph.node if x.op_type == "MatMulNBits"]
     error = weight.astype(np.float64) - dequantize_nbits(quantized.graph, node)
     blocks = error.reshape(k // BLOCK, BLOCK, n)
@@ -51,7 +51,7 @@ def test_its_rounding_error_is_constant_in_each_block_and_a_rank_k_over_block_co
     left, right, _ = error_factors(error, torch.eye(k, dtype=torch.float64), k // BLOCK)
     assert np.abs(left.astype(np.float64) @ right - error).max() <= 1e-5 * np.abs(error).max()
     trained = matmul_graph(RNG.standard_normal((k, n)).astype(np.float32) * 0.05)  # k-quant: spread over the block
-    rounded = quantize_4bit(trained, block=BLOCK, accuracy_level=0, aware=True)
+    rounded = quantize_4bit(trained, block=BLOCK, accuracy_level=0, aware=True, keep_grid=True)
     (node,) = [x for x in rounded.graph.node if x.op_type == "MatMulNBits"]
     spread = numpy_helper.to_array(trained.graph.initializer[0]) - dequantize_nbits(rounded.graph, node)
     assert np.abs(spread.reshape(k // BLOCK, BLOCK, n) - spread.reshape(k // BLOCK, BLOCK, n)[:, :1]).max() > 1e-3
