@@ -92,6 +92,9 @@ def main() -> None:
     args = p.parse_args()
     if args.gguf and args.llama_python is None:
         p.error("--gguf runs in an interpreter with llama-cpp-python: give it with --llama-python")
+    for gguf in args.gguf:
+        if not gguf.is_file():
+            p.error(f"{str(gguf)!r} is not a file")
     tokenizer = load_tokenizer(args.ours[0])
     passages, _ = CAUSAL_LM.passages(None, "eval")
     stream = np.array([i for t in passages for i in tokenizer(t)["input_ids"]], dtype=np.int64)

@@ -51,6 +51,8 @@ def check_prior(prior: str, weight: float) -> None:
         )
     if saved and not Path(prior).is_file():
         raise CompressorError(f"the saved frequency prior {prior!r} does not exist")
+    if saved:
+        _saved_prior(prior)
     if not 0 <= weight <= 1:
         raise CompressorError(f"the prior's blend weight must lie in [0, 1], got {weight!r}")
     if prior == "wordfreq":
@@ -83,12 +85,20 @@ def prior_for(prior: str, tokenizer, vocab: int) -> Tensor:
     which must be a distribution over the model's `vocab` tokens."""
     if prior == "wordfreq":
         return token_prior(tokenizer, vocab)
+    saved = _saved_prior(prior)
+    if saved.shape != (vocab,):
+        raise CompressorError(f"{prior!r} is a frequency prior over {len(saved):,} tokens, not this model's {vocab:,}")
+    return saved
+
+
+def _saved_prior(path: str) -> Tensor:
+    """The distribution (float64) a saved prior's file holds; one sentence if it holds none."""
     try:
-        saved = load_file(prior).get("prior")
+        saved = load_file(path).get("prior")
     except (SafetensorError, OSError) as e:
-        raise CompressorError(f"the saved frequency prior {prior!r} cannot be read: {e}") from None
-    if saved is None or saved.shape != (vocab,) or not abs(float(saved.sum()) - 1) < 1e-6:
-        raise CompressorError(f"{prior!r} is not a frequency prior over this model's {vocab:,} tokens")
+        raise CompressorError(f"the saved frequency prior {path!r} cannot be read: {e}") from None
+    if saved is None or saved.dim() != 1 or not abs(float(saved.sum()) - 1) < 1e-6:
+        raise CompressorError(f"{path!r} holds no frequency prior (a 1-D 'prior' summing to 1: compressor pack's)")
     return saved.to(torch.float64)
 
 

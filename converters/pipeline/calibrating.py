@@ -49,9 +49,12 @@ def calibration(
     every, where = kind_of(model).graph.passages(text.calib, "calib")
     texts = every[: text.calib_passages]
     _check_statistics_fit(model, linear, sensitivity)
+    tokenizer = load_tokenizer(source)
+    blended = spec.freq_prior != "none" and spec.prior_weight > 0
+    vocab = model.get_input_embeddings().num_embeddings
+    prior = prior_for(spec.freq_prior, tokenizer, vocab) if blended else None  # a bad saved prior fails now
     start = time.perf_counter()
     cache = None if text.no_cache else default_cache_dir()
-    tokenizer = load_tokenizer(source)
     say(
         f"calibrating on {len(texts)} passages, {len(linear)} linear layer(s)"
         f"{', with output sensitivities' if sensitivity else ''}: "
@@ -67,9 +70,8 @@ def calibration(
     )
     calib = dataclasses.replace(calib, counts=token_counts(tokenizer, every, calib.counts.numel()))
     say(f"token counts: all {len(every):,} passages of the calibration text, {calib.tokens:,} tokens")
-    if spec.freq_prior == "none" or spec.prior_weight == 0:
+    if prior is None:
         return calib
-    prior = prior_for(spec.freq_prior, tokenizer, calib.counts.numel())
     seen = int((calib.counts > 0).sum())
     say(
         f"token frequencies: the calibration counts ({seen:,} distinct tokens) blended with "

@@ -100,8 +100,11 @@ def test_a_saved_prior_reads_back_as_wordfreq_s_and_must_fit_the_vocabulary(toke
     path = str(tmp_path / "prior.safetensors")
     check_prior(path, 0.5)
     assert torch.equal(prior_for(path, tokenizer, tokenizer.vocab_size), prior)  # float64 kept bit for bit
-    with pytest.raises(CompressorError, match="not a frequency prior over this model's"):
+    with pytest.raises(CompressorError, match="not this model's"):
         prior_for(path, tokenizer, tokenizer.vocab_size + 1)
     (tmp_path / "cut.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(CompressorError, match="cannot be read"):
-        prior_for(str(tmp_path / "cut.safetensors"), tokenizer, tokenizer.vocab_size)
+        check_prior(str(tmp_path / "cut.safetensors"), 0.5)  # before any work
+    save_prior(tmp_path / "counts.safetensors", prior * 7)
+    with pytest.raises(CompressorError, match="holds no frequency prior"):
+        check_prior(str(tmp_path / "counts.safetensors"), 0.5)
