@@ -16,6 +16,7 @@ from compressor.errors import CompressorError
 from files.atomic import atomic_file, cache_dir
 from texts.docstrings import Source, docstring_paragraphs, docstring_sources, paragraphs
 from texts.news import all_news_passages, news_passages
+from texts.wiki import wiki_name, wiki_passages
 
 __all__ = ["SPLITS", "SECOND", "HELD_OUT", "LM_TRAIN", "default_passages", "lm_passages", "read_passages", "passages"]
 
@@ -24,7 +25,7 @@ SECOND = "second"  # the second held-out text: by default news articles (texts.n
 HELD_OUT = ("eval", SECOND)  # the texts quality is measured on
 FIT = ("calib", "finetune")  # the splits of the fit text
 LM_TRAIN = "train"  # the language models the project trains itself (tools/train_lm.py) learn from this split
-BUILD = 1  # the fit text's recipe: raise it when the recipe changes, so that cached copies are built again
+BUILD = 2  # the fit text's recipe: raise it when the recipe changes, so that cached copies are built again
 
 
 def _sha1(text: str) -> str:
@@ -46,23 +47,24 @@ def _pydoc_split(split: str) -> list[str]:
 
 
 @functools.cache
-def _build(sources: tuple[Source, ...]) -> dict[str, tuple[str, ...]]:
+def _build(sources: tuple[Source, ...], wiki: str | None = None) -> dict[str, tuple[str, ...]]:
     """The fit text: pydoc's calib and finetune paragraphs, and the docstring paragraphs of `sources`
-    that pydoc does not hold, one in five to calib by the sha1 of its text (so a paragraph's split
-    does not depend on the others), the rest to finetune; each split ordered by its passages' sha1,
-    a pseudo-shuffle, so that any first N passages mix all sources."""
+    (and, when `wiki` names them, the Wikipedia passages) that pydoc does not hold, one in five to calib
+    by the sha1 of its text (so a paragraph's split does not depend on the others), the rest to
+    finetune; each split ordered by its passages' sha1, a pseudo-shuffle, so that any first N passages
+    mix all sources."""
     pydoc = set(_pydoc_paragraphs())
     fit = {split: _pydoc_split(split) for split in FIT}
-    for p in docstring_paragraphs(list(sources)):
+    for p in docstring_paragraphs(list(sources)) + (wiki_passages() if wiki else []):
         if p not in pydoc:
             fit["calib" if int(_sha1(p), 16) % 5 == 0 else "finetune"].append(p)
     return {split: tuple(sorted(texts, key=_sha1)) for split, texts in fit.items()}
 
 
-def _cache_file(sources: tuple[Source, ...]) -> Path:
+def _cache_file(sources: tuple[Source, ...], wiki: str | None = None) -> Path:
     """The fit text's cache file, named by a hash of the recipe, the Python version and the sources'
     names (the packages' versions)."""
-    key = json.dumps([BUILD, platform.python_version(), [s.name for s in sources]])
+    key = json.dumps([BUILD, platform.python_version(), [s.name for s in sources], wiki])
     return cache_dir() / f"default-text-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
@@ -92,19 +94,19 @@ def _save(path: Path, fit: dict[str, tuple[str, ...]]) -> None:
         print(f"warning: cannot cache the default text in {str(path)!r}: {reason}", file=sys.stderr)
 
 
-def _cached_fit_text(path: Path, sources: tuple[Source, ...]) -> dict[str, tuple[str, ...]]:
-    """The fit text of `sources` from the cache file at `path`, else built and written there."""
+def _cached_fit_text(path: Path, sources: tuple[Source, ...], wiki: str | None = None) -> dict[str, tuple[str, ...]]:
+    """The fit text of `sources` (and `wiki`) from the cache file at `path`, else built and written there."""
     fit = _load(path)
     if fit is None:
-        fit = _build(sources)
+        fit = _build(sources, wiki)
         _save(path, fit)
     return fit
 
 
 @functools.cache
 def _fit_text() -> dict[str, tuple[str, ...]]:
-    sources = tuple(docstring_sources())
-    return _cached_fit_text(_cache_file(sources), sources)
+    sources, wiki = tuple(docstring_sources()), wiki_name()
+    return _cached_fit_text(_cache_file(sources, wiki), sources, wiki)
 
 
 def default_passages(split: str) -> list[str]:
@@ -155,4 +157,10 @@ def passages(path: str | Path | None, split: str, minimum: int = 1) -> tuple[lis
     if split == "eval":
         return texts, "pydoc_data.topics, eval split (paragraphs with i % 5 == 0)"
     names = ", ".join(s.name for s in docstring_sources())
-    return texts, f"pydoc_data.topics and the docstrings of {names} ({len(texts)} passages, {split} split)"
+    wiki = wiki_name()
+    where = (
+        f"pydoc_data.topics, the docstrings of {names} and {wiki}"
+        if wiki
+        else f"pydoc_data.topics and the docstrings of {names}"
+    )
+    return texts, f"{where} ({len(texts)} passages, {split} split)"

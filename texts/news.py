@@ -9,7 +9,15 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 
-__all__ = ["SECOND_PASSAGES", "PASSAGE_WORDS", "news_file", "all_news_passages", "news_passages"]
+__all__ = [
+    "SECOND_PASSAGES",
+    "PASSAGE_WORDS",
+    "gensim_file",
+    "news_file",
+    "sentence_passages",
+    "all_news_passages",
+    "news_passages",
+]
 
 # About the size of pydoc's eval split (292 passages): the second text costs bench what the first does.
 SECOND_PASSAGES = 300
@@ -19,12 +27,20 @@ LEE_FILE = ("test", "test_data", "lee_background.cor")  # under gensim's folder
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(]?[A-Z0-9])|(?<=[.!?][\"')])\s+(?=[\"'(]?[A-Z0-9])")
 
 
-def news_file() -> Path:
-    """The Lee corpus file inside the installed gensim (found without importing it)."""
+def gensim_file(parts: tuple[str, ...]) -> tuple[Path | None, str]:
+    """(the file at `parts` under the installed gensim's folder, found without importing it, or None; why
+    not, said as the end of a sentence about the gensim package)."""
     spec = importlib.util.find_spec("gensim")
-    path = Path(spec.submodule_search_locations[0], *LEE_FILE) if spec and spec.submodule_search_locations else None
-    if path is None or not path.is_file():
-        missing = "is not installed" if path is None else f"has no {str(path)!r}"
+    if not spec or not spec.submodule_search_locations:
+        return None, "is not installed"
+    path = Path(spec.submodule_search_locations[0], *parts)
+    return (path, "") if path.is_file() else (None, f"has no {str(path)!r}")
+
+
+def news_file() -> Path:
+    """The Lee corpus file inside the installed gensim."""
+    path, missing = gensim_file(LEE_FILE)
+    if path is None:
         raise CompressorError(
             f"the default second text, the Lee corpus of news articles, comes with the gensim package, which "
             f"{missing}: pip install gensim (or give a second text of your own, or none)"
@@ -32,7 +48,7 @@ def news_file() -> Path:
     return path
 
 
-def _passages(article: str) -> list[str]:
+def sentence_passages(article: str) -> list[str]:
     """Consecutive whole sentences of `article`, PASSAGE_WORDS words each. Left out: a sentence longer
     than the most, and a run shorter than the fewest that the next sentence would take past the most
     (4 % of the words in all); a short tail joins the passage before it when that stays within the most."""
@@ -56,7 +72,7 @@ def _passages(article: str) -> list[str]:
 @functools.cache
 def _all_passages() -> tuple[str, ...]:
     articles = news_file().read_text(encoding="utf-8").splitlines()
-    return tuple(dict.fromkeys(p for article in articles for p in _passages(article)))
+    return tuple(dict.fromkeys(p for article in articles for p in sentence_passages(article)))
 
 
 def all_news_passages() -> list[str]:

@@ -109,7 +109,8 @@ def calibration_options(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="calibration text, one passage per line (default: the calib split of the default text: "
-        "pydoc_data.topics and the docstrings of the standard library, numpy, scipy and matplotlib)",
+        "pydoc_data.topics, the docstrings of the standard library, numpy, scipy and matplotlib, and the "
+        "Wikipedia articles in gensim's test data)",
     )
     p.add_argument(
         "--calib-passages",
@@ -245,8 +246,8 @@ def data_option(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="fine-tune text (and int4-trained's), one passage per line; its last tenth (at most 64) is held out "
-        "for validation (default: the finetune split of the default text: pydoc_data.topics and the docstrings "
-        "of the standard library, numpy, scipy and matplotlib)",
+        "for validation (default: the finetune split of the default text: pydoc_data.topics, the docstrings "
+        "of the standard library, numpy, scipy and matplotlib, and the Wikipedia articles in gensim's test data)",
     )
 
 

@@ -1,4 +1,4 @@
-"""The default texts: pydoc's eval split, the fit text (pydoc and docstrings, cached) and the news."""
+"""The default texts: pydoc's eval split, the fit text (pydoc, docstrings and Wikipedia, cached) and the news."""
 
 import hashlib
 import importlib.util
@@ -9,10 +9,11 @@ import re
 import pytest
 
 from compressor.errors import CompressorError
-from texts import corpus, news
+from texts import corpus, news, wiki
 from texts.corpus import FIT, SECOND, SPLITS, default_passages, passages
 from texts.docstrings import Source, docstring_sources
 from texts.news import PASSAGE_WORDS, SECOND_PASSAGES, all_news_passages, news_passages
+from texts.wiki import WIKI_FILE, wiki_name, wiki_passages
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def test_the_eval_split_is_every_fifth_pydoc_paragraph(parts, pydoc):
     assert passages(None, "eval") == (pydoc[::5], "pydoc_data.topics, eval split (paragraphs with i % 5 == 0)")
 
 
-def test_the_fit_text_is_several_mb_of_pydoc_and_docstrings_mixed(parts, pydoc):
+def test_the_fit_text_is_several_mb_of_pydoc_docstrings_and_wikipedia_mixed(parts, pydoc):
     assert sum(len(p.encode()) for split in FIT for p in parts[split]) > 3e6
     first = parts["calib"][:256]  # the first passages calibration reads
     assert 0 < sum(p in set(pydoc) for p in first) < len(first)
@@ -60,10 +61,33 @@ def test_the_fit_text_is_several_mb_of_pydoc_and_docstrings_mixed(parts, pydoc):
         assert parts[split] == sorted(parts[split], key=sha1)
         texts, where = passages(None, split)
         assert texts == parts[split]
-        assert (
-            where
-            == f"pydoc_data.topics and the docstrings of {', '.join(names)} ({len(texts)} passages, {split} split)"
-        )
+        sources = f"the docstrings of {', '.join(names)} and English Wikipedia articles in gensim"
+        assert where.startswith(f"pydoc_data.topics, {sources}") and f"({len(texts)} passages, {split} split)" in where
+
+
+def test_wikipedia_passages_are_prose_in_the_fit_text_by_their_sha1(parts):
+    passages_ = wiki_passages()
+    assert len(passages_) > 5000 and len(set(passages_)) == len(passages_)
+    assert passages_[0].startswith("Anarchism is a political philosophy")  # the dump's first article
+    assert all(PASSAGE_WORDS[0] <= len(p.split()) <= PASSAGE_WORDS[1] for p in passages_)
+    assert not any("[[" in p or "{{" in p or "''" in p or p.lstrip().startswith(("=", "*", "|")) for p in passages_)
+    for p in passages_[:: len(passages_) // 50]:
+        assert p in (parts["calib"] if int(sha1(p), 16) % 5 == 0 else parts["finetune"])
+    assert not set(passages_) & set(all_news_passages())
+
+
+def test_without_the_articles_the_fit_text_is_built_without_them(monkeypatch):
+    gensim_file = news.gensim_file
+    monkeypatch.setattr(
+        wiki, "gensim_file", lambda parts: (None, "is not installed") if parts == WIKI_FILE else gensim_file(parts)
+    )
+    assert wiki_name() is None
+    stdlib = docstring_sources()[0].folder
+    one = (Source("json", stdlib / "json"),)
+    assert corpus._cache_file(one, None) != corpus._cache_file(one, "English Wikipedia articles")
+    assert corpus._build.__wrapped__(one, wiki_name()) == corpus._build.__wrapped__(one)
+    texts, where = passages(None, "calib")
+    assert "Wikipedia" not in where and where.startswith("pydoc_data.topics and the docstrings of")
 
 
 def test_the_fit_text_is_deterministic_and_a_paragraphs_split_its_own(pydoc):
@@ -79,12 +103,12 @@ def test_the_fit_text_is_deterministic_and_a_paragraphs_split_its_own(pydoc):
 
 
 def test_a_cache_hit_equals_a_fresh_build(tmp_path):
-    sources = tuple(docstring_sources())
-    assert corpus._cache_file(sources).is_relative_to(os.environ["XDG_CACHE_HOME"])
+    sources, wiki_ = tuple(docstring_sources()), wiki_name()
+    assert corpus._cache_file(sources, wiki_).is_relative_to(os.environ["XDG_CACHE_HOME"])
     path = tmp_path / "fit.json"
-    fresh = corpus._cached_fit_text(path, sources)
-    assert fresh is corpus._build(sources) and path.is_file()
-    assert corpus._load(path) == fresh == corpus._cached_fit_text(path, sources)
+    fresh = corpus._cached_fit_text(path, sources, wiki_)
+    assert fresh is corpus._build(sources, wiki_) and path.is_file()
+    assert corpus._load(path) == fresh == corpus._cached_fit_text(path, sources, wiki_)
 
 
 @pytest.mark.parametrize(
