@@ -37,10 +37,12 @@ class GraphKind:
     parity_atol: float = 1e-4
     gate_tol: float | None = None  # a quantized graph's most relative error (of `gated`); None: by width
     int8_per_channel: bool = True  # int8 weights scaled per output channel (else per tensor)
-    # MatMulNBits' compute for the 8-bit factors of int4-corrected's corrections: 0 (fp32 products) where
-    # a batch is many tokens; 4 (int8 activations, 8× faster for one row) for an LM's decode step of one
-    # token (BENCHMARKS.md, "The corrections' factors at accuracy level 4"; "int4-corrected on SmolLM2 again")
-    factor_accuracy: int = 0
+    # How the 8-bit factors of int4-corrected's corrections are stored (correction.FACTOR_FORMS): "int8",
+    # ONNX Runtime's dynamic int8 MatMul, fastest for a short input and a long batch alike; "nbits",
+    # MatMulNBits at accuracy level 4, for an LM's decode step of one token, whose activations' outliers one
+    # scale a tensor would not hold (BENCHMARKS.md, "The corrections' factors as dynamic int8";
+    # "int4-corrected on SmolLM2 again")
+    factor_form: str = "int8"
 
     def recognises(self, inputs: list[str], outputs: list[str]) -> bool:
         return sorted(inputs) == sorted(self.inputs) and self.output in outputs
@@ -128,7 +130,7 @@ CAUSAL_LM = CausalLMGraphKind(
     parity_atol=5e-2,
     gate_tol=1.0,
     int8_per_channel=False,
-    factor_accuracy=4,
+    factor_form="nbits",
 )
 GRAPH_KINDS = (ENCODER, CAUSAL_LM)
 

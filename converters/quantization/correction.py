@@ -3,8 +3,13 @@ rounding lost. A MatMul's weight W (K × N, y = x W) rounded to Q (MatMulNBits) 
 with the layer's input Gram G = Σ xᵀx over calibration tokens, the rank-r L R that minimises the
 output error Σ ‖x (E − L R)‖² = tr((E − L R)ᵀ G (E − L R)) is the truncated SVD of Cᵀ E mapped
 back, C Cᵀ = G + λI (QERA's closed form; `compressor.lowrank.whitened_factors`). The graph then
-computes y = MatMulNBits(x) + (x L) R, L and R themselves 8-bit MatMulNBits, and each layer's
-error is measured again after L and R are rounded.
+computes y = MatMulNBits(x) + (x L) R, L and R themselves in 8 bits, and each layer's error is
+measured again after L and R are rounded. The factors' form (FACTOR_FORMS, the graph kind's
+`factor_form`): "int8", ONNX Runtime's dynamic int8 MatMul (`quantize_dynamic`: int8 weights, one
+scale a factor; x quantized to 8 bits per call), which ONNX Runtime's CPU kernels run fastest for a
+short input and a long batch alike; or "nbits", 8-bit MatMulNBits in blocks at accuracy level 4, the
+faster for an LM's one-token decode step, whose activations one scale a tensor would not hold
+(BENCHMARKS.md, "The corrections' factors as dynamic int8").
 
 Ranks and widths come from one byte budget over the layers (`correction_ranks`): a layer's loss at
 rank r is its loss in 4 bits (`sensitivity.four_bit_losses`: the whole graph's output with that layer
@@ -16,7 +21,9 @@ in loss per byte first, so a layer whose error is spread over many directions go
 whose error a few directions hold gets a rank."""
 
 import copy
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -40,6 +47,7 @@ __all__ = [
     "weight_names",
     "input_grams",
     "error_factors",
+    "FACTOR_FORMS",
     "correction_bytes",
     "correction_ranks",
     "rounding_errors",
@@ -55,8 +63,11 @@ __all__ = [
 CORRECTION_SHARE = 0.2
 GRAM_BATCHES = 8  # calibration batches the input Grams sum over (256 passages at the default batch)
 RANK_STEP = 16  # ranks offered: multiples of 16, the smallest block ONNX Runtime's 8-bit kernels take
+FACTOR_FORMS = ("int8", "nbits")
 FACTOR_BITS = 8
-FACTOR_BLOCK = {"left": 64, "right": 16}  # L (K × r) blocks along K; R (r × N) along r, a multiple of 16
+FACTOR_BLOCK = {"left": 64, "right": 16}  # "nbits": L (K × r) blocks along K; R (r × N) along r, a multiple of 16
+FACTOR_ACCURACY = 4  # "nbits": MatMulNBits' int8 compute ("The corrections' factors at accuracy level 4")
+INT8_SCALE_BYTES = 5  # "int8": a factor's fp32 scale and int8 zero point
 EIGHT_BITS = "8-bit"  # the tag of a layer's point held in 8 bits, uncorrected
 EIGHT_BIT_LOSS = 2.0**-8  # a layer's loss in 8 bits, relative to its loss in 4
 
@@ -144,31 +155,38 @@ def error_factors(error: np.ndarray, gram: torch.Tensor, rank: int) -> tuple[np.
     return f.down.T.numpy().astype(np.float32), f.up.T.numpy().astype(np.float32), f.spectrum
 
 
-def correction_bytes(k: int, n: int, rank: int) -> int:
-    """Bytes of L (K × r) and R (r × N) in 8 bits with one scale per block (SCALE_BYTES)."""
+def correction_bytes(k: int, n: int, rank: int, form: str = "int8") -> int:
+    """Bytes of L (K × r) and R (r × N) in 8 bits, in `form`: one scale a factor, or one per block
+    (SCALE_BYTES)."""
+    if form == "int8":
+        return rank * (k + n) + 2 * INT8_SCALE_BYTES * (rank > 0)
     left = rank * k + SCALE_BYTES * rank * -(-k // FACTOR_BLOCK["left"])
     right = rank * n + SCALE_BYTES * n * -(-rank // FACTOR_BLOCK["right"])
     return left + right
 
 
-def _max_rank(k: int, n: int) -> int:
+def _max_rank(k: int, n: int, form: str) -> int:
     """The largest rank offered: its factors cost less than the 4 more bits a weight would take."""
     rank = 0
-    while rank + RANK_STEP <= min(k, n) and correction_bytes(k, n, rank + RANK_STEP) < k * n // 2:
+    while rank + RANK_STEP <= min(k, n) and correction_bytes(k, n, rank + RANK_STEP, form) < k * n // 2:
         rank += RANK_STEP
     return rank
 
 
 def correction_ranks(
-    spectra: dict[str, torch.Tensor], losses: dict[str, float], shapes: dict[str, tuple[int, int]], budget: int
+    spectra: dict[str, torch.Tensor],
+    losses: dict[str, float],
+    shapes: dict[str, tuple[int, int]],
+    budget: int,
+    form: str = "int8",
 ) -> tuple[dict[str, int], tuple[str, ...]]:
-    """(layer → rank, the layers held in 8 bits instead) under `budget` bytes (module docstring); rank 0
-    where neither pays."""
+    """(layer → rank, the layers held in 8 bits instead) under `budget` bytes (module docstring), the
+    factors in `form`; rank 0 where neither pays."""
     points = {
         name: [
             *(
-                Point(r, correction_bytes(*shapes[name], r), losses[name] * tail_error(spectrum, r))
-                for r in range(0, _max_rank(*shapes[name]) + 1, RANK_STEP)
+                Point(r, correction_bytes(*shapes[name], r, form), losses[name] * tail_error(spectrum, r))
+                for r in range(0, _max_rank(*shapes[name], form) + 1, RANK_STEP)
             ),
             Point(None, shapes[name][0] * shapes[name][1] // 2, losses[name] * EIGHT_BIT_LOSS, EIGHT_BITS),
         ]
@@ -184,17 +202,31 @@ def _relative_error(delta: np.ndarray, weight: np.ndarray, gram: np.ndarray) -> 
     return float(np.sqrt(np.sum((gram @ delta) * delta) / np.sum((gram @ weight) * weight)))
 
 
-def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]], accuracy_level: int) -> onnx.ModelProto:
-    """The factor MatMuls `nodes` (side → node names) in 8-bit MatMulNBits, each side at its block, at
-    `accuracy_level`."""
+def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]], form: str) -> onnx.ModelProto:
+    """The factor MatMuls `nodes` (side → node names) in 8 bits, in `form` (module docstring)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
+    if form == "int8":
+        names = [name for side in nodes.values() for name in side]
+        with tempfile.TemporaryDirectory() as tmp, quiet_quantizer():
+            out = Path(tmp, "factors.onnx")
+            float_default = {"DefaultTensorType": onnx.TensorProto.FLOAT}  # where shape inference stops at MatMulNBits
+            quantize_dynamic(
+                model,
+                out,
+                ["MatMul"],
+                nodes_to_quantize=names,
+                weight_type=QuantType.QInt8,
+                extra_options=float_default,
+            )
+            return onnx.load(str(out))
     for side, names in nodes.items():
         if not names:
             continue
         block = FACTOR_BLOCK[side]
         config = DefaultWeightOnlyQuantConfig(
-            block_size=block, is_symmetric=True, bits=FACTOR_BITS, accuracy_level=accuracy_level
+            block_size=block, is_symmetric=True, bits=FACTOR_BITS, accuracy_level=FACTOR_ACCURACY
         )
         others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in names]
         quantizer = MatMulNBitsQuantizer(model, block_size=block, nodes_to_exclude=others, algo_config=config)
@@ -225,17 +257,18 @@ def plan_corrections(
     losses: dict[str, float],
     budget: int,
     skip: frozenset[str] = frozenset(),
+    form: str = "int8",
 ) -> tuple[dict[str, int], tuple[str, ...]]:
     """For `quantized` (the graph `fp32` with every MatMul in 4-bit MatMulNBits): each layer's rank and
-    the layers to hold in 8 bits instead, under `budget` bytes (correction_ranks), all keyed by output
-    name as `grams` and `losses` are; the layers `skip` (output names) left in 4 bits."""
+    the layers to hold in 8 bits instead, under `budget` bytes (correction_ranks, factors in `form`), all
+    keyed by output name as `grams` and `losses` are; the layers `skip` (output names) left in 4 bits."""
     errors = {out: e for out, e in rounding_errors(quantized, fp32).items() if out not in skip}
     missing = sorted(set(errors) - set(grams))
     if missing:
         raise CompressorError(f"no calibration statistics for the layers {', '.join(missing[:3])}")
     spectra = {out: error_factors(error, grams[out], 1)[2] for out, error in errors.items()}
     shapes = {out: error.shape for out, error in errors.items()}
-    return correction_ranks(spectra, {out: losses.get(out, 0.0) for out in errors}, shapes, budget)
+    return correction_ranks(spectra, {out: losses.get(out, 0.0) for out in errors}, shapes, budget, form)
 
 
 def add_corrections(
@@ -274,12 +307,25 @@ def corrected_layers(model: onnx.ModelProto) -> list[str]:
     return [n.output[0] for n in model.graph.node if n.name.endswith("_corrected") and n.op_type == "Add"]
 
 
+def _stored_factor(graph: onnx.GraphProto, out: str, side: str, form: str) -> np.ndarray:
+    """The factor (float64) that `graph` multiplies by in the correction of `out` (side "left": L, "right": R),
+    as stored in `form`: quantize_dynamic's int8 codes (W_quantized, W_scale, W_zero_point), else the
+    MatMulNBits node's."""
+    if form == "nbits":
+        product = f"{out}_xL" if side == "left" else f"{out}_xLR"
+        node = next(n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] == product)
+        return dequantize_nbits(graph, node)
+    weight = f"{out}_{'L' if side == 'left' else 'R'}"
+    inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer if i.name.startswith(weight)}
+    codes = inits[f"{weight}_quantized"].astype(np.float64) - inits[f"{weight}_zero_point"].astype(np.float64)
+    return codes * inits[f"{weight}_scale"].astype(np.float64)
+
+
 def store_factors(
-    model: onnx.ModelProto, fp32: onnx.ModelProto, grams: dict[str, torch.Tensor], accuracy_level: int = 0
+    model: onnx.ModelProto, fp32: onnx.ModelProto, grams: dict[str, torch.Tensor], form: str = "int8"
 ) -> tuple[onnx.ModelProto, dict[str, Correction]]:
-    """`model` (from add_corrections, its factors fitted or trained) with L and R in 8-bit MatMulNBits at
-    `accuracy_level`, and each corrected layer's output errors: rounded alone, with the fp32 factors, as
-    stored."""
+    """`model` (from add_corrections, its factors fitted or trained) with L and R in 8 bits in `form`,
+    and each corrected layer's output errors: rounded alone, with the fp32 factors, as stored."""
     weights = _float64_weights(fp32)
     layers = corrected_layers(model)
     inits = {i.name: i for i in model.graph.initializer}
@@ -291,12 +337,11 @@ def store_factors(
     }
     ranks = {out: int(inits[f"{out}_R"].dims[0]) for out in layers}
     sides = {side: [f"{out}_correction_{side}" for out in layers] for side in FACTOR_BLOCK}
-    model = _quantize_factors(model, sides, accuracy_level)
-    stored = {n.output[0]: n for n in model.graph.node if n.op_type == "MatMulNBits"}
+    model = _quantize_factors(model, sides, form)
     report = {}
     for out in layers:
         gram, w = grams[out].numpy(), weights[out]
-        kept = dequantize_nbits(model.graph, stored[f"{out}_xL"]) @ dequantize_nbits(model.graph, stored[f"{out}_xLR"])
+        kept = _stored_factor(model.graph, out, "left", form) @ _stored_factor(model.graph, out, "right", form)
         report[out] = Correction(
             ranks[out],
             _relative_error(errors[out], w, gram),

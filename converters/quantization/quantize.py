@@ -217,14 +217,14 @@ def _corrected(exported, proto, calibration, kind, block, accuracy_level, share,
     budget = int(share * four_bit_codes(proto))
     logits = frozenset(outputs[name] for name, (_, n) in matmul_weights(proto.graph).items() if n == vocab)
     layer_losses = {outputs[n]: loss for n, loss in losses.items()}
-    ranks, eight = plan_corrections(quantized, proto, grams, layer_losses, budget, logits)
+    ranks, eight = plan_corrections(quantized, proto, grams, layer_losses, budget, logits, kind.factor_form)
     eight_bit = tuple(nodes[out] for out in eight)
     if eight_bit:
         quantized = quantize_4bit(proto, block, accuracy_level, eight_bit=eight_bit, **rounding)
     corrected = add_corrections(quantized, proto, grams, ranks)
     if train is not None:
         corrected = train(exported, proto, corrected)
-    corrected, corrections = store_factors(corrected, proto, grams, kind.factor_accuracy)
+    corrected, corrections = store_factors(corrected, proto, grams, kind.factor_form)
     return corrected, {out: c.to_dict() for out, c in corrections.items()}, eight_bit
 
 
