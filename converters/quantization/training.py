@@ -7,12 +7,15 @@ GatherBlockQuantized table read back by running that node over every row (a tabl
 its head's and tail's rows put back in token order). SmoothQuant scaled each weight row k by s_k (and
 divided the activation by it), so the unsmoothed Q = Q_s / s row-wise, s read from the smoothed and
 unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`.
-Modules are found by value: the exported fp32 graph holds each weight as the module holds it (a
-Linear's Wᵀ, a Conv1D's W, an Embedding's table), and a weight two modules hold is refused. After the
-fine-tune (the corrections, their layers' biases and the LayerNorms trained, all else frozen) the
-factors go back as L = s·A, R = B, the biases into their Add and the LayerNorms into their
-LayerNormalization (each in an initializer of its own), and `correction.store_factors` rounds the
-factors to 8 bits."""
+Weights are found by value: the exported fp32 graph holds each weight as the module holds it (a
+Linear's Wᵀ, a Conv1D's W, an Embedding's table), or a compressed module's own factor as it is or
+transposed (LowRankLinear's up and down, a low-rank table's codes and basis, a dense head's rows); a
+weight two holders hold is refused. A compressed module's factor takes its rounded value frozen, and,
+corrected, Q + L R (its correction keeps its closed form: no nn.Linear to train it in). After the
+fine-tune (the corrections of nn.Linear and Conv1D layers, their biases and the LayerNorms trained,
+all else frozen) the factors go back as L = s·A, R = B, the biases into their Add and the LayerNorms
+into their LayerNormalization (each in an initializer of its own), and `correction.store_factors`
+rounds the factors to 8 bits."""
 
 import copy
 from collections.abc import Callable
@@ -76,29 +79,58 @@ def _own_initializers(graph: onnx.GraphProto, node: onnx.NodeProto, positions: d
     return values
 
 
-def _held_weights(model: nn.Module) -> dict[bytes, str]:
-    """The bytes of each weight as the exported graph holds it → the module holding it."""
-    held: dict[bytes, list[str]] = {}
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a weight of the graph: the module `name` (an nn.Linear, Conv1D or nn.Embedding), or, with
+    `factor`, the parameter `name` of a compressed module, which the graph holds transposed if `transposed`."""
+
+    name: str
+    factor: bool = False
+    transposed: bool = False
+
+    def put(self, model: nn.Module, value: np.ndarray) -> None:
+        """Set the weight to `value` (as the graph holds it)."""
+        tensor = torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32))
+        if not self.factor:
+            module = model.get_submodule(self.name)
+            module.weight.data = tensor.T.contiguous() if isinstance(module, nn.Linear) else tensor
+        else:
+            model.get_parameter(self.name).data = tensor.T.contiguous() if self.transposed else tensor
+
+
+def _key(value: torch.Tensor) -> bytes:
+    return value.detach().contiguous().numpy().astype(np.float32).tobytes()
+
+
+def _held_weights(model: nn.Module) -> dict[bytes, Holder]:
+    """The bytes of each weight as the exported graph holds it → its one holder (Holder)."""
+    held: dict[bytes, list[Holder]] = {}
+    in_modules = set()
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
-            value = module.weight.detach().T
+            value = module.weight.T
         elif isinstance(module, nn.Embedding) or type(module).__name__ == "Conv1D":
-            value = module.weight.detach()
+            value = module.weight
         else:
             continue
-        held.setdefault(value.contiguous().numpy().astype(np.float32).tobytes(), []).append(name)
-    return {key: names[0] for key, names in held.items() if len(names) == 1}
+        in_modules.add(id(module.weight))
+        held.setdefault(_key(value), []).append(Holder(name))
+    for name, param in model.named_parameters():
+        if param.dim() == 2 and id(param) not in in_modules:
+            for transposed in (False, True):
+                holder = Holder(name, factor=True, transposed=transposed)
+                held.setdefault(_key(param.T if transposed else param), []).append(holder)
+    return {key: holders[0] for key, holders in held.items() if len(holders) == 1}
 
 
-def _module_of(held: dict[bytes, str], weight: np.ndarray, what: str) -> str:
-    name = held.get(np.ascontiguousarray(weight, dtype=np.float32).tobytes())
-    if name is None:
+def _holder_of(held: dict[bytes, Holder], weight: np.ndarray, what: str) -> Holder:
+    holder = held.get(np.ascontiguousarray(weight, dtype=np.float32).tobytes())
+    if holder is None:
         raise UnmatchedWeightError(
-            f"int4-trained needs each rounded weight to be one nn.Linear's, Conv1D's or nn.Embedding's; {what} is "
-            "no single module's weight (a table shared with a tied head, a compressed layer's factor): use "
-            "int4-corrected there"
+            f"int4-trained needs each rounded weight held by one module or parameter; {what} is not (a table "
+            "shared with a tied head): use int4-corrected there"
         )
-    return name
+    return holder
 
 
 def dequantize_table(model: onnx.ModelProto, node: onnx.NodeProto, rows: int) -> np.ndarray:
@@ -185,16 +217,23 @@ def student_of(
         if out not in unsmoothed:
             continue  # a correction's own factor
         w, w_s = plain[unsmoothed[out]].astype(np.float64), scaled[smoothed_w[out]].astype(np.float64)
-        name = _module_of(held, plain[unsmoothed[out]], f"the weight of {out!r}")
+        holder = _holder_of(held, plain[unsmoothed[out]], f"the weight of {out!r}")
         s = (w_s * w).sum(1) / np.maximum((w * w).sum(1), 1e-30)  # (K,): W_s = diag(s) W
         s[(w * w).sum(1) == 0] = 1.0
-        q = torch.from_numpy((dequantize_nbits(graph, node) / s[:, None]).astype(np.float32))  # (K, N) as x q
-        module = model.get_submodule(name)
+        q = dequantize_nbits(graph, node) / s[:, None]  # (K, N) as x q
         if out not in corrected_outs:
-            module.weight.data = q.T.contiguous() if isinstance(module, nn.Linear) else q
+            holder.put(model, q)
             continue
+        if holder.factor:  # a compressed module's factor: its correction's closed form, frozen
+            holder.put(
+                model,
+                q + (numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None]) @ numpy_helper.to_array(inits[f"{out}_R"]),
+            )
+            continue
+        q = torch.from_numpy(q.astype(np.float32))
         left = torch.from_numpy((numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None]).astype(np.float32))
         right = torch.from_numpy(numpy_helper.to_array(inits[f"{out}_R"]).astype(np.float32))
+        name = holder.name
         bias, value = _own_bias(graph, out)
         values = None if value is None else torch.from_numpy(value)
         parent, _, leaf = name.rpartition(".")
@@ -207,8 +246,7 @@ def student_of(
         tables[out] = (head, tail, perm)
     for out, nodes in tables.items():
         table = plain.get(gathers.get(out, ""), np.zeros((0, 0), np.float32))
-        name = _module_of(held, table, f"the table of {out!r}")
-        model.get_submodule(name).weight.data = torch.from_numpy(_rounded_table(corrected, nodes))
+        _holder_of(held, table, f"the table of {out!r}").put(model, _rounded_table(corrected, nodes))
     return model, links
 
 

@@ -12,10 +12,13 @@ import torch
 from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
+from converters.compress import compress_
 from converters.export import export_onnx, sample_inputs
 from converters.finetune import finetune_
 from converters.finetune_config import FinetuneConfig
-from converters.quantization.correction import add_corrections, input_grams, plan_corrections
+from converters.methods.lowrank import LowRankConfig
+from converters.plan import Plan
+from converters.quantization.correction import add_corrections, corrected_layers, input_grams, plan_corrections
 from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.smoothing import activation_absmax, smooth
@@ -81,6 +84,28 @@ def test_the_student_computes_what_the_rounded_graph_computes(wide, tmp_path):
     scale = np.abs(graph).max()
     assert np.abs(ours - graph).max() <= 1e-4 * scale  # the same rounded weights, tables and corrections
     assert np.abs(dense - graph).max() >= 1e-2 * scale  # and not the unrounded model's
+
+
+def test_a_compressed_models_factors_are_held_rounded_and_their_corrections_frozen(wide, tmp_path):
+    # a low-rank table and low-rank FFN layers: their factors are parameters of compact modules, no nn.Linear
+    path, _, _, feeds = wide
+    model, _ = load_model(path)
+    plain = {"fit": "plain"}
+    ffn = LowRankConfig(rank=64, keep=None, **plain)  # factors wide enough for a rank-16 correction
+    plan = Plan((("embeddings", LowRankConfig(keep=0.5, **plain)), ("intermediate.dense", ffn)))
+    compress_(model, plan, progress=False)
+    fp32 = export_onnx(model, tmp_path / "c.onnx").path
+    exported, smoothed, corrected = _corrected(fp32, feeds)
+    factor_outs = {n.output[0] for n in exported.graph.node if n.op_type == "MatMul" and "intermediate" in n.name}
+    student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
+    assert links.layers and not set(links.layers) & factor_outs  # trained corrections: nn.Linear layers only
+    assert set(corrected_layers(corrected)) & factor_outs  # while some factor is corrected, frozen
+    before = dict(model.named_parameters())
+    for name, param in student.named_parameters():
+        if name.endswith(("codes", "basis", "up", "down")):
+            assert not torch.equal(param, before[name]), name  # each factor as the graph rounds it
+    graph, ours = _run(corrected, tmp_path, feeds[0]), _torch(student, feeds[0])
+    assert np.abs(ours - graph).max() <= 1e-4 * np.abs(graph).max()
 
 
 def test_trained_factors_biases_and_layer_norms_go_back_into_the_graph(wide, tmp_path):
