@@ -6,7 +6,14 @@ import json
 import pytest
 
 from compressor.errors import CompressorError
-from converters.cli.recipes import DEFAULT_RECIPES, QUANTIZE_CHOICES, Recipe, load_recipes, parse_recipes
+from converters.cli.recipes import (
+    DEFAULT_RECIPE,
+    DEFAULT_RECIPES,
+    QUANTIZE_CHOICES,
+    Recipe,
+    load_recipes,
+    parse_recipes,
+)
 from converters.pipeline.steps import plans_of
 from converters.quantization.quantize import SCHEMES
 
@@ -71,6 +78,8 @@ def test_the_default_recipes_are_valid():
     recipes = load_recipes()
     assert len(recipes) == len(DEFAULT_RECIPES["variants"]) >= 2
     assert set(QUANTIZE_CHOICES) == {"fp32", *SCHEMES}
+    first = recipes[0].variant()  # the default recipe, with its corrected rows (and so original-int4-trained)
+    assert first.name == DEFAULT_RECIPE["name"] and first.quantize.schemes[-1] == "int4-trained"
 
 
 @pytest.mark.parametrize(
@@ -133,7 +142,7 @@ def _run_values(*argv: str) -> dict:
 
 
 def test_run_without_method_options_takes_the_default_recipe():
-    from converters.cli.recipes import DEFAULT_RECIPE, with_default_recipe
+    from converters.cli.recipes import with_default_recipe
 
     defaults = _run_values()
     args = with_default_recipe(_run_values("--out", "x"), defaults)
