@@ -54,6 +54,7 @@ __all__ = [
     "plan_corrections",
     "add_corrections",
     "corrected_layers",
+    "bias_before_correction",
     "store_factors",
 ]
 
@@ -303,8 +304,37 @@ def add_corrections(
 
 
 def corrected_layers(model: onnx.ModelProto) -> list[str]:
-    """The output names of the layers `add_corrections` corrected in `model`."""
-    return [n.output[0] for n in model.graph.node if n.name.endswith("_corrected") and n.op_type == "Add"]
+    """The output names (of their MatMuls in the fp32 graph) of the layers `add_corrections` corrected in `model`."""
+    return [n.name.removesuffix("_corrected") for n in model.graph.node if n.name.endswith("_corrected")]
+
+
+def bias_before_correction(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (in place) with each corrected layer's constant bias added to MatMulNBits' output before the
+    correction is: (Q x + b) + (x L) R instead of (Q x + (x L) R) + b, the same sum, so that ONNX Runtime
+    folds b into MatMulNBits (its bias input) and one Add is left a correction instead of two."""
+    graph = model.graph
+    constants = {i.name for i in graph.initializer}
+    constants |= {n.output[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in constants}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    order = list(graph.node)
+    for out in corrected_layers(model):
+        corrected = next(n for n in order if n.name == f"{out}_corrected")
+        after = consumers.get(corrected.output[0], [])
+        if len(after) != 1 or after[0].op_type != "Add" or not set(after[0].input) & constants:
+            continue
+        bias_add = after[0]
+        k = list(bias_add.input).index(corrected.output[0])
+        bias_add.input[k], result = f"{out}_rounded", bias_add.output[0]
+        bias_add.output[0] = corrected.input[0] = f"{out}_biased"
+        corrected.output[0] = result
+        i, j = order.index(corrected), order.index(bias_add)
+        order[i], order[j] = bias_add, corrected
+    del graph.node[:]
+    graph.node.extend(order)
+    return model
 
 
 def _stored_factor(graph: onnx.GraphProto, out: str, side: str, form: str) -> np.ndarray:

@@ -21,6 +21,7 @@ from converters.export import PARITY_SHAPES, sample_inputs
 from converters.quantization.correction import (
     CORRECTION_SHARE,
     add_corrections,
+    bias_before_correction,
     check_correction_share,
     input_grams,
     plan_corrections,
@@ -225,6 +226,7 @@ def _corrected(exported, proto, calibration, kind, block, accuracy_level, share,
     if train is not None:
         corrected = train(exported, proto, corrected)
     corrected, corrections = store_factors(corrected, proto, grams, kind.factor_form)
+    corrected = bias_before_correction(corrected)
     return corrected, {out: c.to_dict() for out, c in corrections.items()}, eight_bit
 
 

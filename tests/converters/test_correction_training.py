@@ -18,7 +18,13 @@ from converters.finetune import finetune_
 from converters.finetune_config import FinetuneConfig
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan
-from converters.quantization.correction import add_corrections, corrected_layers, input_grams, plan_corrections
+from converters.quantization.correction import (
+    add_corrections,
+    bias_before_correction,
+    corrected_layers,
+    input_grams,
+    plan_corrections,
+)
 from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.smoothing import activation_absmax, smooth
@@ -84,6 +90,24 @@ def test_the_student_computes_what_the_rounded_graph_computes(wide, tmp_path):
     scale = np.abs(graph).max()
     assert np.abs(ours - graph).max() <= 1e-4 * scale  # the same rounded weights, tables and corrections
     assert np.abs(dense - graph).max() >= 1e-2 * scale  # and not the unrounded model's
+
+
+def test_the_bias_goes_before_the_correction_and_the_sum_stays(wide, tmp_path):
+    # (Q x + b) + (x L) R: ONNX Runtime folds b into MatMulNBits, one Add is left a correction
+    _, _, fp32, feeds = wide
+    _, _, corrected = _corrected(fp32, feeds)
+    layers = corrected_layers(corrected)
+    moved = bias_before_correction(copy.deepcopy(corrected))
+    assert sorted(corrected_layers(moved)) == sorted(layers)
+    producers = {o: n for n in moved.graph.node for o in n.output}
+    constants = {i.name for i in moved.graph.initializer}
+    constants |= {n.output[0] for n in moved.graph.node if n.op_type == "Identity" and n.input[0] in constants}
+    for out in layers:
+        added = producers[f"{out}_biased"]  # the bias Add, fed by MatMulNBits' output and a constant
+        assert added.op_type == "Add" and f"{out}_rounded" in added.input and set(added.input) & constants
+        assert next(n for n in moved.graph.node if n.name == f"{out}_corrected").input[0] == f"{out}_biased"
+    before, after = _run(corrected, tmp_path, feeds[0]), _run(moved, tmp_path, feeds[0])
+    assert np.abs(after - before).max() <= 1e-5 * np.abs(before).max()  # the same sum, in another order
 
 
 def test_a_compressed_models_factors_are_held_rounded_and_their_corrections_frozen(wide, tmp_path):
