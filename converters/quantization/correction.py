@@ -219,6 +219,7 @@ def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]], form:
                 ["MatMul"],
                 nodes_to_quantize=names,
                 weight_type=QuantType.QInt8,
+                use_external_data_format=True,  # a graph past protobuf's 2 GB too
                 extra_options=float_default,
             )
             return onnx.load(str(out))
