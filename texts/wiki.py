@@ -29,19 +29,24 @@ def wiki_name() -> str | None:
 
 @functools.cache
 def _all_passages() -> tuple[str, ...]:
-    from gensim.corpora.wikicorpus import extract_pages, filter_wiki  # imported only when the text is built
-
     path, missing = gensim_file(WIKI_FILE)
     if path is None:
         raise CompressorError(f"the fit text's Wikipedia articles come with the gensim package, which {missing}")
+    from gensim.corpora.wikicorpus import extract_pages, filter_wiki  # imported only when the text is built
+
     found = []
-    with bz2.open(path) as dump:
-        for _title, text, _page in extract_pages(dump):
-            if text.lstrip().lower().startswith("#redirect"):
-                continue
-            for line in filter_wiki(text).splitlines():
-                if not MARKUP_LINE.match(line) and line.count("|") < 2:
-                    found += sentence_passages(QUOTES.sub("", line))
+    try:
+        with bz2.open(path) as dump:
+            for _title, text, _page in extract_pages(dump):
+                if text.lstrip().lower().startswith("#redirect"):
+                    continue
+                for line in filter_wiki(text).splitlines():
+                    if not MARKUP_LINE.match(line) and line.count("|") < 2:
+                        found += sentence_passages(QUOTES.sub("", line))
+    except (OSError, EOFError) as e:  # a damaged dump file
+        raise CompressorError(
+            f"the Wikipedia articles in gensim's test data, {str(path)!r}, do not read: {e}"
+        ) from None
     return tuple(dict.fromkeys(found))
 
 

@@ -148,3 +148,14 @@ def test_without_gensim_the_second_text_is_one_sentence(monkeypatch):
     with pytest.raises(CompressorError, match="the gensim package, which is not installed: pip install gensim") as e:
         passages(None, SECOND)
     assert "\n" not in str(e.value)
+
+
+def test_a_damaged_wikipedia_file_is_one_sentence(tmp_path, monkeypatch):
+    damaged = tmp_path / "dump.bz2"
+    damaged.write_bytes(b"not bz2 at all")
+    monkeypatch.setattr(wiki, "gensim_file", lambda parts: (damaged, ""))
+    wiki._all_passages.cache_clear()  # built again, from the real file, by the next test that reads it
+    with pytest.raises(CompressorError, match="the Wikipedia articles in gensim's test data, .* do not read") as e:
+        wiki_passages()
+    assert "\n" not in str(e.value)
+    wiki._all_passages.cache_clear()
