@@ -22,7 +22,13 @@ from converters.loading import resolve_model_dir
 from converters.pipeline.calibrating import quantize_calibration, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import correction_fit
-from converters.quantization.quantize import PLANNED, quantize_onnx, weight_width
+from converters.quantization.quantize import (
+    INT8_PRODUCTS,
+    PLANNED,
+    check_int8_products,
+    quantize_onnx,
+    weight_width,
+)
 from converters.quantization.training import trainer
 from converters.spec import QuantizeSpec
 from files.atomic import check_writable
@@ -76,6 +82,7 @@ def run(args) -> None:
         check_writable(out, "ONNX file")
     check_prior(args.freq_prior, args.prior_weight)
     kind = kind_for_config(source)
+    check_int8_products(quantize.schemes, kind.graph)
     if folder and lacks_tokenizer(source):
         say(
             f"warning: {str(source)!r} has no tokenizer file; the folder will hold none, and tools cannot tokenize text"
@@ -118,7 +125,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             quantize.block_size,
             quantize.accuracy_level,
             correction=quantize.correction_share,
-            train=None if fit_for is None else trainer(model, fit_for(model)),
+            train=None if fit_for is None else trainer(model, fit_for(model), quantize.schemes[0] in INT8_PRODUCTS),
             table_head=quantize.table_head,
             table_block=quantize.table_block,
         )

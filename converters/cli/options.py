@@ -268,7 +268,8 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         "each linear layer's rounding error in its output metric (QERA), 8-bit factors, the ranks (or 8 bits instead "
         "of a correction) from one byte budget (--correction-share); int4-trained: int4-corrected, then the "
         "corrections (and their layers' biases) trained by distillation against the fp32 model with every weight as "
-        "the graph rounds it (--correction-time); mixed "
+        "the graph rounds it (--correction-time); w4a8 (encoders): int4-trained's 4-bit file, its layers and "
+        "corrections made int8 weights when the session starts and multiplied in int8 (faster, more memory); mixed "
         "(run, with --budget SIZE): each layer's rank and width (fp32, int8, int4) "
         "chosen together under the byte budget (default: off)",
     )

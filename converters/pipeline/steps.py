@@ -331,7 +331,7 @@ def finetune_and_say(
 
 
 def correction_fit(quantize: QuantizeSpec, data: Path | None, kind: ModelKind, source: Path):
-    """For int4-trained: model → the fine-tune of a student of its rounded graph (its CorrectedLinear
+    """For int4-trained and w4a8: model → the fine-tune of a student of its rounded graph (its CorrectedLinear
     modules, against `model`) on the fine-tune text `data`, for correction_time seconds; None when no
     scheme of `quantize` trains corrections."""
     if not set(quantize.schemes) & set(TRAINED):
@@ -340,8 +340,9 @@ def correction_fit(quantize: QuantizeSpec, data: Path | None, kind: ModelKind, s
     cfg = FinetuneConfig(seconds=seconds, linear_lr=CORRECTION_LR)  # a bad time fails now
     train, val, where = finetune_texts(data, kind)
     tokenizer = load_tokenizer(source)
+    named = " and ".join(s for s in quantize.schemes if s in TRAINED)
     say(
-        f"int4-trained: each graph so quantized takes int4-corrected's time (each linear layer's 4-bit loss, about "
+        f"{named}: each graph so quantized takes int4-corrected's time (each linear layer's 4-bit loss, about "
         f"2.5 s a layer for MiniLM on 2 cores) and then {seconds:g} s of training (--correction-time)"
     )
 
@@ -349,7 +350,7 @@ def correction_fit(quantize: QuantizeSpec, data: Path | None, kind: ModelKind, s
         def fit(student: nn.Module) -> None:
             report = finetune_(student, model, tokenizer, train, val, cfg, (CorrectedLinear, GraphLayerNorm))
             say(
-                f"int4-trained: the corrections trained on {where} for {report.steps} steps in {report.seconds:.0f} "
+                f"{named}: the corrections trained on {where} for {report.steps} steps in {report.seconds:.0f} "
                 f"s; {kind.agreement_name} {report.start_val_cosine:.4f} → {report.best_val_cosine:.4f}"
             )
 

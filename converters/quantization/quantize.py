@@ -41,6 +41,7 @@ from converters.quantization.int4 import (
     quantize_4bit,
     quiet_quantizer,
 )
+from converters.quantization.int8_products import int8_products
 from converters.quantization.mixed import quantize_mixed
 from converters.quantization.sensitivity import four_bit_losses
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
@@ -54,6 +55,7 @@ from files.atomic import atomic_file
 
 __all__ = [
     "SCHEMES",
+    "INT8_PRODUCTS",
     "CALIBRATED",
     "PLANNED",
     "CALIBRATION_PASSAGES",
@@ -64,15 +66,22 @@ __all__ = [
     "tied_products_as_matmul",
     "weight_width",
     "check_table_head",
+    "check_int8_products",
     "table_block_of",
 ]
 
-SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "int4-corrected", "int4-trained", "mixed")
+SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "int4-corrected", "int4-trained", "w4a8", "mixed")
 PLANNED = ("mixed",)  # the schemes whose widths a compressed model's plan chose (converters.quantization.mixed)
-CORRECTED = ("int4-corrected", "int4-trained")  # low rank on the rounding error (converters.quantization.correction)
-TRAINED = ("int4-trained",)  # the schemes whose corrections a fine-tune trains (converters.quantization.training)
+CORRECTED = ("int4-corrected", "int4-trained", "w4a8")  # low rank on the rounding error (quantization.correction)
+TRAINED = ("int4-trained", "w4a8")  # the schemes whose corrections a fine-tune trains (quantization.training)
+INT8_PRODUCTS = ("w4a8",)  # 4-bit codes multiplied in int8 (converters.quantization.int8_products)
 CALIBRATED = ("int8-aware", "int4-aware", *CORRECTED)  # the schemes that need calibration batches
-SMOOTHING = {"int8-aware": SMOOTH_ALPHA, "int4-aware": INT4_AWARE_ALPHA, **dict.fromkeys(CORRECTED, INT4_AWARE_ALPHA)}
+SMOOTHING = {
+    "int8-aware": SMOOTH_ALPHA,
+    "int4-aware": INT4_AWARE_ALPHA,
+    **dict.fromkeys(CORRECTED, INT4_AWARE_ALPHA),
+    **dict.fromkeys(INT8_PRODUCTS, SMOOTH_ALPHA),  # activations rounded to 8 bits, one scale a tensor, as int8-aware's
+}
 # Passages of the calibration text the aware schemes read: the maxima it takes grow with the text (on
 # all-MiniLM-L6-v2, 256 pydoc passages: recall@10 0.936; all 292: 0.943).
 CALIBRATION_PASSAGES = 1024
@@ -83,7 +92,7 @@ CALIBRATION_PASSAGES = 1024
 # emb4 variant. On text (BENCHMARKS.md, "The int8 gate on text"): int8 0.164, int8-aware 0.121 for
 # all-MiniLM-L6-v2. A graph quantized wrongly is near 1. An LM's is of its next-token probabilities, below
 # 1.0 at any width (eval.kinds.CAUSAL_LM.gated).
-REL_TOL = {"int8": 0.35, "int4": 0.5, "mixed": 0.5}
+REL_TOL = {"int8": 0.35, "int4": 0.5, "w4a8": 0.5, "mixed": 0.5}
 PARITY_BATCHES = 4  # batches of the calibration text the gate reads
 HEAD_SCHEMES = ("int4-aware", *CORRECTED)  # the schemes that may keep the word table's frequent rows in 8 bits
 # The corrected schemes' tables in blocks of at least this many weights unless --table-block says: on
@@ -92,6 +101,16 @@ HEAD_SCHEMES = ("int4-aware", *CORRECTED)  # the schemes that may keep the word 
 # corrections (int4-aware) they are a trade, 0.160× at 0.885 / 0.892 against 0.170× at 0.890 / 0.895
 # (BENCHMARKS.md, "The tables' own block").
 CORRECTED_TABLE_BLOCK = 64
+
+
+def check_int8_products(schemes, kind) -> None:
+    """The int8-product schemes (INT8_PRODUCTS) go with a graph kind whose products are int8 (an encoder's)."""
+    asked = [scheme for scheme in schemes if scheme in INT8_PRODUCTS]
+    if asked and kind.factor_form != "int8":
+        raise CompressorError(
+            f"{asked[0]} rounds the activations to 8 bits with one scale a tensor, which an LM's outliers do not "
+            "survive: use int4-trained for an LM"
+        )
 
 
 def check_table_head(rows: int, schemes) -> None:
@@ -118,6 +137,7 @@ def weight_width(scheme: str | None) -> int | None:
 
 QUANTIZED_OPS = {
     "DynamicQuantizeLinear",
+    "DynamicQuantizeMatMul",
     "MatMulInteger",
     "QuantizeLinear",
     "DequantizeLinear",
@@ -278,6 +298,7 @@ def quantize_onnx(
     src, dst = Path(src), Path(dst)
     if is_quantized(src):
         raise CompressorError(f"{str(src)!r} is already quantized; quantize its fp32 graph instead")
+    check_int8_products([scheme], graph_kind(src))
     with atomic_file(dst, needed=file_bytes(src) // 3) as tmp, tempfile.TemporaryDirectory() as work:
         plain = Path(work) / "plain.onnx"  # without the fp32 parity of the metadata
         proto = tied_products_as_matmul(onnx.load(str(src)))
@@ -298,7 +319,8 @@ def quantize_onnx(
             corrected, corrections, eight_bit = _corrected(
                 exported, proto, calibration, kind, block, accuracy_level, correction, train, head, table_block, vocab
             )
-            onnx.save_model(half_scales(share_tied_codes(corrected, tied)), str(tmp))
+            corrected = half_scales(share_tied_codes(corrected, tied))
+            onnx.save_model(int8_products(corrected) if scheme in INT8_PRODUCTS else corrected, str(tmp))
         elif scheme == "mixed":
             onnx.save_model(half_scales(quantize_mixed(proto, widths, block, accuracy_level)), str(tmp))
         elif width == "int4":

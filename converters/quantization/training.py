@@ -15,11 +15,13 @@ corrected, Q + L R (its correction keeps its closed form: no nn.Linear to train 
 fine-tune (the corrections of nn.Linear and Conv1D layers, their biases and the LayerNorms trained,
 all else frozen) the factors go back as L = s·A, R = B, the biases into their Add and the LayerNorms
 into their LayerNormalization (each in an initializer of its own), and `correction.store_factors`
-rounds the factors to 8 bits."""
+rounds the factors to 8 bits. For a graph whose products are int8 (w4a8: converters.quantization.int8_products)
+each rounded layer's input is rounded too, as DynamicQuantizeLinear rounds it (`int8_rounded`)."""
 
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import onnx
@@ -43,6 +45,7 @@ __all__ = [
     "write_back",
     "dequantize_table",
     "trainer",
+    "int8_rounded",
 ]
 
 # The fine-tune of int4-trained (BENCHMARKS.md, "Train through the rounding").
@@ -96,6 +99,21 @@ class Holder:
             module.weight.data = tensor.T.contiguous() if isinstance(module, nn.Linear) else tensor
         else:
             model.get_parameter(self.name).data = tensor.T.contiguous() if self.transposed else tensor
+
+
+def int8_rounded(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x with its smoothed x / s rounded as ONNX Runtime's DynamicQuantizeLinear rounds it (uint8, one scale a
+    tensor, (max(x, 0) − min(x, 0)) / 255, zero exact), times s again; the gradient passes straight through."""
+    smoothed = x / s
+    low, high = smoothed.min().detach().clamp(max=0), smoothed.max().detach().clamp(min=0)
+    scale = ((high - low) / 255).clamp(min=1e-12)
+    zero = torch.round(-low / scale)
+    codes = (torch.round(smoothed / scale) + zero).clamp(0, 255)
+    return x + ((codes - zero) * scale * s - x).detach()
+
+
+def _round_input(s: torch.Tensor, module: nn.Module, args: tuple) -> tuple:
+    return (int8_rounded(args[0], s), *args[1:])
 
 
 def _key(value: torch.Tensor) -> bytes:
@@ -199,11 +217,16 @@ def _norms_of(model: nn.Module, graph: onnx.GraphProto) -> dict[str, tuple[str, 
 
 
 def student_of(
-    model: nn.Module, fp32: onnx.ModelProto, smoothed: onnx.ModelProto, corrected: onnx.ModelProto
+    model: nn.Module,
+    fp32: onnx.ModelProto,
+    smoothed: onnx.ModelProto,
+    corrected: onnx.ModelProto,
+    int8_inputs: bool = False,
 ) -> tuple[nn.Module, Links]:
     """`model` (changed in place) holding every weight as `corrected` (add_corrections' graph of the
-    smoothed `smoothed` of the exported `fp32`) holds it, its corrected layers CorrectedLinear; each
-    corrected layer's bias gets an initializer of its own in `corrected` (in place)."""
+    smoothed `smoothed` of the exported `fp32`) holds it, its corrected layers CorrectedLinear, and with
+    `int8_inputs` each rounded layer's input rounded to 8 bits (int8_rounded); each corrected layer's bias
+    gets an initializer of its own in `corrected` (in place)."""
     held = _held_weights(model)
     plain = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
     scaled = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer}
@@ -213,6 +236,7 @@ def student_of(
     rounded = {n.output[0].removesuffix("_rounded"): n for n in graph.node if n.op_type == "MatMulNBits"}
     corrected_outs = set(corrected_layers(corrected))
     links = Links(norms=_norms_of(model, graph))
+    rounded_inputs: dict[str, torch.Tensor] = {}  # module name → its smoothing s
     for out, node in rounded.items():
         if out not in unsmoothed:
             continue  # a correction's own factor
@@ -221,6 +245,8 @@ def student_of(
         s = (w_s * w).sum(1) / np.maximum((w * w).sum(1), 1e-30)  # (K,): W_s = diag(s) W
         s[(w * w).sum(1) == 0] = 1.0
         q = dequantize_nbits(graph, node) / s[:, None]  # (K, N) as x q
+        if int8_inputs and not holder.factor:
+            rounded_inputs[holder.name] = torch.from_numpy(s.astype(np.float32))
         if out not in corrected_outs:
             holder.put(model, q)
             continue
@@ -239,6 +265,8 @@ def student_of(
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, CorrectedLinear(q.T, left, right, values))
         links.layers[out] = (name, s, bias)
+    for name, s in rounded_inputs.items():
+        model.get_submodule(name).register_forward_pre_hook(partial(_round_input, s))
     gathers = {n.output[0]: n.input[0] for n in fp32.graph.node if n.op_type == "Gather"}  # output → table
     tables = {n.output[0]: (n,) for n in graph.node if n.op_type == "GatherBlockQuantized"}
     for out, (head, tail, perm) in split_tables(graph).items():  # the word table by frequency, 8-bit head
@@ -276,13 +304,13 @@ def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> 
     return corrected
 
 
-def trainer(model: nn.Module, fit: Callable[[nn.Module], None]):
+def trainer(model: nn.Module, fit: Callable[[nn.Module], None], int8_inputs: bool = False):
     """The `train` argument of quantize_onnx for the fp32 graph of `model`: a copy of `model` made a
-    student of the corrected graph, `fit` (a fine-tune of its CorrectedLinear modules) run on it, and
-    its factors written back."""
+    student of the corrected graph (`int8_inputs`: student_of's), `fit` (a fine-tune of its CorrectedLinear
+    modules) run on it, and its factors written back."""
 
     def train(fp32: onnx.ModelProto, smoothed: onnx.ModelProto, corrected: onnx.ModelProto) -> onnx.ModelProto:
-        student, links = student_of(copy.deepcopy(model), fp32, smoothed, corrected)
+        student, links = student_of(copy.deepcopy(model), fp32, smoothed, corrected, int8_inputs)
         fit(student)
         return write_back(corrected, student, links)
 

@@ -9,7 +9,7 @@ import torch
 
 from converters.cli import main
 from converters.export import export_embedding_onnx
-from tests.conftest import run_cli, write_tiny_bert
+from tests.conftest import run_cli, write_tiny_bert, write_tiny_lm
 
 
 def test_compress_export_bench(tiny_bert_dir, eval_text_file, tmp_path, capsys):
@@ -314,6 +314,21 @@ def test_a_correction_share_outside_0_1_is_refused_before_the_work(
     code, _, err = run_cli(capsys, *argv)
     assert code == 2 and "--correction-share is a share of the 4-bit bytes in (0, 1), got 1.5" in err, err
     assert err.count("error:") == 1 and "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("command", ["export", "run"])
+def test_w4a8_on_an_lm_is_refused_before_the_work(command, tmp_path, capsys, monkeypatch):
+    import converters.cli.export as export_command
+    import converters.pipeline.measuring as pipeline
+
+    lm = write_tiny_lm(tmp_path / "llama")
+    capsys.readouterr()  # what writing the LM said
+    monkeypatch.setattr(export_command, "quantize_calibration", lambda *a: pytest.fail("calibrated an LM for w4a8"))
+    monkeypatch.setattr(pipeline, "quantize_calibration", lambda *a: pytest.fail("calibrated an LM for w4a8"))
+    out = tmp_path / ("x.onnx" if command == "export" else "run")
+    code, _, err = run_cli(capsys, command, lm, "--quantize", "w4a8", "--out", out)
+    assert code == 2 and "use int4-trained for an LM" in err and err.count("error:") == 1, err
+    assert not out.exists()
 
 
 def test_run_int4_corrected_reports_each_correction(tmp_path, eval_text_file, capsys, monkeypatch):

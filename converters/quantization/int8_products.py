@@ -1,0 +1,153 @@
+"""4-bit codes, int8 products: a corrected graph's layers multiplied by ONNX Runtime's dynamic int8 kernel.
+
+ONNX Runtime's MatMulNBits multiplies 4-bit weights no faster than its fp32 MatMul on a batch of a thousand
+tokens here, and each low-rank correction adds two more products; its dynamic int8 MatMul
+(`DynamicQuantizeMatMul`: x rounded to 8 bits, one scale a call, then VNNI integer products) runs 3 to 4 ×
+faster than either (BENCHMARKS.md, "4-bit codes, int8 products"). So each MatMulNBits layer y = Q x (+ its
+correction (x L) R) is rewritten as a constant subgraph over the codes the file already holds,
+
+    W = Q + L R,   s_n = max_k |W_kn| / 127,   W8 = round(W / s)   (int8, one scale a column),
+
+and `DynamicQuantizeMatMul(x, W8, s)`. Every input of that subgraph is an initializer: ONNX Runtime folds it
+into W8 and s when the session starts (its constant folding, the one that reads half_scales' Casts), so the
+file keeps the 4-bit codes and the int8 factors, and each layer runs as one int8 product. The activations
+are then rounded to 8 bits with one scale a tensor, as `int8-aware`'s are: the graph is smoothed for that
+(`SMOOTH_ALPHA`)."""
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from converters.quantization.correction import corrected_layers
+
+__all__ = ["INT8_LEVEL", "int8_products"]
+
+INT8_LEVEL = 127  # |codes| of the int8 weights, symmetric
+_TINY = 1e-30  # a column of zeros keeps a scale
+
+
+class _Builder:
+    """Nodes and constants appended under one prefix; `opset`: the graph's default-domain version."""
+
+    def __init__(self, prefix: str, opset: int):
+        self.prefix, self.opset, self.nodes, self.inits, self.count = prefix, opset, [], [], 0
+
+    def const(self, value, dtype) -> str:
+        name = f"{self.prefix}_c{len(self.inits)}"  # short: a layer's subgraph holds some twenty names
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], domain: str = "", **attrs) -> str:
+        self.count += 1
+        out = f"{self.prefix}_{self.count}"
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, domain=domain, **attrs))
+        return out
+
+    def reduce(self, op_type: str, x: str) -> str:
+        """`op_type` (ReduceMax, ReduceMin) over axis 1, kept: (N, 1)."""
+        if self.opset >= 18:
+            return self.op(op_type, [x, self.const([1], np.int64)], keepdims=1)
+        return self.op(op_type, [x], axes=[1], keepdims=1)
+
+
+def _unpacked(b: _Builder, packed: str, rows: int, per_row: int, bits: int) -> str:
+    """uint8 codes `bits` wide, packed `8 // bits` to a byte low bits first (MatMulNBits' layout), as a
+    (rows, per_row · 8 // bits) uint8 tensor: the bit operations stay on bytes, one float tensor comes later."""
+    packed = b.op("Reshape", [packed, b.const([rows, per_row, 1], np.int64)])
+    if bits == 8:
+        return b.op("Reshape", [packed, b.const([rows, per_row], np.int64)])
+    keep, shift = b.const(8 - bits, np.uint8), b.const(bits, np.uint8)
+    parts, rest = [], packed
+    for _ in range(8 // bits):
+        parts.append(b.op("BitShift", [b.op("BitShift", [rest, keep], direction="LEFT"), keep], direction="RIGHT"))
+        rest = b.op("BitShift", [rest, shift], direction="RIGHT")
+    return b.op("Reshape", [b.op("Concat", parts, axis=-1), b.const([rows, per_row * (8 // bits)], np.int64)])
+
+
+def _transposed_weight(b: _Builder, graph: onnx.GraphProto, node: onnx.NodeProto) -> str:
+    """Qᵀ (N × K, float) of a MatMulNBits node from its codes, block scales and zero points (2^(bits−1)
+    when absent): s (q − z) per block, as codes · s − z · s."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+    blocks = -(-k // block)
+    codes = _unpacked(b, node.input[1], n, blocks * block * bits // 8, bits)
+    codes = b.op("Cast", [b.op("Reshape", [codes, b.const([n, blocks, block], np.int64)])], to=onnx.TensorProto.FLOAT)
+    scales = b.op("Reshape", [node.input[2], b.const([n, blocks, 1], np.int64)])
+    if len(node.input) > 3 and node.input[3]:
+        zero = _unpacked(b, node.input[3], n, -(-blocks * bits // 8), bits)
+        zero = b.op("Slice", [zero, b.const([0], np.int64), b.const([blocks], np.int64), b.const([1], np.int64)])
+        zero = b.op("Cast", [b.op("Unsqueeze", [zero, b.const([-1], np.int64)])], to=onnx.TensorProto.FLOAT)
+    else:
+        zero = b.const(1 << (bits - 1), np.float32)
+    weight = b.op("Sub", [b.op("Mul", [codes, scales]), b.op("Mul", [zero, scales])])
+    weight = b.op("Reshape", [weight, b.const([n, blocks * block], np.int64)])
+    if blocks * block == k:
+        return weight
+    return b.op("Slice", [weight, b.const([0], np.int64), b.const([k], np.int64), b.const([1], np.int64)])
+
+
+def _factor(b: _Builder, weight: str) -> str:
+    """A correction factor as quantize_dynamic stores it (WEIGHT_quantized, _scale, _zero_point), in float,
+    transposed."""
+    codes, zero = (
+        b.op("Cast", [f"{weight}_{part}"], to=onnx.TensorProto.FLOAT) for part in ("quantized", "zero_point")
+    )
+    return b.op("Transpose", [b.op("Mul", [b.op("Sub", [codes, zero]), f"{weight}_scale"])], perm=[1, 0])
+
+
+def _prune(graph: onnx.GraphProto) -> None:
+    """Remove the nodes no output needs, then the initializers no node reads (in place)."""
+    nodes, outputs = list(graph.node), {o.name for o in graph.output}
+    while True:
+        used = {name for node in nodes for name in node.input} | outputs
+        kept = [node for node in nodes if any(out in used for out in node.output)]
+        if len(kept) == len(nodes):
+            break
+        nodes = kept
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in nodes for name in node.input}
+    inits = [init for init in graph.initializer if init.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+
+
+def int8_products(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (a corrected graph whose factors are stored as dynamic int8, changed in place) with each
+    MatMulNBits layer and its correction one DynamicQuantizeMatMul on W8 = round((Q + L R) / s) (module
+    docstring), W8 and s computed from the stored codes by nodes ONNX Runtime folds at session start."""
+    graph = model.graph
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    corrected = set(corrected_layers(model))
+    built, replaced = [], {}
+    layers = [node for node in graph.node if node.op_type == "MatMulNBits"]
+    for k, node in enumerate(layers):
+        out = node.output[0].removesuffix("_rounded")
+        b = _Builder(f"int8w{k}", opset)
+        transposed = _transposed_weight(b, graph, node)
+        if out in corrected:  # (L R)ᵀ = Rᵀ Lᵀ, made (N × K) at once
+            transposed = b.op("Add", [transposed, b.op("MatMul", [_factor(b, f"{out}_R"), _factor(b, f"{out}_L")])])
+        largest = b.op("Max", [b.reduce("ReduceMax", transposed), b.op("Neg", [b.reduce("ReduceMin", transposed)])])
+        scale = b.op("Div", [b.op("Max", [largest, b.const(_TINY, np.float32)]), b.const(INT8_LEVEL, np.float32)])
+        codes = b.op("Cast", [b.op("Round", [b.op("Div", [transposed, scale])])], to=onnx.TensorProto.INT8)
+        weight = b.op("Transpose", [codes], perm=[1, 0])
+        flat = b.op("Reshape", [scale, b.const([-1], np.int64)])
+        replaced[node.name] = helper.make_node(
+            "DynamicQuantizeMatMul",
+            [node.input[0], weight, flat],
+            [node.output[0]],
+            name=f"{out}_int8",
+            domain="com.microsoft",
+        )
+        built.append(b)
+    nodes = [n for b in built for n in b.nodes]
+    for node in graph.node:
+        if node.name.removesuffix("_corrected") in corrected and node.name.endswith("_corrected"):
+            kept = next(name for name in node.input if not name.endswith("_xLR"))
+            node = helper.make_node("Identity", [kept], [node.output[0]], name=node.name)
+        nodes.append(replaced.get(node.name, node))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(init for b in built for init in b.inits)
+    _prune(graph)
+    return model

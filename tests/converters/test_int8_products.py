@@ -1,0 +1,158 @@
+"""4-bit codes, int8 products (w4a8): the subgraph ONNX Runtime folds at session start gives each layer the int8
+weight round((Q + L R) / s) of its stored codes and factors, the file keeps the codes, the student rounds its
+inputs as DynamicQuantizeLinear does, and the scheme runs end to end on an encoder and refuses an LM."""
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from compressor.errors import CompressorError
+from converters.checkpoint import load_model
+from converters.export import export_onnx, sample_inputs
+from converters.quantization.correction import _stored_factor, corrected_layers, dequantize_nbits
+from converters.quantization.int8_products import INT8_LEVEL, int8_products
+from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.training import int8_rounded, trainer
+from eval.graph import make_session
+from tests.conftest import write_tiny_bert, write_tiny_lm
+
+NAMES = ("input_ids", "attention_mask")
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    """A tiny BERT wide enough for rank-16 corrections, its fp32 graph, calibration batches, and its
+    int4-corrected graph (blocks of 16, a 30% budget)."""
+    path = write_tiny_bert(tmp_path_factory.mktemp("bert") / "bert", hidden=128, intermediate=256)
+    model, _ = load_model(path)
+    fp32 = export_onnx(model, path.parent / "m.onnx").path
+    vocab = model.get_input_embeddings().num_embeddings
+    feeds = [dict(zip(NAMES, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
+    corrected = quantize_onnx(fp32, path.parent / "c.onnx", vocab, "int4-corrected", feeds, block=16, correction=0.3)
+    return model, fp32, vocab, feeds, corrected.path
+
+
+def _folded(model: onnx.ModelProto, tmp_path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each DynamicQuantizeMatMul's (int8 weight, scales) as ONNX Runtime computes them from the file."""
+    layers = [n for n in model.graph.node if n.op_type == "DynamicQuantizeMatMul"]
+    probe = copy.deepcopy(model)
+    del probe.graph.output[:]
+    for node in layers:
+        probe.graph.output.extend(
+            [
+                helper.make_tensor_value_info(node.input[1], TensorProto.INT8, None),
+                helper.make_tensor_value_info(node.input[2], TensorProto.FLOAT, None),
+            ]
+        )
+    onnx.save_model(probe, str(tmp_path / "probe.onnx"))
+    session = make_session(tmp_path / "probe.onnx")
+    feed = {i.name: np.ones((1, 4), np.int64) for i in session.get_inputs()}
+    values = session.run(None, feed)
+    return {node.output[0]: (values[2 * k], values[2 * k + 1]) for k, node in enumerate(layers)}
+
+
+def test_each_layer_multiplies_by_its_codes_and_correction_rounded_to_int8(bert, tmp_path):
+    *_, corrected_path = bert
+    corrected = onnx.load(str(corrected_path))
+    layers = {n.output[0]: n for n in corrected.graph.node if n.op_type == "MatMulNBits"}
+    fixed = corrected_layers(corrected)
+    assert fixed, "a 30% budget buys at least one correction"
+    products = int8_products(copy.deepcopy(corrected))
+    ops = [n.op_type for n in products.graph.node]
+    assert "MatMulNBits" not in ops and "MatMulInteger" not in ops
+    folded = _folded(products, tmp_path)
+    assert sorted(folded) == sorted(layers)  # one int8 product a layer
+    for out, node in layers.items():
+        weight = dequantize_nbits(corrected.graph, node)
+        base = out.removesuffix("_rounded")
+        if base in fixed:
+            left, right = (_stored_factor(corrected.graph, base, side, "int8") for side in ("left", "right"))
+            weight = weight + left @ right
+        codes, scales = folded[out]
+        assert codes.shape == weight.shape and scales.shape == (weight.shape[1],)
+        np.testing.assert_allclose(scales, np.abs(weight).max(0) / INT8_LEVEL, rtol=1e-5)
+        assert np.abs(codes * scales.astype(np.float64) - weight).max() <= 0.5001 * scales.max()  # one rounding
+    stored = {i.name: i for i in products.graph.initializer}
+    weights = [
+        i
+        for i in stored.values()
+        if i.data_type == TensorProto.INT8 and i.name.endswith(("_L_quantized", "_R_quantized"))
+    ]
+    assert len(weights) == 2 * len(fixed)  # the factors as stored
+    big_int8 = [i for i in stored.values() if i.data_type == TensorProto.INT8 and np.prod(i.dims) >= 128 * 128]
+    assert not big_int8  # the file keeps 4-bit codes: the int8 weights exist only once the session folds them
+
+
+def test_onnx_runtime_folds_the_expansion_at_session_start(bert, tmp_path):
+    *_, corrected_path = bert
+    products = int8_products(onnx.load(str(corrected_path)))
+    onnx.save_model(products, str(tmp_path / "p.onnx"))
+    make_session(tmp_path / "p.onnx", optimized_path=tmp_path / "optimized.onnx")
+    left = {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert "DynamicQuantizeMatMul" in left
+    assert not left & {"BitShift", "Round", "ReduceMax", "MatMulNBits", "MatMulInteger"}  # all folded or gone
+
+
+def test_the_student_rounds_inputs_as_dynamic_quantize_linear_does(tmp_path):
+    x = torch.randn(3, 7, 16) * torch.linspace(0.1, 4, 16)
+    s = torch.linspace(0.5, 2, 16)
+    x.requires_grad_(True)
+    rounded = int8_rounded(x, s)
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "scale", "zero"])
+    back = helper.make_node("DequantizeLinear", ["q", "scale", "zero"], ["y"])
+    graph = helper.make_graph(
+        [node, back],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "q.onnx"))
+    session = make_session(tmp_path / "q.onnx")
+    (expected,) = session.run(None, {"x": (x / s).detach().numpy()})
+    scale = float((x / s).detach().abs().max()) / 127
+    assert np.abs(rounded.detach().numpy() - expected * s.numpy()).max() <= 1e-3 * scale * float(s.max())
+    assert 0 < (rounded - x).abs().max() <= scale * float(s.max())  # rounded, by at most one step
+    rounded.sum().backward()
+    assert torch.equal(x.grad, torch.ones_like(x))  # straight through
+
+
+def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path):
+    model, fp32, vocab, feeds, _ = bert
+    seen = []
+    result = quantize_onnx(
+        fp32,
+        tmp_path / "w.onnx",
+        vocab,
+        "w4a8",
+        feeds,
+        block=16,
+        correction=0.3,
+        train=trainer(model, seen.append, True),
+    )
+    assert 0 < result.parity_rel <= REL_TOL["w4a8"] and result.corrections
+    graph = onnx.load(str(result.path)).graph
+    assert {n.op_type for n in graph.node} >= {"DynamicQuantizeMatMul", "GatherBlockQuantized"}
+    (student,) = seen
+    hooked = [m for m in student.modules() if m._forward_pre_hooks]
+    assert len(hooked) == len([n for n in graph.node if n.op_type == "DynamicQuantizeMatMul"])
+    feed = feeds[1]
+    (y,) = make_session(result.path).run(None, feed)
+    with torch.no_grad():
+        ids, mask = (torch.from_numpy(feed[n]) for n in NAMES)
+        rounding = student(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
+        for module in hooked:
+            module._forward_pre_hooks.clear()
+        plain = student(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
+    scale = np.abs(y).max()
+    assert np.abs(rounding - plain).max() > 1e-4 * scale  # the hooks round each layer's input
+    assert np.abs(rounding - y).max() <= 2e-2 * scale  # and the student computes what the graph does
+
+    lm, _ = load_model(write_tiny_lm(tmp_path / "llama", hidden=128))
+    lm_graph = export_onnx(lm, tmp_path / "lm.onnx").path
+    with pytest.raises(CompressorError, match="use int4-trained for an LM"):
+        quantize_onnx(lm_graph, tmp_path / "x.onnx", vocab, "w4a8", feeds, train=trainer(lm, seen.append, True))
+    assert not (tmp_path / "x.onnx").exists()
