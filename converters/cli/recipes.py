@@ -58,11 +58,12 @@ DEFAULT_RECIPE = {
 }
 # The built-in grid: what `compressor sweep` runs without --recipes (15 minutes on 2 cores before
 # the int4-aware rows, which put 4-bit points, and original-int4-aware, on the fronts; the default
-# recipe's int4-trained rows, here only (5 minutes each, too long for `make demo`), put its corrected
-# points and original-int4-trained's there: BENCHMARKS.md, "int4-trained on a compressed model").
+# recipe's int4-trained and w4a8 rows, here only (5 minutes each, too long for `make demo`), put its corrected
+# points and original-int4-trained's there, and w4a8's on the latency front: BENCHMARKS.md, "int4-trained on a
+# compressed model", "4-bit codes, int8 products").
 DEFAULT_RECIPES = {
     "variants": [
-        {**DEFAULT_RECIPE, "quantize": [*DEFAULT_RECIPE["quantize"], "int4-trained"]},
+        {**DEFAULT_RECIPE, "quantize": [*DEFAULT_RECIPE["quantize"], "int4-trained", "w4a8"]},
         {
             "name": "emb8",
             "method": "tt",

@@ -78,8 +78,8 @@ def test_the_default_recipes_are_valid():
     recipes = load_recipes()
     assert len(recipes) == len(DEFAULT_RECIPES["variants"]) >= 2
     assert set(QUANTIZE_CHOICES) == {"fp32", *SCHEMES}
-    first = recipes[0].variant()  # the default recipe, with its corrected rows (and so original-int4-trained)
-    assert first.name == DEFAULT_RECIPE["name"] and first.quantize.schemes[-1] == "int4-trained"
+    first = recipes[0].variant()  # the default recipe, with its corrected rows (and so original-int4-trained, -w4a8)
+    assert first.name == DEFAULT_RECIPE["name"] and first.quantize.schemes[-2:] == ("int4-trained", "w4a8")
 
 
 @pytest.mark.parametrize(
