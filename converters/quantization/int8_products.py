@@ -48,10 +48,10 @@ class _Builder:
         return out
 
     def reduce(self, op_type: str, x: str) -> str:
-        """`op_type` (ReduceMax, ReduceMin) over axis 1, kept: (N, 1)."""
+        """`op_type` (ReduceMax, ReduceMin) of a (N, blocks, block) tensor over its last two axes: (N,)."""
         if self.opset >= 18:
-            return self.op(op_type, [x, self.const([1], np.int64)], keepdims=1)
-        return self.op(op_type, [x], axes=[1], keepdims=1)
+            return self.op(op_type, [x, self.const([1, 2], np.int64)], keepdims=0)
+        return self.op(op_type, [x], axes=[1, 2], keepdims=0)
 
 
 def _unpacked(b: _Builder, packed: str, rows: int, per_row: int, bits: int) -> str:
@@ -68,12 +68,12 @@ def _unpacked(b: _Builder, packed: str, rows: int, per_row: int, bits: int) -> s
     return b.op("Reshape", [b.op("Concat", parts, axis=-1), b.const([rows, per_row * (8 // bits)], np.int64)])
 
 
-def _transposed_weight(b: _Builder, graph: onnx.GraphProto, node: onnx.NodeProto) -> str:
-    """Qᵀ (N × K, float) of a MatMulNBits node from its codes, block scales and zero points (2^(bits−1)
-    when absent): s (q − z) per block, as codes · s − z · s."""
+def _blocked_weight(b: _Builder, graph: onnx.GraphProto, node: onnx.NodeProto) -> str:
+    """Qᵀ of a MatMulNBits node as (N, blocks, block) floats, from its codes, block scales and zero points
+    (2^(bits−1) when absent): (q − z) s per block."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
-    blocks = -(-k // block)
+    n, bits, block = attrs["N"], attrs["bits"], attrs["block_size"]
+    blocks = -(-attrs["K"] // block)
     codes = _unpacked(b, node.input[1], n, blocks * block * bits // 8, bits)
     codes = b.op("Cast", [b.op("Reshape", [codes, b.const([n, blocks, block], np.int64)])], to=onnx.TensorProto.FLOAT)
     scales = b.op("Reshape", [node.input[2], b.const([n, blocks, 1], np.int64)])
@@ -83,11 +83,7 @@ def _transposed_weight(b: _Builder, graph: onnx.GraphProto, node: onnx.NodeProto
         zero = b.op("Cast", [b.op("Unsqueeze", [zero, b.const([-1], np.int64)])], to=onnx.TensorProto.FLOAT)
     else:
         zero = b.const(1 << (bits - 1), np.float32)
-    weight = b.op("Sub", [b.op("Mul", [codes, scales]), b.op("Mul", [zero, scales])])
-    weight = b.op("Reshape", [weight, b.const([n, blocks * block], np.int64)])
-    if blocks * block == k:
-        return weight
-    return b.op("Slice", [weight, b.const([0], np.int64), b.const([k], np.int64), b.const([1], np.int64)])
+    return b.op("Mul", [b.op("Sub", [codes, zero]), scales])
 
 
 def _factor(b: _Builder, weight: str) -> str:
@@ -125,23 +121,32 @@ def int8_products(model: onnx.ModelProto) -> onnx.ModelProto:
     corrected = set(corrected_layers(model))
     built, replaced = [], {}
     layers = [node for node in graph.node if node.op_type == "MatMulNBits"]
-    for k, node in enumerate(layers):
+    for index, node in enumerate(layers):
         if len(node.input) > 4 and node.input[4]:  # g_idx: an act-order permutation, which no scheme here writes
             raise CompressorError(f"{node.name!r} holds a g_idx; int8 products take MatMulNBits in plain block order")
         out = node.output[0].removesuffix("_rounded")
-        b = _Builder(f"int8w{k}", opset)
-        transposed = _transposed_weight(b, graph, node)
-        if out in corrected:  # (L R)ᵀ = Rᵀ Lᵀ, made (N × K) at once
-            transposed = b.op("Add", [transposed, b.op("MatMul", [_factor(b, f"{out}_R"), _factor(b, f"{out}_L")])])
-        largest = b.op("Max", [b.reduce("ReduceMax", transposed), b.op("Neg", [b.reduce("ReduceMin", transposed)])])
+        b = _Builder(f"int8w{index}", opset)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        k, n, block = attrs["K"], attrs["N"], attrs["block_size"]
+        blocks = -(-k // block)
+        weight = _blocked_weight(b, graph, node)  # Qᵀ as (N, blocks, block): each float step is a copy held at start
+        if out in corrected:  # (L R)ᵀ = Rᵀ Lᵀ (N × K), padded to whole blocks
+            product = b.op("MatMul", [_factor(b, f"{out}_R"), _factor(b, f"{out}_L")])
+            if blocks * block != k:
+                product = b.op("Pad", [product, b.const([0, 0, 0, blocks * block - k], np.int64)])
+            weight = b.op("Add", [weight, b.op("Reshape", [product, b.const([n, blocks, block], np.int64)])])
+        largest = b.op("Max", [b.reduce("ReduceMax", weight), b.op("Neg", [b.reduce("ReduceMin", weight)])])
         scale = b.op("Div", [b.op("Max", [largest, b.const(_TINY, np.float32)]), b.const(INT8_LEVEL, np.float32)])
-        codes = b.op("Cast", [b.op("Round", [b.op("Div", [transposed, scale])])], to=onnx.TensorProto.INT8)
+        zero = b.op("ConstantOfShape", [b.const([n], np.int64)], value=numpy_helper.from_array(np.zeros(1, np.int8)))
+        codes = b.op("QuantizeLinear", [weight, scale, zero], axis=0)  # round(W / s) to int8, one step
+        codes = b.op("Reshape", [codes, b.const([n, blocks * block], np.int64)])
+        if blocks * block != k:
+            codes = b.op("Slice", [codes, b.const([0], np.int64), b.const([k], np.int64), b.const([1], np.int64)])
         weight = b.op("Transpose", [codes], perm=[1, 0])
-        flat = b.op("Reshape", [scale, b.const([-1], np.int64)])
         bias = node.input[5] if len(node.input) > 5 else ""
         replaced[node.name] = helper.make_node(
             "DynamicQuantizeMatMul",
-            [node.input[0], weight, flat, "", bias] if bias else [node.input[0], weight, flat],
+            [node.input[0], weight, scale, "", bias] if bias else [node.input[0], weight, scale],
             [node.output[0]],
             name=f"{out}_int8",
             domain="com.microsoft",
