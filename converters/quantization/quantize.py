@@ -5,7 +5,9 @@ activation outliers into its weights from calibration batches (converters.quanti
 fp32), then quantizes the same way. int4 and int4-aware are 4-bit weights (converters.quantization.int4):
 block-wise MatMulNBits and GatherBlockQuantized, int4-aware after smoothing at its own α; every
 4-bit graph keeps its block scales in half precision (converters.quantization.half_scales), and a tied
-table's rows are read from its head's codes (converters.quantization.tied_codes). A
+table's rows are read from its head's codes (converters.quantization.tied_codes). int4-corrected and
+int4-trained spend a low rank on the rounding error (converters.quantization.correction, .training); w4a8 is
+int4-trained's file multiplied in int8 (converters.quantization.int8_products). A
 quantized graph is checked against its own fp32 graph: the relative error ‖y_q − y‖ / ‖y‖ of the
 output on inputs the exporter never saw must stay under REL_TOL of its width."""
 
