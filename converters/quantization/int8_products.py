@@ -13,9 +13,10 @@ into W8 and s when the session starts (its constant folding, the one that reads 
 file keeps the 4-bit codes and the int8 factors, and each layer runs as one int8 product. The activations
 are then rounded to 8 bits with one scale a tensor, as `int8-aware`'s are: the graph is smoothed for that
 (`SMOOTH_ALPHA`). The price is memory: ONNX Runtime keeps each folded intermediate (the codes unpacked, in float,
-scaled, corrected, divided, rounded: some 40 bytes a weight) until the graph is resolved, and the process keeps
-that memory (on MiniLM 493 MiB peak RSS against the fp32 graph's 189). GatherBlockQuantized, which would unpack
-the codes in one step, is not folded, nor is DequantizeLinear unless the session disables its QDQ fusions."""
+scaled, corrected; QuantizeLinear then rounds to int8 in one step) until the graph is resolved, and the process
+keeps that memory (on MiniLM 413 MiB peak RSS against the fp32 graph's 189). GatherBlockQuantized, which would
+unpack the codes in one step, is not folded, nor is DequantizeLinear unless the session disables its QDQ fusions,
+nor an fp16 product (no CPU kernel)."""
 
 import numpy as np
 import onnx
