@@ -366,14 +366,17 @@ def test_export_int4_trained_and_a_bad_correction_time(tmp_path, eval_text_file,
     assert not (tmp_path / "x.onnx").exists()
 
 
-def test_run_int4_trained_makes_a_compressed_variants_row_too(tmp_path, eval_text_file, capsys, monkeypatch):
+@pytest.mark.parametrize("scheme", ["int4-trained", "w4a8"])
+def test_run_a_trained_scheme_makes_a_compressed_variants_row_too(
+    scheme, tmp_path, eval_text_file, capsys, monkeypatch
+):
     monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
     wide = write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256)
-    argv = ("run", wide, "--method", "lowrank", "--targets", "ffn", "--kind", "plain", "--quantize", "int4-trained")
+    argv = ("run", wide, "--method", "lowrank", "--targets", "ffn", "--kind", "plain", "--quantize", scheme)
     texts = ("--calib", eval_text_file, "--data", eval_text_file, "--eval-text", eval_text_file)
     options = ("--second-text", "none", "--runs", 2, "--correction-share", 0.3, "--correction-time", 2)
     code, _, err = run_cli(capsys, *argv, *texts, *options, "--out", tmp_path / "run")
     assert code == 0, err
     names = [v["name"] for v in json.loads((tmp_path / "run" / "report.json").read_text())["variants"]]
-    assert "original-int4-trained" in names and "lowrank-keep0.5-plain-int4-trained" in names  # low-rank FFN factors
-    assert "int4-trained row" not in err  # no row refused
+    assert f"original-{scheme}" in names and f"lowrank-keep0.5-plain-{scheme}" in names  # low-rank FFN factors
+    assert f"{scheme} row" not in err  # no row refused
