@@ -283,8 +283,8 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         "--correction-share",
         type=float,
         default=CORRECTION_SHARE,
-        help="int4-corrected, int4-trained: the bytes the low-rank corrections and the layers held in 8 bits may add, "
-        "a share of the 4-bit codes, in (0, 1) "
+        help="int4-corrected, int4-trained, w4a8: the bytes the low-rank corrections and the layers held in 8 bits "
+        "may add, a share of the 4-bit codes, in (0, 1) "
         f"(default: {CORRECTION_SHARE})",
     )
     p.add_argument(
@@ -292,7 +292,7 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         type=float,
         default=CORRECTION_SECONDS,
         metavar="SECONDS",
-        help="int4-trained: seconds of the fine-tune that trains the corrections against the fp32 model, on the "
+        help="int4-trained, w4a8: seconds of the fine-tune that trains the corrections against the fp32 model, on the "
         f"fine-tune text (--data) (default: {CORRECTION_SECONDS:g})",
     )
     p.add_argument(
@@ -300,8 +300,8 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         type=int,
         default=TABLE_HEAD,
         metavar="ROWS",
-        help="int4-aware, int4-corrected, int4-trained: the word table's rows of the calibration text's ROWS most "
-        f"frequent tokens in 8 bits, the rest in 4; 0: none (default: {TABLE_HEAD})",
+        help="int4-aware, int4-corrected, int4-trained, w4a8: the word table's rows of the calibration text's ROWS "
+        f"most frequent tokens in 8 bits, the rest in 4; 0: none (default: {TABLE_HEAD})",
     )
     p.add_argument(
         "--table-block",
@@ -310,7 +310,7 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         metavar="N",
         help="int4 schemes: the tables' weights per block sharing one scale, a power of two ≥ 16; larger blocks "
         "spend fewer bytes on the table's scales, which the corrections can take instead (default: "
-        f"--block-size; for int4-corrected and int4-trained at least {CORRECTED_TABLE_BLOCK})",
+        f"--block-size; for int4-corrected, int4-trained and w4a8 at least {CORRECTED_TABLE_BLOCK})",
     )
     p.add_argument(
         "--accuracy-level",
