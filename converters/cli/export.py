@@ -22,13 +22,7 @@ from converters.loading import resolve_model_dir
 from converters.pipeline.calibrating import quantize_calibration, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import correction_fit
-from converters.quantization.quantize import (
-    INT8_PRODUCTS,
-    PLANNED,
-    check_int8_products,
-    quantize_onnx,
-    weight_width,
-)
+from converters.quantization.quantize import PLANNED, check_int8_products, quantize_onnx, weight_width
 from converters.quantization.training import trainer
 from converters.spec import QuantizeSpec
 from files.atomic import check_writable
@@ -125,7 +119,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             quantize.block_size,
             quantize.accuracy_level,
             correction=quantize.correction_share,
-            train=None if fit_for is None else trainer(model, fit_for(model), quantize.schemes[0] in INT8_PRODUCTS),
+            train=None if fit_for is None else trainer(model, fit_for(model)),
             table_head=quantize.table_head,
             table_block=quantize.table_block,
         )

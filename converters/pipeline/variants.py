@@ -20,7 +20,6 @@ from converters.pipeline.say import say
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
 from converters.quantization.quantize import (
     CALIBRATED,
-    INT8_PRODUCTS,
     PLANNED,
     TRAINED,
     quantize_onnx,
@@ -97,7 +96,7 @@ class Variants:
                         **self.int4,
                         widths=dict(detail["plan"].get("widths", {})) if scheme in PLANNED else None,
                         correction=self.correction,
-                        train=self._trainer(model, scheme),
+                        train=trainer(model, self.fit_for(model)) if scheme in TRAINED else None,
                         table_head=self.table_head,
                         table_block=self.table_block,
                     )
@@ -118,12 +117,6 @@ class Variants:
             if result.corrections is not None:
                 quantization.update(correction_share=self.correction, corrections=result.corrections)
             self.details.append({**detail, "quantization": quantization})
-
-    def _trainer(self, model: nn.Module, scheme: str):
-        """quantize_onnx's `train` for `scheme`: the fine-tune of `model`'s student, None for an untrained scheme."""
-        if scheme not in TRAINED:
-            return None
-        return trainer(model, self.fit_for(model), int8_inputs=scheme in INT8_PRODUCTS)
 
     def _free(self, name: str) -> str:
         """`name`, or NAME-2, NAME-3, … when a variant (or its -ft) already has it."""

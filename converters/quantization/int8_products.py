@@ -12,23 +12,61 @@ and `DynamicQuantizeMatMul(x, W8, s)`. Every input of that subgraph is an initia
 into W8 and s when the session starts (its constant folding, the one that reads half_scales' Casts), so the
 file keeps the 4-bit codes and the int8 factors, and each layer runs as one int8 product. The activations
 are then rounded to 8 bits with one scale a tensor, as `int8-aware`'s are: the graph is smoothed for that
-(`SMOOTH_ALPHA`). The price is memory: ONNX Runtime keeps each folded intermediate (the codes unpacked, in float,
-scaled, corrected; QuantizeLinear then rounds to int8 in one step) until the graph is resolved, and the process
-keeps that memory (on MiniLM 413 MiB peak RSS against the fp32 graph's 189). GatherBlockQuantized, which would
-unpack the codes in one step, is not folded, nor is DequantizeLinear unless the session disables its QDQ fusions,
-nor an fp16 product (no CPU kernel)."""
+(`SMOOTH_ALPHA`), and a layer whose input one scale does not hold (its output moved by more than INT8_INPUT_TOL,
+measured on calibration batches: `int8_layers`) keeps its MatMulNBits and its correction. The price is memory:
+ONNX Runtime keeps each folded intermediate (the codes unpacked, in float, scaled, corrected; QuantizeLinear then
+rounds to int8 in one step) until the graph is resolved, and the process keeps that memory (BENCHMARKS.md: on
+MiniLM some 30 bytes a folded weight). GatherBlockQuantized, which would unpack the codes in one step, is not
+folded, nor is DequantizeLinear unless the session disables its QDQ fusions, nor an fp16 product (no CPU kernel)."""
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from compressor.errors import CompressorError
-from converters.quantization.correction import corrected_layers
+from converters.quantization.correction import corrected_layers, weight_names
+from converters.quantization.smoothing import probe_activations
 
-__all__ = ["INT8_LEVEL", "int8_products"]
+__all__ = ["INT8_LEVEL", "INT8_INPUT_TOL", "INPUT_BATCHES", "int8_rounding_errors", "int8_layers", "int8_products"]
 
 INT8_LEVEL = 127  # |codes| of the int8 weights, symmetric
 _TINY = 1e-30  # a column of zeros keeps a scale
+# A layer multiplies in int8 when rounding its input to 8 bits (one scale a tensor) moves its output by at most
+# this much, relative: on MiniLM at α 0.8 every layer but the FFN down-projections of layers 0–3 (0.020–0.035,
+# their input the GELU's) is at 0.004–0.018, and leaving those four on MatMulNBits keeps int4-trained's recall
+# (BENCHMARKS.md, "4-bit codes, int8 products").
+INT8_INPUT_TOL = 0.02
+INPUT_BATCHES = 4  # calibration batches the errors are measured on
+
+
+def int8_rounding_errors(model: onnx.ModelProto, feeds: list[dict]) -> dict[str, float]:
+    """Output name → ‖(x̃ − x) W‖ / ‖x W‖ of each MatMul with a constant weight W of `model` (smoothed, fp32),
+    x̃ its input x rounded as DynamicQuantizeLinear rounds it (uint8, one scale a tensor, zero exact), over the
+    first INPUT_BATCHES of `feeds` (padding included: ONNX Runtime rounds the whole tensor)."""
+    names = weight_names(model.graph)
+    inputs = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in names}
+    wanted = set(names.values())
+    weights = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in model.graph.initializer if i.name in wanted}
+    moved, kept = dict.fromkeys(inputs, 0.0), dict.fromkeys(inputs, 0.0)
+    for values in probe_activations(model, sorted(set(inputs.values())), feeds[:INPUT_BATCHES]):
+        rounded = {}
+        for name, value in values.items():
+            x = value.reshape(-1, value.shape[-1]).astype(np.float64)
+            low, high = min(x.min(), 0.0), max(x.max(), 0.0)
+            scale = max((high - low) / 255, _TINY)
+            zero = np.round(-low / scale)
+            rounded[name] = (x, (np.clip(np.round(x / scale) + zero, 0, 255) - zero) * scale)
+        for out, name in inputs.items():
+            x, x8 = rounded[name]
+            weight = weights[names[out]]
+            moved[out] += float((((x8 - x) @ weight) ** 2).sum())
+            kept[out] += float(((x @ weight) ** 2).sum())
+    return {out: (moved[out] / max(kept[out], _TINY)) ** 0.5 for out in inputs}
+
+
+def int8_layers(model: onnx.ModelProto, feeds: list[dict]) -> frozenset[str]:
+    """The output names of the MatMuls of `model` whose int8 rounding error is at most INT8_INPUT_TOL."""
+    return frozenset(out for out, error in int8_rounding_errors(model, feeds).items() if error <= INT8_INPUT_TOL)
 
 
 class _Builder:
@@ -113,16 +151,21 @@ def _prune(graph: onnx.GraphProto) -> None:
     graph.initializer.extend(inits)
 
 
-def int8_products(model: onnx.ModelProto) -> onnx.ModelProto:
+def int8_products(model: onnx.ModelProto, layers: frozenset[str] | None = None) -> onnx.ModelProto:
     """`model` (a corrected graph whose factors are stored as dynamic int8, changed in place) with each
-    MatMulNBits layer and its correction one DynamicQuantizeMatMul on W8 = round((Q + L R) / s) (module
-    docstring), W8 and s computed from the stored codes by nodes ONNX Runtime folds at session start."""
+    MatMulNBits layer of `layers` (output names as the fp32 graph has them; None: all) and its correction one
+    DynamicQuantizeMatMul on W8 = round((Q + L R) / s) (module docstring), W8 and s computed from the stored
+    codes by nodes ONNX Runtime folds at session start; the other layers stay as they are."""
     graph = model.graph
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     corrected = set(corrected_layers(model))
-    built, replaced = [], {}
-    layers = [node for node in graph.node if node.op_type == "MatMulNBits"]
-    for index, node in enumerate(layers):
+    built, replaced, folded = [], {}, set()
+    chosen = [
+        node
+        for node in graph.node
+        if node.op_type == "MatMulNBits" and (layers is None or node.output[0].removesuffix("_rounded") in layers)
+    ]
+    for index, node in enumerate(chosen):
         if len(node.input) > 4 and node.input[4]:  # g_idx: an act-order permutation, which no scheme here writes
             raise CompressorError(f"{node.name!r} holds a g_idx; int8 products take MatMulNBits in plain block order")
         out = node.output[0].removesuffix("_rounded")
@@ -153,9 +196,10 @@ def int8_products(model: onnx.ModelProto) -> onnx.ModelProto:
             domain="com.microsoft",
         )
         built.append(b)
+        folded.add(out)
     nodes = [n for b in built for n in b.nodes]
     for node in graph.node:
-        if node.name.removesuffix("_corrected") in corrected and node.name.endswith("_corrected"):
+        if node.name.endswith("_corrected") and node.name.removesuffix("_corrected") in folded:
             kept = next(name for name in node.input if not name.endswith("_xLR"))
             node = helper.make_node("Identity", [kept], [node.output[0]], name=node.name)
         nodes.append(replaced.get(node.name, node))

@@ -43,7 +43,7 @@ from converters.quantization.int4 import (
     quantize_4bit,
     quiet_quantizer,
 )
-from converters.quantization.int8_products import int8_products
+from converters.quantization.int8_products import int8_layers, int8_products
 from converters.quantization.mixed import quantize_mixed
 from converters.quantization.sensitivity import four_bit_losses
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
@@ -223,13 +223,16 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
     return proto
 
 
-def _corrected(exported, proto, calibration, kind, block, accuracy_level, share, train, head, table_block, vocab):
+def _corrected(
+    exported, proto, calibration, kind, block, accuracy_level, share, train, head, table_block, vocab, int8=frozenset()
+):
     """int4-aware's rounding of `proto` (the smoothed graph of `exported`) with the word table's `head`
     rows in 8 bits (but weights on a 4-bit grid keep it: grid.py), then one byte budget (`share` of the
     4-bit codes) spent on each layer's rounding error, as a low-rank correction or as 8 bits instead
     (correction.plan_corrections), but not on an LM's head (a layer of `vocab` outputs: its rounded and
     corrected logits would be two more (batch, sequence, V) tensors at the peak); `train` (None: the
-    closed-form fit kept) then trains the corrections. (graph, corrections' report, 8-bit layers)."""
+    closed-form fit kept) then trains the corrections, the layers `int8` (output names) with their inputs rounded
+    to 8 bits as they will be multiplied. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
     grams = input_grams(proto, calibration)
     rounding = {"aware": True, "head": head, "table_block": table_block, "keep_grid": True}  # grid.py
@@ -246,7 +249,7 @@ def _corrected(exported, proto, calibration, kind, block, accuracy_level, share,
         quantized = quantize_4bit(proto, block, accuracy_level, eight_bit=eight_bit, **rounding)
     corrected = add_corrections(quantized, proto, grams, ranks)
     if train is not None:
-        corrected = train(exported, proto, corrected)
+        corrected = train(exported, proto, corrected, int8)
     corrected, corrections = store_factors(corrected, proto, grams, kind.factor_form)
     corrected = bias_before_correction(corrected)
     return corrected, {out: c.to_dict() for out, c in corrections.items()}, eight_bit
@@ -318,11 +321,23 @@ def quantize_onnx(
         tied = {table: smoothing_of(proto.graph, table) for table in tied_pairs(proto.graph)} if width == "int4" else {}
         if scheme in CORRECTED:
             kind = graph_kind(src)
+            int8 = int8_layers(proto, calibration) if scheme in INT8_PRODUCTS else frozenset()
             corrected, corrections, eight_bit = _corrected(
-                exported, proto, calibration, kind, block, accuracy_level, correction, train, head, table_block, vocab
+                exported,
+                proto,
+                calibration,
+                kind,
+                block,
+                accuracy_level,
+                correction,
+                train,
+                head,
+                table_block,
+                vocab,
+                int8,
             )
             corrected = half_scales(share_tied_codes(corrected, tied))
-            onnx.save_model(int8_products(corrected) if scheme in INT8_PRODUCTS else corrected, str(tmp))
+            onnx.save_model(int8_products(corrected, int8) if scheme in INT8_PRODUCTS else corrected, str(tmp))
         elif scheme == "mixed":
             onnx.save_model(half_scales(quantize_mixed(proto, widths, block, accuracy_level)), str(tmp))
         elif width == "int4":

@@ -15,8 +15,8 @@ corrected, Q + L R (its correction keeps its closed form: no nn.Linear to train 
 fine-tune (the corrections of nn.Linear and Conv1D layers, their biases and the LayerNorms trained,
 all else frozen) the factors go back as L = s·A, R = B, the biases into their Add and the LayerNorms
 into their LayerNormalization (each in an initializer of its own), and `correction.store_factors`
-rounds the factors to 8 bits. For a graph whose products are int8 (w4a8: converters.quantization.int8_products)
-each rounded layer's input is rounded too, as DynamicQuantizeLinear rounds it (`int8_rounded`)."""
+rounds the factors to 8 bits. For the layers a graph multiplies in int8 (w4a8: converters.quantization.int8_products)
+the input is rounded too, as DynamicQuantizeLinear rounds it (`int8_rounded`)."""
 
 import copy
 from collections.abc import Callable
@@ -221,11 +221,11 @@ def student_of(
     fp32: onnx.ModelProto,
     smoothed: onnx.ModelProto,
     corrected: onnx.ModelProto,
-    int8_inputs: bool = False,
+    int8_inputs: frozenset[str] = frozenset(),
 ) -> tuple[nn.Module, Links]:
     """`model` (changed in place) holding every weight as `corrected` (add_corrections' graph of the
-    smoothed `smoothed` of the exported `fp32`) holds it, its corrected layers CorrectedLinear, and with
-    `int8_inputs` each rounded layer's input rounded to 8 bits (int8_rounded); each corrected layer's bias
+    smoothed `smoothed` of the exported `fp32`) holds it, its corrected layers CorrectedLinear, the input of
+    each layer of `int8_inputs` (output names) rounded to 8 bits (int8_rounded); each corrected layer's bias
     gets an initializer of its own in `corrected` (in place)."""
     held = _held_weights(model)
     plain = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
@@ -245,7 +245,7 @@ def student_of(
         s = (w_s * w).sum(1) / np.maximum((w * w).sum(1), 1e-30)  # (K,): W_s = diag(s) W
         s[(w * w).sum(1) == 0] = 1.0
         q = dequantize_nbits(graph, node) / s[:, None]  # (K, N) as x q
-        if int8_inputs and not holder.factor:
+        if out in int8_inputs and not holder.factor:
             rounded_inputs[holder.name] = torch.from_numpy(s.astype(np.float32))
         if out not in corrected_outs:
             holder.put(model, q)
@@ -304,12 +304,17 @@ def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> 
     return corrected
 
 
-def trainer(model: nn.Module, fit: Callable[[nn.Module], None], int8_inputs: bool = False):
+def trainer(model: nn.Module, fit: Callable[[nn.Module], None]):
     """The `train` argument of quantize_onnx for the fp32 graph of `model`: a copy of `model` made a
-    student of the corrected graph (`int8_inputs`: student_of's), `fit` (a fine-tune of its CorrectedLinear
-    modules) run on it, and its factors written back."""
+    student of the corrected graph (the layers `int8_inputs` with their inputs rounded to 8 bits: student_of),
+    `fit` (a fine-tune of its CorrectedLinear modules) run on it, and its factors written back."""
 
-    def train(fp32: onnx.ModelProto, smoothed: onnx.ModelProto, corrected: onnx.ModelProto) -> onnx.ModelProto:
+    def train(
+        fp32: onnx.ModelProto,
+        smoothed: onnx.ModelProto,
+        corrected: onnx.ModelProto,
+        int8_inputs: frozenset[str] = frozenset(),
+    ) -> onnx.ModelProto:
         student, links = student_of(copy.deepcopy(model), fp32, smoothed, corrected, int8_inputs)
         fit(student)
         return write_back(corrected, student, links)

@@ -14,11 +14,11 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.correction import _stored_factor, corrected_layers, dequantize_nbits
-from converters.quantization.int8_products import INT8_LEVEL, int8_products
+from converters.quantization.int8_products import INT8_INPUT_TOL, INT8_LEVEL, int8_layers, int8_products
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.training import int8_rounded, trainer
 from eval.graph import make_session
-from tests.conftest import write_tiny_bert, write_tiny_lm
+from tests.conftest import matmul_graph, write_tiny_bert, write_tiny_lm
 
 NAMES = ("input_ids", "attention_mask")
 
@@ -87,6 +87,32 @@ def test_each_layer_multiplies_by_its_codes_and_correction_rounded_to_int8(bert,
     assert not big_int8  # the file keeps 4-bit codes: the int8 weights exist only once the session folds them
 
 
+def test_the_layers_left_out_keep_their_4_bit_product_and_correction(bert, tmp_path):
+    *_, corrected_path = bert
+    corrected = onnx.load(str(corrected_path))
+    fixed = sorted(corrected_layers(corrected))
+    chosen, left = frozenset(fixed[::2]), fixed[1::2]
+    products = int8_products(copy.deepcopy(corrected), chosen)
+    ops = {n.output[0]: n.op_type for n in products.graph.node}
+    named = {n.name: n.op_type for n in products.graph.node}
+    assert sorted(o for o, op in ops.items() if op == "DynamicQuantizeMatMul") == sorted(f"{o}_rounded" for o in chosen)
+    for out in left:  # Q x (+ b) + (x L) R as before
+        assert ops[f"{out}_rounded"] == "MatMulNBits" and named[f"{out}_corrected"] == "Add"
+    for out in chosen:
+        assert named[f"{out}_corrected"] == "Identity"  # the correction is in the int8 weight
+
+
+def test_a_layer_whose_input_one_scale_does_not_hold_stays_4_bit(tmp_path):
+    rng = np.random.default_rng(0)
+    model = matmul_graph(rng.standard_normal((64, 48)).astype(np.float32))
+    plain = rng.standard_normal((16, 64)).astype(np.float32)
+    spiked = plain.copy()
+    spiked[0, 0] = 1000.0  # one activation 300 × the others: one int8 step swallows them
+    assert int8_layers(model, [{"x": plain}]) == {"y"}
+    assert int8_layers(model, [{"x": spiked}]) == frozenset()
+    assert INT8_INPUT_TOL < 0.1
+
+
 def test_onnx_runtime_folds_the_expansion_at_session_start(bert, tmp_path):
     *_, corrected_path = bert
     products = int8_products(onnx.load(str(corrected_path)))
@@ -131,7 +157,7 @@ def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path):
         feeds,
         block=16,
         correction=0.3,
-        train=trainer(model, seen.append, True),
+        train=trainer(model, seen.append),
     )
     assert 0 < result.parity_rel <= REL_TOL["w4a8"] and result.corrections
     graph = onnx.load(str(result.path)).graph
@@ -154,5 +180,5 @@ def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path):
     lm, _ = load_model(write_tiny_lm(tmp_path / "llama", hidden=128))
     lm_graph = export_onnx(lm, tmp_path / "lm.onnx").path
     with pytest.raises(CompressorError, match="use int4-trained for an LM"):
-        quantize_onnx(lm_graph, tmp_path / "x.onnx", vocab, "w4a8", feeds, train=trainer(lm, seen.append, True))
+        quantize_onnx(lm_graph, tmp_path / "x.onnx", vocab, "w4a8", feeds, train=trainer(lm, seen.append))
     assert not (tmp_path / "x.onnx").exists()
