@@ -10,14 +10,14 @@ correction (x L) R) is rewritten as a constant subgraph over the codes the file 
 
 and `DynamicQuantizeMatMul(x, W8, s)`. Every input of that subgraph is an initializer: ONNX Runtime folds it
 into W8 and s when the session starts (its constant folding, the one that reads half_scales' Casts), so the
-file keeps the 4-bit codes and the int8 factors, and each layer runs as one int8 product. The activations
-are then rounded to 8 bits with one scale a tensor, as `int8-aware`'s are: the graph is smoothed for that
-(`SMOOTH_ALPHA`), and a layer whose input one scale does not hold (its output moved by more than INT8_INPUT_TOL,
-measured on calibration batches: `int8_layers`) keeps its MatMulNBits and its correction. The price is memory:
-ONNX Runtime keeps each folded intermediate (the codes unpacked, in float, scaled, corrected; QuantizeLinear then
-rounds to int8 in one step) until the graph is resolved, and the process keeps that memory (BENCHMARKS.md: on
-MiniLM some 30 bytes a folded weight). GatherBlockQuantized, which would unpack the codes in one step, is not
-folded, nor is DequantizeLinear unless the session disables its QDQ fusions, nor an fp16 product (no CPU kernel)."""
+file keeps the 4-bit codes and the int8 factors, and each such layer runs as one int8 product, its correction
+free. Its input is then rounded to 8 bits with one scale a tensor: a layer whose input that scale does not hold
+(its output moved by more than INT8_INPUT_TOL, measured on calibration batches: `int8_layers`) keeps its
+MatMulNBits and its correction. The price is memory: ONNX Runtime keeps each folded intermediate (the codes
+unpacked, in float, scaled, corrected; QuantizeLinear then rounds to int8 in one step) until the graph is
+resolved, and the process keeps that memory (BENCHMARKS.md: on MiniLM some 30 bytes a folded weight).
+GatherBlockQuantized, which would unpack the codes in one step, is not folded, nor is DequantizeLinear unless the
+session disables its QDQ fusions, nor an fp16 product (no CPU kernel)."""
 
 import numpy as np
 import onnx
@@ -32,9 +32,9 @@ __all__ = ["INT8_LEVEL", "INT8_INPUT_TOL", "INPUT_BATCHES", "int8_rounding_error
 INT8_LEVEL = 127  # |codes| of the int8 weights, symmetric
 _TINY = 1e-30  # a column of zeros keeps a scale
 # A layer multiplies in int8 when rounding its input to 8 bits (one scale a tensor) moves its output by at most
-# this much, relative: on MiniLM at α 0.8 every layer but the FFN down-projections of layers 0–3 (0.020–0.035,
-# their input the GELU's) is at 0.004–0.018, and leaving those four on MatMulNBits keeps int4-trained's recall
-# (BENCHMARKS.md, "4-bit codes, int8 products").
+# this much, relative: on MiniLM smoothed at int4's α 0.5 the query, key and value projections are at 0.011–0.019,
+# the FFN down-projections at 0.08–0.12 (their input the GELU's) but the last layer's; 0.02 multiplies 26 of the 36
+# layers in int8 and keeps int4-trained's recall@10 (BENCHMARKS.md, "4-bit codes, int8 products").
 INT8_INPUT_TOL = 0.02
 INPUT_BATCHES = 4  # calibration batches the errors are measured on
 

@@ -78,12 +78,9 @@ CORRECTED = ("int4-corrected", "int4-trained", "w4a8")  # low rank on the roundi
 TRAINED = ("int4-trained", "w4a8")  # the schemes whose corrections a fine-tune trains (quantization.training)
 INT8_PRODUCTS = ("w4a8",)  # 4-bit codes multiplied in int8 (converters.quantization.int8_products)
 CALIBRATED = ("int8-aware", "int4-aware", *CORRECTED)  # the schemes that need calibration batches
-SMOOTHING = {
-    "int8-aware": SMOOTH_ALPHA,
-    "int4-aware": INT4_AWARE_ALPHA,
-    **dict.fromkeys(CORRECTED, INT4_AWARE_ALPHA),
-    **dict.fromkeys(INT8_PRODUCTS, SMOOTH_ALPHA),  # activations rounded to 8 bits, one scale a tensor, as int8-aware's
-}
+# w4a8 at int4's α too: at int8-aware's 0.8 more layers hold their inputs in one int8 scale, but the 4-bit
+# rounding loses more (recall@10 0.9277 / 0.9180 against 0.9325 / 0.9210: BENCHMARKS.md, "4-bit codes, int8 products").
+SMOOTHING = {"int8-aware": SMOOTH_ALPHA, "int4-aware": INT4_AWARE_ALPHA, **dict.fromkeys(CORRECTED, INT4_AWARE_ALPHA)}
 # Passages of the calibration text the aware schemes read: the maxima it takes grow with the text (on
 # all-MiniLM-L6-v2, 256 pydoc passages: recall@10 0.936; all 292: 0.943).
 CALIBRATION_PASSAGES = 1024
