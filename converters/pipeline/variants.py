@@ -20,6 +20,7 @@ from converters.pipeline.say import say
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
 from converters.quantization.quantize import (
     CALIBRATED,
+    INT8_PRODUCTS,
     PLANNED,
     TRAINED,
     quantize_onnx,
@@ -109,13 +110,15 @@ class Variants:
                 "parity_rel_to_fp32": result.parity_rel,
                 "parity_input": result.parity_input,
             }
-            if scheme.startswith("int4") or scheme in PLANNED:
+            if width == 4:
                 quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
                 quantization["table_block"] = table_block_of(scheme, self.int4["block"], self.table_block)
-            if scheme in CALIBRATED and scheme.startswith("int4"):
+            if scheme in CALIBRATED and width == 4:
                 quantization["table_head"] = self.table_head
             if result.corrections is not None:
                 quantization.update(correction_share=self.correction, corrections=result.corrections)
+            if scheme in INT8_PRODUCTS:
+                quantization["int8_layers"] = list(result.int8_layers)
             self.details.append({**detail, "quantization": quantization})
 
     def _free(self, name: str) -> str:

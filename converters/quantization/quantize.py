@@ -153,6 +153,7 @@ class QuantizeResult:
     parity_input: str  # what both were fed: passages of text, or random ids when the caller had none
     eight_bit: tuple[str, ...] = ()  # int4-aware and the corrected schemes: the MatMul nodes kept in 8 bits
     corrections: dict | None = None  # int4-corrected: MatMul output → its rank and errors (correction.Correction)
+    int8_layers: tuple[str, ...] = ()  # w4a8: the MatMul outputs multiplied in int8 (int8_products.int8_layers)
 
 
 def is_quantized(path: Path) -> bool:
@@ -285,7 +286,7 @@ def quantize_onnx(
     weights (None: `table_block_of`'s default)."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
-    if scheme.startswith("int4") or scheme in PLANNED:
+    if weight_width(scheme) == 4:
         check_int4_options(block, accuracy_level)
     if table_block is not None:
         check_int4_options(table_block, accuracy_level)
@@ -314,11 +315,12 @@ def quantize_onnx(
         if scheme == "int4-aware":
             losses = four_bit_losses(proto, calibration, graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))
-        corrections, table_block = None, table_block_of(scheme, block, table_block)
-        tied = {table: smoothing_of(proto.graph, table) for table in tied_pairs(proto.graph)} if width == "int4" else {}
+        corrections, table_block, int8 = None, table_block_of(scheme, block, table_block), frozenset()
+        four = weight_width(scheme) == 4
+        tied = {table: smoothing_of(proto.graph, table) for table in tied_pairs(proto.graph)} if four else {}
         if scheme in CORRECTED:
             kind = graph_kind(src)
-            int8 = int8_layers(proto, calibration) if scheme in INT8_PRODUCTS else frozenset()
+            int8 = int8_layers(proto, calibration) if scheme in INT8_PRODUCTS else int8
             corrected, corrections, eight_bit = _corrected(
                 exported,
                 proto,
@@ -355,4 +357,4 @@ def quantize_onnx(
         props = {PARITY_KEY: repr(worst), "compressor.parity_rel": repr(rel), "compressor.parity_input": fed}
         onnx.helper.set_model_props(proto, props)
         onnx.save_model(proto, str(tmp))
-    return QuantizeResult(dst, worst, rel, fed, eight_bit, corrections)
+    return QuantizeResult(dst, worst, rel, fed, eight_bit, corrections, tuple(sorted(int8)))

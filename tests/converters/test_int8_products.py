@@ -162,6 +162,8 @@ def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path):
     assert 0 < result.parity_rel <= REL_TOL["w4a8"] and result.corrections
     graph = onnx.load(str(result.path)).graph
     assert {n.op_type for n in graph.node} >= {"DynamicQuantizeMatMul", "GatherBlockQuantized"}
+    products = {n.output[0].removesuffix("_rounded") for n in graph.node if n.op_type == "DynamicQuantizeMatMul"}
+    assert products == set(result.int8_layers)  # the report names the layers multiplied in int8
     (student,) = seen
     hooked = [m for m in student.modules() if m._forward_pre_hooks]
     assert len(hooked) == len([n for n in graph.node if n.op_type == "DynamicQuantizeMatMul"])

@@ -377,6 +377,10 @@ def test_run_a_trained_scheme_makes_a_compressed_variants_row_too(
     options = ("--second-text", "none", "--runs", 2, "--correction-share", 0.3, "--correction-time", 2)
     code, _, err = run_cli(capsys, *argv, *texts, *options, "--out", tmp_path / "run")
     assert code == 0, err
-    names = [v["name"] for v in json.loads((tmp_path / "run" / "report.json").read_text())["variants"]]
+    rows = {v["name"]: v for v in json.loads((tmp_path / "run" / "report.json").read_text())["variants"]}
+    names = list(rows)
     assert f"original-{scheme}" in names and f"lowrank-keep0.5-plain-{scheme}" in names  # low-rank FFN factors
     assert f"{scheme} row" not in err  # no row refused
+    quantization = rows[f"original-{scheme}"]["quantization"]
+    assert quantization["block"] == 32 and "eight_bit_layers" in quantization and quantization["corrections"]
+    assert ("int8_layers" in quantization) == (scheme == "w4a8")
