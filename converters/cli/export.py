@@ -22,7 +22,13 @@ from converters.loading import resolve_model_dir
 from converters.pipeline.calibrating import quantize_calibration, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import correction_fit
-from converters.quantization.quantize import PLANNED, check_int8_products, quantize_onnx, weight_width
+from converters.quantization.quantize import (
+    PLANNED,
+    check_int8_products,
+    check_table_bits,
+    quantize_onnx,
+    weight_width,
+)
 from converters.quantization.training import trainer
 from converters.spec import QuantizeSpec
 from files.atomic import check_writable
@@ -77,6 +83,7 @@ def run(args) -> None:
     check_prior(args.freq_prior, args.prior_weight)
     kind = kind_for_config(source)
     check_int8_products(quantize.schemes, kind.graph)
+    check_table_bits(quantize.table_bits, quantize.schemes, kind.graph)
     if folder and lacks_tokenizer(source):
         say(
             f"warning: {str(source)!r} has no tokenizer file; the folder will hold none, and tools cannot tokenize text"
@@ -122,6 +129,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             train=None if fit_for is None else trainer(model, fit_for(model)),
             table_head=quantize.table_head,
             table_block=quantize.table_block,
+            table_bits=quantize.table_bits,
         )
     return (
         f"{quantize.schemes[0]}; against its fp32 graph, whose parity with PyTorch is {fp32.parity_max_abs:.2e}: "

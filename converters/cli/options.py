@@ -11,6 +11,7 @@ from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.quantization.quantize import CALIBRATION_PASSAGES, CORRECTED_TABLE_BLOCK, SCHEMES
 from converters.quantization.table_head import TABLE_HEAD
+from converters.quantization.three_bit_table import TABLE_BITS
 from converters.quantization.training import CORRECTION_SECONDS
 from converters.registry import Option, default_method, export_forms, methods
 from converters.spec import CALIB_PASSAGES
@@ -311,6 +312,16 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         help="int4 schemes: the tables' weights per block sharing one scale, a power of two ≥ 16; larger blocks "
         "spend fewer bytes on the table's scales, which the corrections can take instead (default: "
         f"--block-size; for int4-corrected, int4-trained and w4a8 at least {CORRECTED_TABLE_BLOCK})",
+    )
+    p.add_argument(
+        "--table-bits",
+        type=int,
+        choices=TABLE_BITS,
+        default=4,
+        metavar="BITS",
+        help="int4-aware, int4-corrected, int4-trained, w4a8: the word table's width, 4 or 3 (an encoder's: a lookup "
+        "of two bit planes that unpacks only the rows it gathers); with --table-head the head then in 4 bits, the "
+        "rest in 3 (default: 4)",
     )
     p.add_argument(
         "--accuracy-level",

@@ -77,6 +77,7 @@ def quantize_spec(values: Mapping[str, Any]) -> QuantizeSpec:
         correction_time=_get(values, "correction_time", default.correction_time),
         table_head=_get(values, "table_head", default.table_head),
         table_block=values.get("table_block"),
+        table_bits=_get(values, "table_bits", default.table_bits),
     )
 
 

@@ -21,7 +21,7 @@ from converters.pipeline.steps import (
     second_texts,
 )
 from converters.pipeline.variants import Variants, output_folder
-from converters.quantization.quantize import check_int8_products
+from converters.quantization.quantize import check_int8_products, check_table_bits
 from converters.spec import RunSpec
 
 __all__ = ["check_run", "measure"]
@@ -43,6 +43,7 @@ def measure(run: RunSpec) -> None:
     for variant in run.variants:
         check_kind_options(variant.kind_options, kind)
         check_int8_products(variant.quantize.schemes, kind.graph)
+        check_table_bits(variant.quantize.table_bits, variant.quantize.schemes, kind.graph)
     texts, second = eval_texts(run.texts, kind.graph), second_texts(run.texts, kind.graph)
     first = run.variants[0].quantize
     schemes = list(dict.fromkeys(s for variant in run.variants for s in variant.quantize.schemes))

@@ -66,7 +66,7 @@ class Variants:
         self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
         self.int4 = {"block": quantize.block_size, "accuracy_level": quantize.accuracy_level}
         self.correction, self.fit_for, self.table_head = quantize.correction_share, fit_for, quantize.table_head
-        self.table_block = quantize.table_block
+        self.table_block, self.table_bits = quantize.table_block, quantize.table_bits
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
@@ -100,6 +100,7 @@ class Variants:
                         train=trainer(model, self.fit_for(model)) if scheme in TRAINED else None,
                         table_head=self.table_head,
                         table_block=self.table_block,
+                        table_bits=self.table_bits,
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
@@ -114,7 +115,7 @@ class Variants:
                 quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
                 quantization["table_block"] = table_block_of(scheme, self.int4["block"], self.table_block)
             if scheme in CALIBRATED and width == 4:
-                quantization["table_head"] = self.table_head
+                quantization.update(table_head=self.table_head, table_bits=self.table_bits)
             if result.corrections is not None:
                 quantization.update(correction_share=self.correction, corrections=result.corrections)
             if scheme in INT8_PRODUCTS:

@@ -34,7 +34,8 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from converters.quantization.grid import grid_matmuls
-from converters.quantization.table_head import TAIL_SUFFIX, eight_bit_gather, split_table, word_table
+from converters.quantization.table_head import eight_bit_gather, split_table, word_table
+from converters.quantization.three_bit_table import three_bit_gather
 from eval.graph import make_session
 
 __all__ = [
@@ -165,11 +166,17 @@ def quantize_matmuls(
 
 
 def quantize_tables(
-    model: onnx.ModelProto, block: int, aware: bool, only=None, head: np.ndarray | None = None
+    model: onnx.ModelProto,
+    block: int,
+    aware: bool,
+    only=None,
+    head: np.ndarray | None = None,
+    bits: int = 4,
 ) -> onnx.ModelProto:
     """`model` (named nodes) with its tables (axis-0 Gathers of 2-D initializers), or `only` those
     Gather nodes among them, in GatherBlockQuantized, asymmetric when `aware`; with `head` (token ids),
-    the word table's rows of those ids in 8 bits (converters.quantization.table_head). ONNX Runtime's
+    the word table's rows of those ids in 8 bits (converters.quantization.table_head). With `bits` 3 the
+    word table (its tail, with a head: the head then in 4 bits) goes to 3 bits (three_bit_table). ONNX Runtime's
     quantizer sets opset 21 (4-bit tensors) without converting the graph's operators (a Llama's RMSNorm
     ReduceMean takes its axes as an input from opset 18), so an older graph is converted to opset 21 first."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
@@ -180,11 +187,15 @@ def quantize_tables(
         model = version_converter.convert_version(model, TABLE_OPSET)
 
     tables = table_gathers(model.graph) if only is None else table_gathers(model.graph) & set(only)
-    word = word_table(model.graph, tables, block) if head is not None and len(head) else None
-    eight = ()
-    if word is not None:
-        eight = split_table(model, word, head)[:1]
-        tables = (tables - {word.name}) | {word.output[0] + TAIL_SUFFIX}
+    with_head = head is not None and len(head)
+    word = word_table(model.graph, tables, block) if with_head or bits == 3 else None
+    eight, three = (), ()
+    if word is not None and with_head:
+        head_name, tail_name = split_table(model, word, head)
+        tables = (tables - {word.name}) | {head_name if bits == 3 else tail_name}
+        eight, three = ((), (tail_name,)) if bits == 3 else ((head_name,), ())
+    elif word is not None:
+        tables, three = tables - {word.name}, (word.name,)
     config = DefaultWeightOnlyQuantConfig(
         block_size=block, is_symmetric=not aware, op_types_to_quantize=("Gather",), quant_axes=(("Gather", 1),)
     )
@@ -195,6 +206,8 @@ def quantize_tables(
     model = quantizer.model.model
     for name in eight:
         eight_bit_gather(model, name, block)
+    for name in three:
+        three_bit_gather(model, name, block)
     return model
 
 
@@ -207,19 +220,20 @@ def quantize_4bit(
     head: np.ndarray | None = None,
     table_block: int | None = None,
     keep_grid: bool = False,
+    table_bits: int = 4,
 ) -> onnx.ModelProto:
     """A copy of `model` with 4-bit MatMul weights and tables (module docstring); `aware` picks the
     int4-aware rounding (k-quant and asymmetric tables) over symmetric round-to-nearest, and with
     it the MatMul nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits,
     and with `keep_grid` weights on a 4-bit grid keep it (grid.py); the tables in blocks of `table_block`
-    (None: `block`)."""
+    (None: `block`), the word table (its tail, with a head) in `table_bits` (4, or 3: three_bit_table)."""
     check_int4_options(block, accuracy_level)
     if (eight_bit or head is not None) and not aware:
         raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")
     model = copy.deepcopy(model)
     name_nodes(model.graph)
     model = quantize_matmuls(model, block, accuracy_level, aware, eight_bit=eight_bit, keep_grid=keep_grid)
-    return quantize_tables(model, table_block or block, aware, head=head)
+    return quantize_tables(model, table_block or block, aware, head=head, bits=table_bits)
 
 
 def layer_losses(

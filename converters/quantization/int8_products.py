@@ -25,6 +25,7 @@ from onnx import helper, numpy_helper
 
 from compressor.errors import CompressorError
 from converters.quantization.correction import corrected_layers, weight_names
+from converters.quantization.packed_codes import Builder, default_opset, unpacked
 from converters.quantization.smoothing import probe_activations
 
 __all__ = ["INT8_LEVEL", "INT8_INPUT_TOL", "INPUT_BATCHES", "int8_rounding_errors", "int8_layers", "int8_products"]
@@ -69,55 +70,17 @@ def int8_layers(model: onnx.ModelProto, feeds: list[dict]) -> frozenset[str]:
     return frozenset(out for out, error in int8_rounding_errors(model, feeds).items() if error <= INT8_INPUT_TOL)
 
 
-class _Builder:
-    """Nodes and constants appended under one prefix; `opset`: the graph's default-domain version."""
-
-    def __init__(self, prefix: str, opset: int):
-        self.prefix, self.opset, self.nodes, self.inits, self.count = prefix, opset, [], [], 0
-
-    def const(self, value, dtype) -> str:
-        name = f"{self.prefix}_c{len(self.inits)}"  # short: a layer's subgraph holds some twenty names
-        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], domain: str = "", **attrs) -> str:
-        self.count += 1
-        out = f"{self.prefix}_{self.count}"
-        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, domain=domain, **attrs))
-        return out
-
-    def reduce(self, op_type: str, x: str) -> str:
-        """`op_type` (ReduceMax, ReduceMin) of a (N, blocks, block) tensor over its last two axes: (N,)."""
-        if self.opset >= 18:
-            return self.op(op_type, [x, self.const([1, 2], np.int64)], keepdims=0)
-        return self.op(op_type, [x], axes=[1, 2], keepdims=0)
-
-
-def _unpacked(b: _Builder, packed: str, rows: int, per_row: int, bits: int) -> str:
-    """uint8 codes `bits` wide, packed `8 // bits` to a byte low bits first (MatMulNBits' layout), as a
-    (rows, per_row · 8 // bits) uint8 tensor: the bit operations stay on bytes, one float tensor comes later."""
-    packed = b.op("Reshape", [packed, b.const([rows, per_row, 1], np.int64)])
-    if bits == 8:
-        return b.op("Reshape", [packed, b.const([rows, per_row], np.int64)])
-    keep, shift = b.const(8 - bits, np.uint8), b.const(bits, np.uint8)
-    parts, rest = [], packed
-    for _ in range(8 // bits):
-        parts.append(b.op("BitShift", [b.op("BitShift", [rest, keep], direction="LEFT"), keep], direction="RIGHT"))
-        rest = b.op("BitShift", [rest, shift], direction="RIGHT")
-    return b.op("Reshape", [b.op("Concat", parts, axis=-1), b.const([rows, per_row * (8 // bits)], np.int64)])
-
-
-def _blocked_weight(b: _Builder, graph: onnx.GraphProto, node: onnx.NodeProto) -> str:
+def _blocked_weight(b: Builder, graph: onnx.GraphProto, node: onnx.NodeProto) -> str:
     """Qᵀ of a MatMulNBits node as (N, blocks, block) floats, from its codes, block scales and zero points
     (2^(bits−1) when absent): (q − z) s per block."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     n, bits, block = attrs["N"], attrs["bits"], attrs["block_size"]
     blocks = -(-attrs["K"] // block)
-    codes = _unpacked(b, node.input[1], n, blocks * block * bits // 8, bits)
+    codes = unpacked(b, node.input[1], n, blocks * block * bits // 8, bits)
     codes = b.op("Cast", [b.op("Reshape", [codes, b.const([n, blocks, block], np.int64)])], to=onnx.TensorProto.FLOAT)
     scales = b.op("Reshape", [node.input[2], b.const([n, blocks, 1], np.int64)])
     if len(node.input) > 3 and node.input[3]:
-        zero = _unpacked(b, node.input[3], n, -(-blocks * bits // 8), bits)
+        zero = unpacked(b, node.input[3], n, -(-blocks * bits // 8), bits)
         zero = b.op("Slice", [zero, b.const([0], np.int64), b.const([blocks], np.int64), b.const([1], np.int64)])
         zero = b.op("Cast", [b.op("Unsqueeze", [zero, b.const([-1], np.int64)])], to=onnx.TensorProto.FLOAT)
     else:
@@ -125,7 +88,7 @@ def _blocked_weight(b: _Builder, graph: onnx.GraphProto, node: onnx.NodeProto) -
     return b.op("Mul", [b.op("Sub", [codes, zero]), scales])
 
 
-def _factor(b: _Builder, weight: str) -> str:
+def _factor(b: Builder, weight: str) -> str:
     """A correction factor as quantize_dynamic stores it (WEIGHT_quantized, _scale, _zero_point), in float,
     transposed."""
     codes, zero = (
@@ -157,7 +120,7 @@ def int8_products(model: onnx.ModelProto, layers: frozenset[str] | None = None) 
     DynamicQuantizeMatMul on W8 = round((Q + L R) / s) (module docstring), W8 and s computed from the stored
     codes by nodes ONNX Runtime folds at session start; the other layers stay as they are."""
     graph = model.graph
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    opset = default_opset(model)
     corrected = set(corrected_layers(model))
     built, replaced, folded = [], {}, set()
     chosen = [
@@ -169,7 +132,7 @@ def int8_products(model: onnx.ModelProto, layers: frozenset[str] | None = None) 
         if len(node.input) > 4 and node.input[4]:  # g_idx: an act-order permutation, which no scheme here writes
             raise CompressorError(f"{node.name!r} holds a g_idx; int8 products take MatMulNBits in plain block order")
         out = node.output[0].removesuffix("_rounded")
-        b = _Builder(f"int8w{index}", opset)
+        b = Builder(f"int8w{index}", opset)
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         k, n, block = attrs["K"], attrs["N"], attrs["block_size"]
         blocks = -(-k // block)

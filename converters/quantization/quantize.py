@@ -48,6 +48,7 @@ from converters.quantization.mixed import quantize_mixed
 from converters.quantization.sensitivity import four_bit_losses
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
 from converters.quantization.table_head import TABLE_HEAD, frequent_ids
+from converters.quantization.three_bit_table import TABLE_BITS
 from converters.quantization.tied_codes import share_tied_codes, smoothing_of, tied_pairs
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
@@ -68,6 +69,7 @@ __all__ = [
     "tied_products_as_matmul",
     "weight_width",
     "check_table_head",
+    "check_table_bits",
     "check_int8_products",
     "table_block_of",
 ]
@@ -118,6 +120,17 @@ def check_table_head(rows: int, schemes) -> None:
         raise CompressorError(f"--table-head is a number of table rows, 0 or more, got {rows}")
     if rows and not set(schemes or ()) & set(HEAD_SCHEMES):
         raise CompressorError(f"--table-head goes with --quantize {' or '.join(HEAD_SCHEMES)}")
+
+
+def check_table_bits(bits: int, schemes, kind=None) -> None:
+    """--table-bits: one of TABLE_BITS, below 4 asked with a scheme that takes it, for an encoder's table (a
+    `kind` whose products are int8: an LM's tied head shares the table's 4-bit codes, tied_codes)."""
+    if bits not in TABLE_BITS:
+        raise CompressorError(f"--table-bits is one of {', '.join(map(str, TABLE_BITS))}, got {bits}")
+    if bits != 4 and kind is not None and kind.factor_form != "int8":
+        raise CompressorError("--table-bits 3 is for an encoder's word table; an LM's tied head reads its 4-bit codes")
+    if bits != 4 and not set(schemes or ()) & set(HEAD_SCHEMES):
+        raise CompressorError(f"--table-bits goes with --quantize {' or '.join(HEAD_SCHEMES)}")
 
 
 def table_block_of(scheme: str, block: int, table_block: int | None = None) -> int:
@@ -222,7 +235,19 @@ def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _corrected(
-    exported, proto, calibration, kind, block, accuracy_level, share, train, head, table_block, vocab, int8=frozenset()
+    exported,
+    proto,
+    calibration,
+    kind,
+    block,
+    accuracy_level,
+    share,
+    train,
+    head,
+    table_block,
+    vocab,
+    int8=frozenset(),
+    table_bits=4,
 ):
     """int4-aware's rounding of `proto` (the smoothed graph of `exported`) with the word table's `head`
     rows in 8 bits (but weights on a 4-bit grid keep it: grid.py), then one byte budget (`share` of the
@@ -233,7 +258,7 @@ def _corrected(
     to 8 bits as they will be multiplied. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
     grams = input_grams(proto, calibration)
-    rounding = {"aware": True, "head": head, "table_block": table_block, "keep_grid": True}  # grid.py
+    rounding = {"aware": True, "head": head, "table_block": table_block, "keep_grid": True, "table_bits": table_bits}
     quantized = quantize_4bit(proto, block, accuracy_level, **rounding)
     losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized, keep_grid=True)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
@@ -273,17 +298,19 @@ def quantize_onnx(
     train=None,
     table_head: int = TABLE_HEAD,
     table_block: int | None = None,
+    table_bits: int = 4,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
-    `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
-    `accuracy_level`: of the 4-bit schemes (converters.quantization.int4); `widths`: module → width,
-    for mixed; `correction`: the bytes int4-corrected's low-rank corrections may add, a share of the
-    4-bit codes (converters.quantization.correction); `train`: for int4-trained, (exported fp32 graph,
-    its smoothed graph, the corrected graph with fp32 factors) → that graph with trained factors
-    (converters.quantization.training.trainer); `table_head`: for the data-aware 4-bit schemes, the word
-    table's rows of the calibration text's `table_head` most frequent tokens in 8 bits (0: none;
-    converters.quantization.table_head); `table_block`: the 4-bit schemes' tables in blocks of this many
-    weights (None: `table_block_of`'s default)."""
+        `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
+        `accuracy_level`: of the 4-bit schemes (converters.quantization.int4); `widths`: module → width,
+        for mixed; `correction`: the bytes int4-corrected's low-rank corrections may add, a share of the
+        4-bit codes (converters.quantization.correction); `train`: for int4-trained, (exported fp32 graph,
+        its smoothed graph, the corrected graph with fp32 factors) → that graph with trained factors
+        (converters.quantization.training.trainer); `table_head`: for the data-aware 4-bit schemes, the word
+        table's rows of the calibration text's `table_head` most frequent tokens in 8 bits (0: none;
+        converters.quantization.table_head); `table_block`: the 4-bit schemes' tables in blocks of this many
+        weights (None: `table_block_of`'s default); `table_bits`: the data-aware 4-bit schemes' word table (its tail,
+    with a head, the head then in 4 bits) in 4 or 3 bits (converters.quantization.three_bit_table)."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if weight_width(scheme) == 4:
@@ -292,6 +319,7 @@ def quantize_onnx(
         check_int4_options(table_block, accuracy_level)
     check_correction_share(correction)
     check_table_head(table_head, HEAD_SCHEMES)  # its rows only: run gives one --table-head to every row
+    check_table_bits(table_bits, HEAD_SCHEMES)
     if scheme in PLANNED and not widths:
         raise CompressorError(f"{scheme} quantizes each module at the width a byte budget chose; this model has none")
     if scheme in CALIBRATED and not calibration:
@@ -302,6 +330,7 @@ def quantize_onnx(
     if is_quantized(src):
         raise CompressorError(f"{str(src)!r} is already quantized; quantize its fp32 graph instead")
     check_int8_products([scheme], graph_kind(src))
+    check_table_bits(table_bits if scheme in HEAD_SCHEMES else 4, HEAD_SCHEMES, graph_kind(src))
     with atomic_file(dst, needed=file_bytes(src) // 3) as tmp, tempfile.TemporaryDirectory() as work:
         plain = Path(work) / "plain.onnx"  # without the fp32 parity of the metadata
         proto = tied_products_as_matmul(onnx.load(str(src)))
@@ -334,6 +363,7 @@ def quantize_onnx(
                 table_block,
                 vocab,
                 int8,
+                table_bits if scheme in HEAD_SCHEMES else 4,
             )
             corrected = half_scales(share_tied_codes(corrected, tied))
             onnx.save_model(int8_products(corrected, int8) if scheme in INT8_PRODUCTS else corrected, str(tmp))
@@ -341,7 +371,10 @@ def quantize_onnx(
             onnx.save_model(half_scales(quantize_mixed(proto, widths, block, accuracy_level)), str(tmp))
         elif width == "int4":
             aware = scheme in CALIBRATED
-            quantized = quantize_4bit(proto, block, accuracy_level, aware, eight_bit, head, table_block)
+            bits = table_bits if scheme in HEAD_SCHEMES else 4
+            quantized = quantize_4bit(
+                proto, block, accuracy_level, aware, eight_bit, head, table_block, table_bits=bits
+            )
             onnx.save_model(half_scales(share_tied_codes(quantized, tied)), str(tmp))
         else:
             onnx.save_model(proto, str(plain))

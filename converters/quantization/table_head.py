@@ -1,13 +1,14 @@
 """The word table by frequency: its most frequent rows (the head) in 8 bits, the rest in 4, so that the
-tokens text is made of pay the least rounding (issue 30, item 3).
+tokens text is made of pay the least rounding (issue 30, item 3); with a 3-bit table (three_bit_table), the
+head in 4 bits and the rest in 3.
 
 `split_table` rewrites a table's Gather(W, ids) exactly, in fp32, as the head/tail lookup of
-compressor.head_tail: slot = perm[ids] (int32, head tokens first), head rows H[min(slot, h − 1)],
-tail rows T[max(slot − h, 0)], Where(slot < h). `eight_bit_gather` then stores H as ONNX Runtime's
-GatherBlockQuantized with bits=8 (asymmetric, one scale and uint8 zero point per block of `block`
+compressor.head_tail: slot = perm[ids] (head tokens first; perm stored in int16 up to 32,768 rows), head rows
+H[min(slot, h − 1)], tail rows T[max(slot − h, 0)], Where(slot < h). `eight_bit_gather` then stores H as ONNX
+Runtime's GatherBlockQuantized with bits=8 (asymmetric, one scale and uint8 zero point per block of `block`
 columns), which ONNX Runtime's weight-only quantizer does not write (its Gather path is 4-bit only);
 T goes through the same 4-bit path as every other table. The head costs h·D/2 bytes more than 4 bits
-and the map V·4 bytes."""
+and the map V·2 (or 4) bytes."""
 
 import numpy as np
 import onnx
@@ -55,7 +56,7 @@ def split_table(model: onnx.ModelProto, node: onnx.NodeProto, head: np.ndarray) 
     is_head = np.zeros(rows, bool)
     is_head[head] = True
     tail = np.flatnonzero(~is_head)
-    perm = np.empty(rows, np.int32)
+    perm = np.empty(rows, np.int16 if rows <= np.iinfo(np.int16).max + 1 else np.int32)  # half the bytes when it can
     perm[head], perm[tail] = np.arange(h), np.arange(h, rows)
     out, ids = node.output[0], node.input[1]
 
@@ -73,17 +74,18 @@ def split_table(model: onnx.ModelProto, node: onnx.NodeProto, head: np.ndarray) 
             numpy_helper.from_array(np.array([-1], np.int64), name("axis")),
         ]
     )
-    steps = [  # (op, inputs, output part); each node named as its output
-        ("Gather", [name("perm"), ids], "slot"),
-        ("Less", [name("slot"), name("h")], "is_head"),
-        ("Unsqueeze", [name("is_head"), name("axis")], "mask"),
-        ("Min", [name("slot"), name("last")], "head_slot"),
-        ("Sub", [name("slot"), name("h")], "shifted"),
-        ("Max", [name("shifted"), name("zero")], "tail_slot"),
-        ("Gather", [name("head_table"), name("head_slot")], HEAD_SUFFIX[1:]),
-        ("Gather", [name("tail_table"), name("tail_slot")], TAIL_SUFFIX[1:]),
+    steps = [  # (op, inputs, output part, attributes); each node named as its output
+        ("Gather", [name("perm"), ids], "stored_slot", {}),
+        ("Cast", [name("stored_slot")], "slot", {"to": onnx.TensorProto.INT32}),
+        ("Less", [name("slot"), name("h")], "is_head", {}),
+        ("Unsqueeze", [name("is_head"), name("axis")], "mask", {}),
+        ("Min", [name("slot"), name("last")], "head_slot", {}),
+        ("Sub", [name("slot"), name("h")], "shifted", {}),
+        ("Max", [name("shifted"), name("zero")], "tail_slot", {}),
+        ("Gather", [name("head_table"), name("head_slot")], HEAD_SUFFIX[1:], {}),
+        ("Gather", [name("tail_table"), name("tail_slot")], TAIL_SUFFIX[1:], {}),
     ]
-    nodes = [helper.make_node(op, inputs, [name(part)], name=name(part)) for op, inputs, part in steps]
+    nodes = [helper.make_node(op, inputs, [name(part)], name=name(part), **at) for op, inputs, part, at in steps]
     rows = [name("mask"), out + HEAD_SUFFIX, out + TAIL_SUFFIX]
     nodes.append(helper.make_node("Where", rows, [out], name=name("where")))
     at = list(graph.node).index(node)

@@ -3,10 +3,10 @@ distillation against the fp32 model with every weight held as the graph rounds i
 
 The student is the PyTorch model with each rounded weight replaced by what ONNX Runtime multiplies by
 or gathers: a MatMulNBits weight Q_s read back from its codes (correction.dequantize_nbits), a
-GatherBlockQuantized table read back by running that node over every row (a table split by frequency:
-its head's and tail's rows put back in token order). SmoothQuant scaled each weight row k by s_k (and
-divided the activation by it), so the unsmoothed Q = Q_s / s row-wise, s read from the smoothed and
-unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`.
+GatherBlockQuantized table read back by running that node over every row, a 3-bit table read from its codes
+(three_bit_table; a table split by frequency: its head's and tail's rows put back in token order). SmoothQuant
+scaled each weight row k by s_k (and divided the activation by it), so the unsmoothed Q = Q_s / s row-wise, s
+read from the smoothed and unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`.
 Weights are found by value: the exported fp32 graph holds each weight as the module holds it (a
 Linear's Wᵀ, a Conv1D's W, an Embedding's table), or a compressed module's own factor as it is or
 transposed (LowRankLinear's up and down, a low-rank table's codes and basis, a dense head's rows); a
@@ -35,6 +35,7 @@ from compressor.errors import UnmatchedWeightError
 from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
 from converters.quantization.half_scales import constant_of, scale_values
 from converters.quantization.table_head import split_tables
+from converters.quantization.three_bit_table import three_bit_outputs, three_bit_rows
 
 __all__ = [
     "CORRECTION_SECONDS",
@@ -55,11 +56,13 @@ CORRECTION_LR = 2e-4
 
 @dataclass
 class Links:
-    """What goes back into the graph: output name of each corrected MatMul → (module name, s (K,), bias
-    initializer or None); module name of each LayerNorm → (scale initializer, bias initializer)."""
+    """What goes back into the graph: output name of each trained MatMul → (module name, s (K,), bias
+    initializer or None) and → its MatMulNBits' scales initializer; module name of each LayerNorm → (scale
+    initializer, bias initializer)."""
 
     layers: dict[str, tuple[str, np.ndarray, str | None]] = field(default_factory=dict)
     norms: dict[str, tuple[str, str]] = field(default_factory=dict)
+    scales: dict[str, str] = field(default_factory=dict)
 
 
 class GraphLayerNorm(nn.LayerNorm):
@@ -99,6 +102,11 @@ class Holder:
             module.weight.data = tensor.T.contiguous() if isinstance(module, nn.Linear) else tensor
         else:
             model.get_parameter(self.name).data = tensor.T.contiguous() if self.transposed else tensor
+
+
+def _linear(module: nn.Module) -> bool:
+    """Whether `module` multiplies by its weight (nn.Linear, Conv1D), not gathers from it (nn.Embedding)."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 def int8_rounded(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -247,7 +255,8 @@ def student_of(
         q = dequantize_nbits(graph, node) / s[:, None]  # (K, N) as x q
         if out in int8_inputs and not holder.factor:
             rounded_inputs[holder.name] = torch.from_numpy(s.astype(np.float32))
-        if out not in corrected_outs:
+        gains = not holder.factor and _linear(model.get_submodule(holder.name))  # not a table read as a head
+        if out not in corrected_outs and not gains:
             holder.put(model, q)
             continue
         if holder.factor:  # a compressed module's factor: its correction's closed form, frozen
@@ -257,18 +266,25 @@ def student_of(
             )
             continue
         q = torch.from_numpy(q.astype(np.float32))
-        left = torch.from_numpy((numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None]).astype(np.float32))
-        right = torch.from_numpy(numpy_helper.to_array(inits[f"{out}_R"]).astype(np.float32))
+        if out in corrected_outs:
+            left = torch.from_numpy((numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None]).astype(np.float32))
+            right = torch.from_numpy(numpy_helper.to_array(inits[f"{out}_R"]).astype(np.float32))
+        else:  # no correction: its scales and bias alone
+            left, right = torch.zeros(q.shape[0], 0), torch.zeros(0, q.shape[1])
+        block = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size")
         name = holder.name
         bias, value = _own_bias(graph, out)
         values = None if value is None else torch.from_numpy(value)
         parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, CorrectedLinear(q.T, left, right, values))
+        layer = CorrectedLinear(q.T, left, right, values, block=block)
+        setattr(model.get_submodule(parent) if parent else model, leaf, layer)
         links.layers[out] = (name, s, bias)
+        links.scales[out] = node.input[2]
     for name, s in rounded_inputs.items():
         model.get_submodule(name).register_forward_pre_hook(partial(_round_input, s))
     gathers = {n.output[0]: n.input[0] for n in fp32.graph.node if n.op_type == "Gather"}  # output → table
     tables = {n.output[0]: (n,) for n in graph.node if n.op_type == "GatherBlockQuantized"}
+    tables.update({n.output[0]: (n,) for n in graph.node if n.output[0] in three_bit_outputs(graph)})
     for out, (head, tail, perm) in split_tables(graph).items():  # the word table by frequency, 8-bit head
         del tables[head.output[0]], tables[tail.output[0]]
         tables[out] = (head, tail, perm)
@@ -279,26 +295,37 @@ def student_of(
 
 
 def _rounded_table(model: onnx.ModelProto, nodes: tuple) -> np.ndarray:
-    """The table one GatherBlockQuantized node gathers from, or a split table's (head, tail, perm): its head
-    and tail rows in the token order of perm."""
+    """The table one lookup (a GatherBlockQuantized node, or a 3-bit lookup's last node) gathers from, or a split
+    table's (head, tail, perm): its head and tail rows in the token order of perm."""
     rows = {i.name: i.dims for i in model.graph.initializer}
-    parts = [dequantize_table(model, node, rows[node.input[0]][0]) for node in nodes[:2]]
+
+    def table(node: onnx.NodeProto) -> np.ndarray:
+        three = three_bit_rows(model.graph, node.output[0])
+        return dequantize_table(model, node, rows[node.input[0]][0]) if three is None else three
+
+    parts = [table(node) for node in nodes[:2]]
     return parts[0] if len(nodes) == 1 else np.concatenate(parts)[nodes[2]]
 
 
 def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> onnx.ModelProto:
-    """`corrected` (in place) with the trained factors L = s·A, R = B, biases and LayerNorms of `student`."""
+    """`corrected` (in place) with the trained factors L = s·A, R = B, biases, LayerNorms and block scales (times
+    their gains) of `student`."""
     values = {}
+    inits = {i.name: i for i in corrected.graph.initializer}
     for out, (name, s, bias) in links.layers.items():
         module = student.get_submodule(name)
-        values[f"{out}_L"] = module.left.detach().double().numpy() * s[:, None]
-        values[f"{out}_R"] = module.right.detach().numpy()
+        if module.rank:
+            values[f"{out}_L"] = module.left.detach().double().numpy() * s[:, None]
+            values[f"{out}_R"] = module.right.detach().numpy()
         if bias is not None:
             values[bias] = module.bias.detach().numpy()
+        scales = numpy_helper.to_array(inits[links.scales[out]])
+        values[links.scales[out]] = (scales.reshape(module.gain.shape) * module.gain.detach().numpy()).reshape(
+            scales.shape
+        )
     for name, (scale, bias) in links.norms.items():
         module = student.get_submodule(name)
         values.update({scale: module.weight.detach().numpy(), bias: module.bias.detach().numpy()})
-    inits = {i.name: i for i in corrected.graph.initializer}
     for key, value in values.items():
         inits[key].CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=np.float32), key))
     return corrected

@@ -28,6 +28,7 @@ from converters.quantization.correction import (
 from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.smoothing import activation_absmax, smooth
+from converters.quantization.three_bit_table import three_bit_outputs
 from converters.quantization.training import GraphLayerNorm, student_of, trainer, write_back
 from eval.graph import make_session
 from tests.conftest import WORDS, write_tiny_bert
@@ -52,14 +53,16 @@ def wide(tmp_path_factory):
     return path, model, fp32, feeds
 
 
-def _corrected(fp32, feeds):
+def _corrected(fp32, feeds, table_bits=4):
     """(exported, smoothed, corrected with fp32 factors), MatMulNBits in fp32 compute (accuracy level 0)
-    so that PyTorch and ONNX Runtime multiply the same numbers; the word table split, some rows in 8 bits."""
+    so that PyTorch and ONNX Runtime multiply the same numbers; the word table split, some rows in 8 bits (or,
+    `table_bits` 3, in 4 and the rest in 3)."""
     exported = onnx.load(str(fp32))
     smoothed = smooth(exported, activation_absmax(exported, feeds), 0.5)
     name_nodes(smoothed.graph)
     eight = (next(n.name for n in smoothed.graph.node if n.op_type == "MatMul"),)  # as the budget may choose
-    quantized = quantize_4bit(smoothed, 16, 0, aware=True, eight_bit=eight, head=np.arange(1, 60, 3))
+    head = np.arange(1, 60, 3)
+    quantized = quantize_4bit(smoothed, 16, 0, aware=True, eight_bit=eight, head=head, table_bits=table_bits)
     losses = {n.output[0]: 1.0 for n in smoothed.graph.node if n.op_type == "MatMul"}
     grams = input_grams(smoothed, feeds)
     ranks, _ = plan_corrections(quantized, smoothed, grams, losses, int(0.3 * four_bit_codes(smoothed)))
@@ -78,9 +81,11 @@ def _torch(model, feed):
         return model(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
 
 
-def test_the_student_computes_what_the_rounded_graph_computes(wide, tmp_path):
+@pytest.mark.parametrize("table_bits", [4, 3])
+def test_the_student_computes_what_the_rounded_graph_computes(wide, tmp_path, table_bits):
     _, model, fp32, feeds = wide
-    exported, smoothed, corrected = _corrected(fp32, feeds)
+    exported, smoothed, corrected = _corrected(fp32, feeds, table_bits)
+    assert bool(three_bit_outputs(corrected.graph)) == (table_bits == 3)  # the tail's 3-bit lookup
     student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
     assert links.layers and all(
         isinstance(student.get_submodule(n), CorrectedLinear) for n, _, _ in links.layers.values()
@@ -142,6 +147,7 @@ def test_trained_factors_biases_and_layer_norms_go_back_into_the_graph(wide, tmp
         norms = [student.get_submodule(name) for name in links.norms]
         for p in [p for m in layers + norms for p in m.parameters()]:
             p.add_(0.05 * torch.randn(p.shape, generator=generator))
+    assert all(m.gain is not None for m in layers)  # block scales' gains, perturbed with the rest
     graph = _run(write_back(corrected, student, links), tmp_path, feeds[1])
     assert np.abs(_torch(student, feeds[1]) - graph).max() <= 1e-4 * np.abs(graph).max()
 

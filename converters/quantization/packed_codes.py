@@ -1,0 +1,64 @@
+"""Codes narrower than a byte, packed `8 // bits` to a byte low bits first (MatMulNBits' layout), and the
+ONNX nodes that build a subgraph over them: `Builder` (nodes and constants under one prefix) and `unpacked`
+(the codes back as one uint8 each, by BitShift on bytes). int8_products folds a layer's codes into int8
+weights with them; three_bit_table gathers a table's rows and unpacks only those."""
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+__all__ = ["Builder", "pack", "unpacked", "default_opset"]
+
+
+class Builder:
+    """Nodes and constants appended under one prefix; `opset`: the graph's default-domain version."""
+
+    def __init__(self, prefix: str, opset: int):
+        self.prefix, self.opset, self.nodes, self.inits, self.count = prefix, opset, [], [], 0
+
+    def const(self, value, dtype) -> str:
+        name = f"{self.prefix}_c{len(self.inits)}"  # short: a layer's subgraph holds some twenty names
+        self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], domain: str = "", out: str | None = None, **attrs) -> str:
+        """A node `op_type` of `inputs`; its output `out` (None: a fresh name under the prefix)."""
+        self.count += 1
+        out = out or f"{self.prefix}_{self.count}"
+        self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, domain=domain, **attrs))
+        return out
+
+    def reduce(self, op_type: str, x: str) -> str:
+        """`op_type` (ReduceMax, ReduceMin) of a (N, blocks, block) tensor over its last two axes: (N,)."""
+        if self.opset >= 18:
+            return self.op(op_type, [x, self.const([1, 2], np.int64)], keepdims=0)
+        return self.op(op_type, [x], axes=[1, 2], keepdims=0)
+
+
+def pack(codes: np.ndarray, bits: int) -> np.ndarray:
+    """(rows, n) codes in [0, 2^bits), n a multiple of 8 // bits, as (rows, n · bits / 8) uint8: code j in
+    byte j // (8 // bits), at bit (j mod (8 // bits)) · bits."""
+    per = 8 // bits
+    rows, n = codes.shape
+    groups = codes.astype(np.uint8).reshape(rows, n // per, per)
+    shifts = (np.arange(per) * bits).astype(np.uint8)
+    return np.bitwise_or.reduce(groups << shifts, axis=-1).astype(np.uint8)
+
+
+def unpacked(b: Builder, packed: str, rows: int, per_row: int, bits: int) -> str:
+    """uint8 codes `bits` wide, packed as `pack` packs them, as a (rows, per_row · 8 // bits) uint8 tensor
+    (rows −1: as many as there are): the bit operations stay on bytes, one float tensor comes later."""
+    packed = b.op("Reshape", [packed, b.const([rows, per_row, 1], np.int64)])
+    if bits == 8:
+        return b.op("Reshape", [packed, b.const([rows, per_row], np.int64)])
+    keep, shift = b.const(8 - bits, np.uint8), b.const(bits, np.uint8)
+    parts, rest = [], packed
+    for _ in range(8 // bits):
+        parts.append(b.op("BitShift", [b.op("BitShift", [rest, keep], direction="LEFT"), keep], direction="RIGHT"))
+        rest = b.op("BitShift", [rest, shift], direction="RIGHT")
+    return b.op("Reshape", [b.op("Concat", parts, axis=-1), b.const([rows, per_row * (8 // bits)], np.int64)])
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The version of the default domain `model` imports."""
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
