@@ -130,6 +130,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             table_head=quantize.table_head,
             table_block=quantize.table_block,
             table_bits=quantize.table_bits,
+            scale_bits=quantize.scale_bits,
         )
     return (
         f"{quantize.schemes[0]}; against its fp32 graph, whose parity with PyTorch is {fp32.parity_max_abs:.2e}: "

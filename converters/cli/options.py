@@ -7,6 +7,7 @@ from pathlib import Path
 from compressor.errors import CompressorError
 from converters.finetune_config import DEVICES, SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
+from converters.quantization.byte_scales import SCALE_BITS
 from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.quantization.quantize import CALIBRATION_PASSAGES, CORRECTED_TABLE_BLOCK, SCHEMES
@@ -312,6 +313,15 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         help="int4 schemes: the tables' weights per block sharing one scale, a power of two ≥ 16; larger blocks "
         "spend fewer bytes on the table's scales, which the corrections can take instead (default: "
         f"--block-size; for int4-corrected, int4-trained and w4a8 at least {CORRECTED_TABLE_BLOCK})",
+    )
+    p.add_argument(
+        "--scale-bits",
+        type=int,
+        choices=SCALE_BITS,
+        default=16,
+        metavar="BITS",
+        help="4-bit schemes: the linear layers' block scales in fp16 (16) or in one byte on each row's log grid (8), "
+        "computed back when the session starts (default: 16)",
     )
     p.add_argument(
         "--table-bits",

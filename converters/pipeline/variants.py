@@ -67,6 +67,7 @@ class Variants:
         self.int4 = {"block": quantize.block_size, "accuracy_level": quantize.accuracy_level}
         self.correction, self.fit_for, self.table_head = quantize.correction_share, fit_for, quantize.table_head
         self.table_block, self.table_bits = quantize.table_block, quantize.table_bits
+        self.scale_bits = quantize.scale_bits
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
@@ -101,6 +102,7 @@ class Variants:
                         table_head=self.table_head,
                         table_block=self.table_block,
                         table_bits=self.table_bits,
+                        scale_bits=self.scale_bits,
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
@@ -114,6 +116,7 @@ class Variants:
             if width == 4:
                 quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
                 quantization["table_block"] = table_block_of(scheme, self.int4["block"], self.table_block)
+                quantization["scale_bits"] = self.scale_bits
             if scheme in CALIBRATED and width == 4:
                 quantization.update(table_head=self.table_head, table_bits=self.table_bits)
             if result.corrections is not None:

@@ -151,21 +151,24 @@ def int8_products(model: onnx.ModelProto, layers: frozenset[str] | None = None) 
             codes = b.op("Slice", [codes, b.const([0], np.int64), b.const([k], np.int64), b.const([1], np.int64)])
         weight = b.op("Transpose", [codes], perm=[1, 0])
         bias = node.input[5] if len(node.input) > 5 else ""
-        replaced[node.name] = helper.make_node(
-            "DynamicQuantizeMatMul",
-            [node.input[0], weight, scale, "", bias] if bias else [node.input[0], weight, scale],
-            [node.output[0]],
-            name=f"{out}_int8",
-            domain="com.microsoft",
-        )
+        replaced[node.name] = [  # the subgraph just before its product: the graph stays in topological order
+            *b.nodes,
+            helper.make_node(
+                "DynamicQuantizeMatMul",
+                [node.input[0], weight, scale, "", bias] if bias else [node.input[0], weight, scale],
+                [node.output[0]],
+                name=f"{out}_int8",
+                domain="com.microsoft",
+            ),
+        ]
         built.append(b)
         folded.add(out)
-    nodes = [n for b in built for n in b.nodes]
+    nodes = []
     for node in graph.node:
         if node.name.endswith("_corrected") and node.name.removesuffix("_corrected") in folded:
             kept = next(name for name in node.input if not name.endswith("_xLR"))
             node = helper.make_node("Identity", [kept], [node.output[0]], name=node.name)
-        nodes.append(replaced.get(node.name, node))
+        nodes.extend(replaced.get(node.name, [node]))
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(init for b in built for init in b.inits)

@@ -20,6 +20,7 @@ import onnx
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
+from converters.quantization.byte_scales import SCALE_BITS, byte_scales
 from converters.quantization.correction import (
     CORRECTION_SHARE,
     add_corrections,
@@ -70,6 +71,7 @@ __all__ = [
     "weight_width",
     "check_table_head",
     "check_table_bits",
+    "check_scale_bits",
     "check_int8_products",
     "table_block_of",
 ]
@@ -131,6 +133,14 @@ def check_table_bits(bits: int, schemes, kind=None) -> None:
         raise CompressorError("--table-bits 3 is for an encoder's word table; an LM's tied head reads its 4-bit codes")
     if bits != 4 and not set(schemes or ()) & set(HEAD_SCHEMES):
         raise CompressorError(f"--table-bits goes with --quantize {' or '.join(HEAD_SCHEMES)}")
+
+
+def check_scale_bits(bits: int, schemes) -> None:
+    """--scale-bits: one of SCALE_BITS, 8 asked with a 4-bit scheme."""
+    if bits not in SCALE_BITS:
+        raise CompressorError(f"--scale-bits is one of {', '.join(map(str, SCALE_BITS))}, got {bits}")
+    if bits != 16 and not any(weight_width(s) == 4 for s in schemes or ()):
+        raise CompressorError("--scale-bits goes with a 4-bit --quantize scheme (int4, int4-aware, …, w4a8, mixed)")
 
 
 def table_block_of(scheme: str, block: int, table_block: int | None = None) -> int:
@@ -278,6 +288,12 @@ def _corrected(
     return corrected, {out: c.to_dict() for out, c in corrections.items()}, eight_bit
 
 
+def _stored_scales(model: onnx.ModelProto, scale_bits: int) -> onnx.ModelProto:
+    """A 4-bit graph's scales as written: the linear layers' in one byte (`scale_bits` 8: byte_scales), the rest
+    (and with 16 all) in fp16 (half_scales)."""
+    return half_scales(byte_scales(model) if scale_bits == 8 else model)
+
+
 def _int8(plain: Path, out: Path, per_channel: bool) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -299,18 +315,20 @@ def quantize_onnx(
     table_head: int = TABLE_HEAD,
     table_block: int | None = None,
     table_bits: int = 4,
+    scale_bits: int = 16,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
-        `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
-        `accuracy_level`: of the 4-bit schemes (converters.quantization.int4); `widths`: module → width,
-        for mixed; `correction`: the bytes int4-corrected's low-rank corrections may add, a share of the
-        4-bit codes (converters.quantization.correction); `train`: for int4-trained, (exported fp32 graph,
-        its smoothed graph, the corrected graph with fp32 factors) → that graph with trained factors
-        (converters.quantization.training.trainer); `table_head`: for the data-aware 4-bit schemes, the word
-        table's rows of the calibration text's `table_head` most frequent tokens in 8 bits (0: none;
-        converters.quantization.table_head); `table_block`: the 4-bit schemes' tables in blocks of this many
-        weights (None: `table_block_of`'s default); `table_bits`: the data-aware 4-bit schemes' word table (its tail,
-    with a head, the head then in 4 bits) in 4 or 3 bits (converters.quantization.three_bit_table)."""
+    `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
+    `accuracy_level`: of the 4-bit schemes (converters.quantization.int4); `widths`: module → width,
+    for mixed; `correction`: the bytes int4-corrected's low-rank corrections may add, a share of the
+    4-bit codes (converters.quantization.correction); `train`: for int4-trained, (exported fp32 graph,
+    its smoothed graph, the corrected graph with fp32 factors) → that graph with trained factors
+    (converters.quantization.training.trainer); `table_head`: for the data-aware 4-bit schemes, the word
+    table's rows of the calibration text's `table_head` most frequent tokens in 8 bits (0: none;
+    converters.quantization.table_head); `table_block`: the 4-bit schemes' tables in blocks of this many
+    weights (None: `table_block_of`'s default); `table_bits`: the data-aware 4-bit schemes' word table (its
+    tail, with a head, the head then in 4 bits) in 4 or 3 bits (converters.quantization.three_bit_table);
+    `scale_bits`: the 4-bit linear layers' block scales in fp16 (16) or one byte (8: byte_scales)."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if weight_width(scheme) == 4:
@@ -320,6 +338,7 @@ def quantize_onnx(
     check_correction_share(correction)
     check_table_head(table_head, HEAD_SCHEMES)  # its rows only: run gives one --table-head to every row
     check_table_bits(table_bits, HEAD_SCHEMES)
+    check_scale_bits(scale_bits, SCHEMES)
     if scheme in PLANNED and not widths:
         raise CompressorError(f"{scheme} quantizes each module at the width a byte budget chose; this model has none")
     if scheme in CALIBRATED and not calibration:
@@ -365,17 +384,17 @@ def quantize_onnx(
                 int8,
                 table_bits if scheme in HEAD_SCHEMES else 4,
             )
-            corrected = half_scales(share_tied_codes(corrected, tied))
+            corrected = _stored_scales(share_tied_codes(corrected, tied), scale_bits)
             onnx.save_model(int8_products(corrected, int8) if scheme in INT8_PRODUCTS else corrected, str(tmp))
         elif scheme == "mixed":
-            onnx.save_model(half_scales(quantize_mixed(proto, widths, block, accuracy_level)), str(tmp))
+            onnx.save_model(_stored_scales(quantize_mixed(proto, widths, block, accuracy_level), scale_bits), str(tmp))
         elif width == "int4":
             aware = scheme in CALIBRATED
             bits = table_bits if scheme in HEAD_SCHEMES else 4
             quantized = quantize_4bit(
                 proto, block, accuracy_level, aware, eight_bit, head, table_block, table_bits=bits
             )
-            onnx.save_model(half_scales(share_tied_codes(quantized, tied)), str(tmp))
+            onnx.save_model(_stored_scales(share_tied_codes(quantized, tied), scale_bits), str(tmp))
         else:
             onnx.save_model(proto, str(plain))
             _int8(plain, tmp, per_channel=graph_kind(src).int8_per_channel)

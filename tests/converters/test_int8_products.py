@@ -16,6 +16,7 @@ from converters.export import export_onnx, sample_inputs
 from converters.quantization.correction import _stored_factor, corrected_layers, dequantize_nbits
 from converters.quantization.int8_products import INT8_INPUT_TOL, INT8_LEVEL, int8_layers, int8_products
 from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.three_bit_table import three_bit_outputs
 from converters.quantization.training import int8_rounded, trainer
 from eval.graph import make_session
 from tests.conftest import matmul_graph, write_tiny_bert, write_tiny_lm
@@ -146,7 +147,18 @@ def test_the_student_rounds_inputs_as_dynamic_quantize_linear_does(tmp_path):
     assert torch.equal(x.grad, torch.ones_like(x))  # straight through
 
 
-def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path):
+def _in_order(graph: onnx.GraphProto) -> bool:
+    """Whether every node reads only initializers, graph inputs and outputs of nodes before it."""
+    known = {i.name for i in graph.initializer} | {i.name for i in graph.input} | {""}
+    for node in graph.node:
+        if not set(node.input) <= known:
+            return False
+        known.update(node.output)
+    return True
+
+
+@pytest.mark.parametrize("table_bits, scale_bits", [(4, 16), (3, 8)])
+def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path, table_bits, scale_bits):
     model, fp32, vocab, feeds, _ = bert
     seen = []
     result = quantize_onnx(
@@ -158,10 +170,15 @@ def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path):
         block=16,
         correction=0.3,
         train=trainer(model, seen.append),
+        table_head=16,
+        table_bits=table_bits,
+        scale_bits=scale_bits,
     )
     assert 0 < result.parity_rel <= REL_TOL["w4a8"] and result.corrections
     graph = onnx.load(str(result.path)).graph
-    assert {n.op_type for n in graph.node} >= {"DynamicQuantizeMatMul", "GatherBlockQuantized"}
+    assert {n.op_type for n in graph.node} >= {"DynamicQuantizeMatMul", "GatherBlockQuantized"} and _in_order(graph)
+    assert bool(three_bit_outputs(graph)) == (table_bits == 3)  # the word table's tail in 3 bits
+    assert any(i.name.endswith("_scale_codes") for i in graph.initializer) == (scale_bits == 8)
     products = {n.output[0].removesuffix("_rounded") for n in graph.node if n.op_type == "DynamicQuantizeMatMul"}
     assert products == set(result.int8_layers)  # the report names the layers multiplied in int8
     (student,) = seen

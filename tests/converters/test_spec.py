@@ -48,6 +48,8 @@ def test_the_spec_is_frozen_and_its_plans_are_made_once():
         (("--correction-share", 1.5), r"--correction-share is a share of the 4-bit bytes in \(0, 1\), got 1.5"),
         (("--table-head", -1), "--table-head is a number of table rows, 0 or more, got -1"),
         (("--table-block", 48), "a 4-bit block size is a power of two, at least 16"),
+        (("--quantize", "int8", "--table-bits", 3), "--table-bits goes with --quantize int4-aware"),
+        (("--quantize", "int8", "int8-aware", "--scale-bits", 8), "--scale-bits goes with a 4-bit --quantize"),
         (("--finetune-time", -5), "a fine-tune time budget must be > 0 seconds"),
     ],
 )
