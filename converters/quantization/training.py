@@ -6,17 +6,20 @@ or gathers: a MatMulNBits weight Q_s read back from its codes (correction.dequan
 GatherBlockQuantized table read back by running that node over every row, a 3-bit table read from its codes
 (three_bit_table; a table split by frequency: its head's and tail's rows put back in token order). SmoothQuant
 scaled each weight row k by s_k (and divided the activation by it), so the unsmoothed Q = Q_s / s row-wise, s
-read from the smoothed and unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`.
+read from the smoothed and unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`, and
+every other rounded nn.Linear or Conv1D one of rank 0, each with one gain a block of Q's scales (Q ⊙ G: the
+codes stay, the scales learn).
 Weights are found by value: the exported fp32 graph holds each weight as the module holds it (a
 Linear's Wᵀ, a Conv1D's W, an Embedding's table), or a compressed module's own factor as it is or
 transposed (LowRankLinear's up and down, a low-rank table's codes and basis, a dense head's rows); a
 weight two holders hold is refused. A compressed module's factor takes its rounded value frozen, and,
 corrected, Q + L R (its correction keeps its closed form: no nn.Linear to train it in). After the
-fine-tune (the corrections of nn.Linear and Conv1D layers, their biases and the LayerNorms trained,
-all else frozen) the factors go back as L = s·A, R = B, the biases into their Add and the LayerNorms
-into their LayerNormalization (each in an initializer of its own), and `correction.store_factors`
-rounds the factors to 8 bits. For the layers a graph multiplies in int8 (w4a8: converters.quantization.int8_products)
-the input is rounded too, as DynamicQuantizeLinear rounds it (`int8_rounded`)."""
+fine-tune (the corrections and gains of nn.Linear and Conv1D layers, their biases and the LayerNorms
+trained, all else frozen) the factors go back as L = s·A, R = B, each block's scale times its gain, the biases
+into their Add and the LayerNorms into their LayerNormalization (each in an initializer of its own), and
+`correction.store_factors` rounds the factors to 8 bits. For the layers a graph multiplies in int8 (w4a8:
+converters.quantization.int8_products) the input is rounded too, as DynamicQuantizeLinear rounds it
+(`int8_rounded`)."""
 
 import copy
 from collections.abc import Callable
