@@ -23,6 +23,7 @@ from converters.pipeline.calibrating import quantize_calibration, token_frequenc
 from converters.pipeline.say import say
 from converters.pipeline.steps import correction_fit
 from converters.quantization.quantize import (
+    HEAD_SCHEMES,
     PLANNED,
     check_int8_products,
     check_table_bits,
@@ -132,6 +133,9 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             table_bits=quantize.table_bits,
             scale_bits=quantize.scale_bits,
         )
+    note = result.table_note(quantize.table_bits) if quantize.schemes[0] in HEAD_SCHEMES else None
+    if note:
+        say(f"warning: {note}")
     return (
         f"{quantize.schemes[0]}; against its fp32 graph, whose parity with PyTorch is {fp32.parity_max_abs:.2e}: "
         f"relative error {result.parity_rel:.3f}, max |Δ| {result.parity_max_abs:.2e}, on {result.parity_input}"

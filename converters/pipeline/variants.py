@@ -20,6 +20,7 @@ from converters.pipeline.say import say
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
 from converters.quantization.quantize import (
     CALIBRATED,
+    HEAD_SCHEMES,
     INT8_PRODUCTS,
     PLANNED,
     TRAINED,
@@ -118,7 +119,10 @@ class Variants:
                 quantization["table_block"] = table_block_of(scheme, self.int4["block"], self.table_block)
                 quantization["scale_bits"] = self.scale_bits
             if scheme in CALIBRATED and width == 4:
-                quantization.update(table_head=self.table_head, table_bits=self.table_bits)
+                quantization.update(table_head=self.table_head, table_bits=result.table_bits)
+                note = result.table_note(self.table_bits) if scheme in HEAD_SCHEMES else None
+                if note:
+                    say(f"warning: {row}: {note}")
             if result.corrections is not None:
                 quantization.update(correction_share=self.correction, corrections=result.corrections)
             if scheme in INT8_PRODUCTS:

@@ -49,7 +49,7 @@ from converters.quantization.mixed import quantize_mixed
 from converters.quantization.sensitivity import four_bit_losses
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
 from converters.quantization.table_head import TABLE_HEAD, frequent_ids
-from converters.quantization.three_bit_table import TABLE_BITS
+from converters.quantization.three_bit_table import TABLE_BITS, three_bit_outputs
 from converters.quantization.tied_codes import share_tied_codes, smoothing_of, tied_pairs
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
@@ -177,6 +177,14 @@ class QuantizeResult:
     eight_bit: tuple[str, ...] = ()  # int4-aware and the corrected schemes: the MatMul nodes kept in 8 bits
     corrections: dict | None = None  # int4-corrected: MatMul output → its rank and errors (correction.Correction)
     int8_layers: tuple[str, ...] = ()  # w4a8: the MatMul outputs multiplied in int8 (int8_products.int8_layers)
+    table_bits: int = 4  # the word table's (tail's) width as written: 3 only where a lookup went to 3 bits
+
+    def table_note(self, asked: int) -> str | None:
+        """What to say when `asked` (--table-bits) is not what the graph holds: a table not in whole blocks (a
+        compressed table's factors) stays in 4 bits."""
+        if asked == self.table_bits:
+            return None
+        return f"--table-bits {asked} found no word table of whole blocks: {self.path}'s tables stay in 4 bits"
 
 
 def is_quantized(path: Path) -> bool:
@@ -409,4 +417,5 @@ def quantize_onnx(
         props = {PARITY_KEY: repr(worst), "compressor.parity_rel": repr(rel), "compressor.parity_input": fed}
         onnx.helper.set_model_props(proto, props)
         onnx.save_model(proto, str(tmp))
-    return QuantizeResult(dst, worst, rel, fed, eight_bit, corrections, tuple(sorted(int8)))
+    bits = 3 if three_bit_outputs(proto.graph) else 4
+    return QuantizeResult(dst, worst, rel, fed, eight_bit, corrections, tuple(sorted(int8)), bits)

@@ -119,3 +119,13 @@ def test_the_tables_take_their_own_block_and_spend_fewer_bytes_on_scales(tiny_be
     with pytest.raises(CompressorError, match="power of two, at least 16"):
         quantize_onnx(fp32, tmp_path / "bad.onnx", vocab, "int4", block=16, table_block=48)
     assert not (tmp_path / "bad.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    "plan, written", [(None, 3), (Plan((("embeddings", LowRankConfig(rank=8, keep=None, fit="plain")),)), 4)]
+)
+def test_a_3_bit_table_is_said_where_no_word_table_takes_it(tiny_bert_dir, tmp_path, plan, written):
+    fp32, vocab = _graph(tiny_bert_dir, tmp_path, plan)
+    result = quantize_onnx(fp32, tmp_path / "q.onnx", vocab, "int4-aware", _feeds(vocab), block=16, table_bits=3)
+    assert result.table_bits == written  # a low-rank table's codes (8 wide) are no whole block of 16
+    assert (result.table_note(3) is None) == (written == 3) and result.table_note(written) is None
