@@ -11,7 +11,7 @@ from compressor.errors import CompressorError
 from converters.finetune_config import FinetuneConfig
 from converters.quantization.correction import CORRECTION_SHARE, check_correction_share
 from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK, check_int4_options
-from converters.quantization.quantize import check_scale_bits, check_table_bits, check_table_head
+from converters.quantization.schemes import check_scale_bits, check_table_bits, check_table_head
 from converters.quantization.table_head import TABLE_HEAD
 from converters.quantization.training import CORRECTION_SECONDS
 from texts.prior import PRIOR_WEIGHT, PRIORS

@@ -76,6 +76,23 @@ def matmul_graph(weight):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def gather_graph(rows: int, cols: int):
+    """(the ONNX graph rows = Gather(table, input_ids) of a random (rows, cols) table "table", its one node
+    named, opset 21; the table)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "input_ids"], ["rows"], name="lookup")],
+        "lookup",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "length"])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["batch", "length", cols])],
+        [numpy_helper.from_array(table, "table")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), table
+
+
 def write_tiny_lm(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0, hidden: int = 48) -> Path:
     """A causal LM of `arch` (llama: RMSNorm, SwiGLU, rotary, grouped-query attention; gpt2: Conv1D,
     learned positions) with a word-level tokenizer over WORDS, characters and <|endoftext|>."""

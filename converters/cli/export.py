@@ -22,14 +22,8 @@ from converters.loading import resolve_model_dir
 from converters.pipeline.calibrating import quantize_calibration, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import correction_fit
-from converters.quantization.quantize import (
-    HEAD_SCHEMES,
-    PLANNED,
-    check_int8_products,
-    check_table_bits,
-    quantize_onnx,
-    weight_width,
-)
+from converters.quantization.quantize import quantize_onnx
+from converters.quantization.schemes import HEAD_SCHEMES, PLANNED, check_int8_products, check_table_bits, weight_width
 from converters.quantization.training import trainer
 from converters.spec import QuantizeSpec
 from files.atomic import check_writable

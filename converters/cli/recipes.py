@@ -22,7 +22,7 @@ from compressor.errors import CompressorError
 from converters.cli.options import finetune_options, method_options
 from converters.cli.specs import variant_spec
 from converters.pipeline.steps import check_method_options
-from converters.quantization.quantize import SCHEMES
+from converters.quantization.schemes import SCHEMES
 from converters.registry import methods
 from converters.spec import TextSpec, VariantSpec
 

@@ -18,7 +18,8 @@ from converters.calibration import (
 from converters.kinds import kind_for_config, kind_of
 from converters.loading import available_memory
 from converters.pipeline.say import say
-from converters.quantization.quantize import CALIBRATED, CALIBRATION_PASSAGES
+from converters.quantization.quantize import CALIBRATION_PASSAGES
+from converters.quantization.schemes import CALIBRATED
 from converters.spec import MethodSpec, TextSpec
 from texts.prior import prior_for, prior_said
 from texts.tokens import encode_passages, load_tokenizer

@@ -21,7 +21,7 @@ from converters.pipeline.steps import (
     second_texts,
 )
 from converters.pipeline.variants import Variants, output_folder
-from converters.quantization.quantize import check_int8_products, check_table_bits
+from converters.quantization.schemes import check_int8_products, check_table_bits
 from converters.spec import RunSpec
 
 __all__ = ["check_run", "measure"]

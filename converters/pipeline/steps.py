@@ -22,7 +22,7 @@ from converters.loading import available_memory
 from converters.pipeline.calibrating import calibration
 from converters.pipeline.say import say
 from converters.plan import WIDTHS, Plan, match_plan
-from converters.quantization.quantize import TRAINED
+from converters.quantization.schemes import TRAINED
 from converters.quantization.training import CORRECTION_LR, GraphLayerNorm
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from converters.spec import MethodSpec, QuantizeSpec, TextSpec

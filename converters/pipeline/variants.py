@@ -18,13 +18,13 @@ from converters.loading import DEFAULT_MODEL_NAME
 from converters.pipeline.calibrating import token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
-from converters.quantization.quantize import (
+from converters.quantization.quantize import quantize_onnx
+from converters.quantization.schemes import (
     CALIBRATED,
     HEAD_SCHEMES,
     INT8_PRODUCTS,
     PLANNED,
     TRAINED,
-    quantize_onnx,
     table_block_of,
     weight_width,
 )

@@ -9,7 +9,8 @@ table's rows are read from its head's codes (converters.quantization.tied_codes)
 int4-trained spend a low rank on the rounding error (converters.quantization.correction, .training); w4a8 is
 int4-trained's file multiplied in int8 (converters.quantization.int8_products). A
 quantized graph is checked against its own fp32 graph: the relative error ‖y_q − y‖ / ‖y‖ of the
-output on inputs the exporter never saw must stay under REL_TOL of its width."""
+output on inputs the exporter never saw must stay under REL_TOL of its width. The schemes' names, groups and
+option checks are converters.quantization.schemes'."""
 
 import tempfile
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import onnx
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
-from converters.quantization.byte_scales import SCALE_BITS, byte_scales
+from converters.quantization.byte_scales import byte_scales
 from converters.quantization.correction import (
     CORRECTION_SHARE,
     add_corrections,
@@ -46,10 +47,25 @@ from converters.quantization.int4 import (
 )
 from converters.quantization.int8_products import int8_layers, int8_products
 from converters.quantization.mixed import quantize_mixed
+from converters.quantization.schemes import (
+    CALIBRATED,
+    CORRECTED,
+    HEAD_SCHEMES,
+    INT8_PRODUCTS,
+    PLANNED,
+    SCHEMES,
+    TRAINED,
+    check_int8_products,
+    check_scale_bits,
+    check_table_bits,
+    check_table_head,
+    table_block_of,
+    weight_width,
+)
 from converters.quantization.sensitivity import four_bit_losses
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
 from converters.quantization.table_head import TABLE_HEAD, frequent_ids
-from converters.quantization.three_bit_table import TABLE_BITS, three_bit_outputs
+from converters.quantization.three_bit_table import three_bit_outputs
 from converters.quantization.tied_codes import share_tied_codes, smoothing_of, tied_pairs
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
@@ -58,30 +74,14 @@ from eval.probe import full_feed
 from files.atomic import atomic_file
 
 __all__ = [
-    "SCHEMES",
-    "INT8_PRODUCTS",
-    "CALIBRATED",
-    "PLANNED",
     "CALIBRATION_PASSAGES",
     "REL_TOL",
     "QuantizeResult",
     "quantize_onnx",
     "is_quantized",
     "tied_products_as_matmul",
-    "weight_width",
-    "check_table_head",
-    "check_table_bits",
-    "check_scale_bits",
-    "check_int8_products",
-    "table_block_of",
 ]
 
-SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "int4-corrected", "int4-trained", "w4a8", "mixed")
-PLANNED = ("mixed",)  # the schemes whose widths a compressed model's plan chose (converters.quantization.mixed)
-CORRECTED = ("int4-corrected", "int4-trained", "w4a8")  # low rank on the rounding error (quantization.correction)
-TRAINED = ("int4-trained", "w4a8")  # the schemes whose corrections a fine-tune trains (quantization.training)
-INT8_PRODUCTS = ("w4a8",)  # 4-bit codes multiplied in int8 (converters.quantization.int8_products)
-CALIBRATED = ("int8-aware", "int4-aware", *CORRECTED)  # the schemes that need calibration batches
 # w4a8 at int4's α too: at int8-aware's 0.8 more layers hold their inputs in one int8 scale, but the 4-bit
 # rounding loses more (recall@10 0.9277 / 0.9180 against 0.9325 / 0.9210: BENCHMARKS.md, "4-bit codes, int8 products").
 SMOOTHING = {"int8-aware": SMOOTH_ALPHA, "int4-aware": INT4_AWARE_ALPHA, **dict.fromkeys(CORRECTED, INT4_AWARE_ALPHA)}
@@ -97,66 +97,6 @@ CALIBRATION_PASSAGES = 1024
 # 1.0 at any width (eval.kinds.CAUSAL_LM.gated).
 REL_TOL = {"int8": 0.35, "int4": 0.5, "w4a8": 0.5, "mixed": 0.5}
 PARITY_BATCHES = 4  # batches of the calibration text the gate reads
-HEAD_SCHEMES = ("int4-aware", *CORRECTED)  # the schemes that may keep the word table's frequent rows in 8 bits
-# The corrected schemes' tables in blocks of at least this many weights unless --table-block says: on
-# all-MiniLM-L6-v2 blocks of 64 take int4-trained from 0.176× to 0.167× the file at the same recall@10
-# (0.923 / 0.909 against 0.923 / 0.908), the bytes the scales saved left to the corrections; without
-# corrections (int4-aware) they are a trade, 0.160× at 0.885 / 0.892 against 0.170× at 0.890 / 0.895
-# (BENCHMARKS.md, "The tables' own block").
-CORRECTED_TABLE_BLOCK = 64
-
-
-def check_int8_products(schemes, kind) -> None:
-    """The int8-product schemes (INT8_PRODUCTS) go with a graph kind whose products are int8 (an encoder's)."""
-    asked = [scheme for scheme in schemes if scheme in INT8_PRODUCTS]
-    if asked and kind.factor_form != "int8":
-        raise CompressorError(
-            f"{asked[0]} rounds the activations to 8 bits with one scale a tensor, which an LM's outliers do not "
-            "survive: use int4-trained for an LM"
-        )
-
-
-def check_table_head(rows: int, schemes) -> None:
-    """--table-head: a number of rows, 0 or more, asked with a scheme that takes it."""
-    if rows < 0:
-        raise CompressorError(f"--table-head is a number of table rows, 0 or more, got {rows}")
-    if rows and not set(schemes or ()) & set(HEAD_SCHEMES):
-        raise CompressorError(f"--table-head goes with --quantize {' or '.join(HEAD_SCHEMES)}")
-
-
-def check_table_bits(bits: int, schemes, kind=None) -> None:
-    """--table-bits: one of TABLE_BITS, below 4 asked with a scheme that takes it, for an encoder's table (a
-    `kind` whose products are int8: an LM's tied head shares the table's 4-bit codes, tied_codes)."""
-    if bits not in TABLE_BITS:
-        raise CompressorError(f"--table-bits is one of {', '.join(map(str, TABLE_BITS))}, got {bits}")
-    if bits != 4 and kind is not None and kind.factor_form != "int8":
-        raise CompressorError("--table-bits 3 is for an encoder's word table; an LM's tied head reads its 4-bit codes")
-    if bits != 4 and not set(schemes or ()) & set(HEAD_SCHEMES):
-        raise CompressorError(f"--table-bits goes with --quantize {' or '.join(HEAD_SCHEMES)}")
-
-
-def check_scale_bits(bits: int, schemes) -> None:
-    """--scale-bits: one of SCALE_BITS, 8 asked with a 4-bit scheme."""
-    if bits not in SCALE_BITS:
-        raise CompressorError(f"--scale-bits is one of {', '.join(map(str, SCALE_BITS))}, got {bits}")
-    if bits != 16 and not any(weight_width(s) == 4 for s in schemes or ()):
-        raise CompressorError("--scale-bits goes with a 4-bit --quantize scheme (int4, int4-aware, …, w4a8, mixed)")
-
-
-def table_block_of(scheme: str, block: int, table_block: int | None = None) -> int:
-    """The block of a 4-bit scheme's tables: `table_block` when given, else `block`, at least
-    CORRECTED_TABLE_BLOCK for the corrected schemes."""
-    if table_block is not None:
-        return table_block
-    return max(block, CORRECTED_TABLE_BLOCK) if scheme in CORRECTED else block
-
-
-def weight_width(scheme: str | None) -> int | None:
-    """The bits of a scheme's weights as the tools name graphs: None (fp32), 8, or 4 (mixed, which
-    keeps some layers at 8, counts as 4)."""
-    return None if scheme is None else 8 if scheme.startswith("int8") else 4
-
-
 QUANTIZED_OPS = {
     "DynamicQuantizeLinear",
     "DynamicQuantizeMatMul",

@@ -287,7 +287,8 @@ def student_of(
         model.get_submodule(name).register_forward_pre_hook(partial(_round_input, s))
     gathers = {n.output[0]: n.input[0] for n in fp32.graph.node if n.op_type == "Gather"}  # output → table
     tables = {n.output[0]: (n,) for n in graph.node if n.op_type == "GatherBlockQuantized"}
-    tables.update({n.output[0]: (n,) for n in graph.node if n.output[0] in three_bit_outputs(graph)})
+    three = three_bit_outputs(graph)
+    tables.update({n.output[0]: (n,) for n in graph.node if n.output[0] in three})
     for out, (head, tail, perm) in split_tables(graph).items():  # the word table by frequency, 8-bit head
         del tables[head.output[0]], tables[tail.output[0]]
         tables[out] = (head, tail, perm)

@@ -15,7 +15,7 @@ from converters.cli.recipes import (
     parse_recipes,
 )
 from converters.pipeline.steps import plans_of
-from converters.quantization.quantize import SCHEMES
+from converters.quantization.schemes import SCHEMES
 
 VALID = {
     "variants": [

@@ -19,7 +19,8 @@ from converters.quantization.correction import (
     error_factors,
 )
 from converters.quantization.int4 import four_bit_codes, quantize_4bit
-from converters.quantization.quantize import CORRECTED_TABLE_BLOCK, REL_TOL, quantize_onnx
+from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.schemes import CORRECTED_TABLE_BLOCK
 from eval.graph import make_session
 from tests.conftest import matmul_graph, write_tiny_bert, write_tiny_lm
 

@@ -5,31 +5,15 @@ tokens, and bad heads are refused."""
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from compressor.errors import CompressorError
-from converters.quantization.int4 import name_nodes, quantize_tables
-from converters.quantization.quantize import check_table_head
+from converters.quantization.int4 import quantize_tables
+from converters.quantization.schemes import check_table_head
 from converters.quantization.table_head import frequent_ids, split_table, split_tables
 from eval.graph import make_session
+from tests.conftest import gather_graph
 
 ROWS, COLS, BLOCK = 200, 64, 32
-
-
-def _lookup(tmp_path):
-    """Gather(W, ids) of a random (ROWS, COLS) table, its ids a graph input; (model, W)."""
-    table = np.random.default_rng(0).standard_normal((ROWS, COLS)).astype(np.float32)
-    node = helper.make_node("Gather", ["table", "input_ids"], ["rows"])
-    graph = helper.make_graph(
-        [node],
-        "lookup",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "length"])],
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["batch", "length", COLS])],
-        [numpy_helper.from_array(table, "table")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    name_nodes(model.graph)
-    return model, table
 
 
 def _rows(model, tmp_path):
@@ -39,7 +23,7 @@ def _rows(model, tmp_path):
 
 
 def test_the_split_lookup_is_exact(tmp_path):
-    model, table = _lookup(tmp_path)
+    model, table = gather_graph(ROWS, COLS)
     split_table(model, model.graph.node[0], np.array([7, 3, 150, 0]))
     assert np.array_equal(_rows(model, tmp_path), table)  # every row, head and tail, bit for bit
     ((out, (_, _, perm)),) = split_tables(model.graph).items()
@@ -47,7 +31,7 @@ def test_the_split_lookup_is_exact(tmp_path):
 
 
 def test_head_rows_take_eight_bits_and_tail_rows_four(tmp_path):
-    model, table = _lookup(tmp_path)
+    model, table = gather_graph(ROWS, COLS)
     head = np.arange(0, ROWS, 5)
     rows = _rows(quantize_tables(model, BLOCK, aware=True, head=head), tmp_path)
     blocks = table.reshape(ROWS, COLS // BLOCK, BLOCK)
@@ -70,7 +54,7 @@ def test_the_head_is_the_most_frequent_real_tokens():
 
 @pytest.mark.parametrize("head", [np.array([1, 1]), np.array([ROWS]), np.arange(ROWS)])
 def test_bad_heads_are_refused(tmp_path, head):
-    model, _ = _lookup(tmp_path)
+    model, _ = gather_graph(ROWS, COLS)
     with pytest.raises(CompressorError, match="distinct ids"):
         split_table(model, model.graph.node[0], head)
     with pytest.raises(CompressorError, match="0 or more"):

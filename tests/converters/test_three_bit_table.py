@@ -7,30 +7,16 @@ from types import SimpleNamespace
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import numpy_helper
 
 from compressor.errors import CompressorError
-from converters.quantization.int4 import name_nodes, quantize_tables
-from converters.quantization.quantize import check_table_bits
+from converters.quantization.int4 import quantize_tables
+from converters.quantization.schemes import check_table_bits
 from converters.quantization.three_bit_table import THREE_BIT_PARTS, three_bit_outputs, three_bit_rows
 from eval.graph import make_session
+from tests.conftest import gather_graph
 
 ROWS, COLS, BLOCK = 200, 128, 64
-
-
-def _lookup():
-    """Gather(W, ids) of a random (ROWS, COLS) table, its ids a graph input; (model, W)."""
-    table = np.random.default_rng(0).standard_normal((ROWS, COLS)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("Gather", ["table", "input_ids"], ["rows"])],
-        "lookup",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "length"])],
-        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["batch", "length", COLS])],
-        [numpy_helper.from_array(table, "table")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
-    name_nodes(model.graph)
-    return model, table
 
 
 def _run(model, tmp_path, ids):
@@ -47,7 +33,7 @@ def _half_steps(rows, table, levels):
 
 
 def test_the_lookup_gathers_the_rows_the_training_holds(tmp_path):
-    model, table = _lookup()
+    model, table = gather_graph(ROWS, COLS)
     model = quantize_tables(model, BLOCK, aware=True, bits=3)
     assert not [i for i in model.graph.initializer if i.name == "table"]  # no fp32 copy left
     ids = np.random.default_rng(1).integers(0, ROWS, size=(3, 9))
@@ -62,7 +48,7 @@ def test_the_lookup_gathers_the_rows_the_training_holds(tmp_path):
 
 
 def test_a_head_in_four_bits_and_the_tail_in_three(tmp_path):
-    model, table = _lookup()
+    model, table = gather_graph(ROWS, COLS)
     head = np.arange(0, ROWS, 5)
     model = quantize_tables(model, BLOCK, aware=True, head=head, bits=3)
     assert any(n.op_type == "GatherBlockQuantized" for n in model.graph.node)  # the head's 4 bits
