@@ -16,12 +16,23 @@ from converters.quantization.table_head import TABLE_HEAD
 from converters.quantization.training import CORRECTION_SECONDS
 from texts.prior import PRIOR_WEIGHT, PRIORS
 
-__all__ = ["CALIB_PASSAGES", "check_runs", "TextSpec", "MethodSpec", "QuantizeSpec", "VariantSpec", "RunSpec"]
+__all__ = [
+    "CALIB_PASSAGES",
+    "QUANTIZE_ONLY",
+    "check_runs",
+    "TextSpec",
+    "MethodSpec",
+    "QuantizeSpec",
+    "VariantSpec",
+    "RunSpec",
+]
 
 # The default text's calibration passages are short (docstrings: 48 tokens on average): 256 of them
 # (12 K tokens) left a whole-model fisher plan at recall@10 0.587 / 0.495 (pydoc / news), 1,024
 # (49 K tokens, a 2-minute pass with sensitivities) at 0.728 / 0.618 (BENCHMARKS.md).
 CALIB_PASSAGES = 1024
+# A recipe's method that compresses nothing: the original itself, quantized with the recipe's own settings.
+QUANTIZE_ONLY = "none"
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,8 @@ class QuantizeSpec:
         if self.table_block is not None:
             check_int4_options(self.table_block, self.accuracy_level)
         check_correction_share(self.correction_share)
+        if self.correction_time <= 0:
+            raise CompressorError(f"--correction-time is a time budget in seconds, > 0, got {self.correction_time:g}")
         check_table_head(self.table_head, self.schemes)
         check_table_bits(self.table_bits, self.schemes)
         check_scale_bits(self.scale_bits, self.schemes)
@@ -96,12 +109,12 @@ class QuantizeSpec:
 
 @dataclass(frozen=True)
 class VariantSpec:
-    """One compressed variant: its methods, fine-tune (None: none), quantization schemes and export
-    forms (`export_forms`: option dest → value, or values: one graph each); `kind_options`: the
-    options given that only some model kinds take; `name`, else the plan's label; `fp32`: its
-    unquantized graph measured too; `said`: a line said before it is made."""
+    """One compressed variant: its methods (None: the original itself, only quantized, its rows NAME-SCHEME),
+    fine-tune (None: none), quantization schemes and export forms (`export_forms`: option dest → value, or
+    values: one graph each); `kind_options`: the options given that only some model kinds take; `name`,
+    else the plan's label; `fp32`: its unquantized graph measured too; `said`: a line said before it is made."""
 
-    method: MethodSpec
+    method: MethodSpec | None
     quantize: QuantizeSpec = field(default_factory=QuantizeSpec)
     finetune: FinetuneConfig | None = None
     export_forms: tuple[tuple[str, Any], ...] = ()

@@ -84,7 +84,7 @@ def run(args) -> None:
             f"warning: {str(source)!r} has no tokenizer file; the folder will hold none, and tools cannot tokenize text"
         )
     batches = quantize_calibration(texts, quantize.schemes, kind.graph, source)
-    fit_for = correction_fit(quantize, texts.data, kind, source)
+    fit_for = correction_fit(quantize.schemes, texts.data, kind, source)
     model, _ = load_model(source)
     vocab = model.get_input_embeddings().num_embeddings
     model = in_export_form(
@@ -121,7 +121,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             quantize.block_size,
             quantize.accuracy_level,
             correction=quantize.correction_share,
-            train=None if fit_for is None else trainer(model, fit_for(model)),
+            train=None if fit_for is None else trainer(model, fit_for(model, quantize.correction_time)),
             table_head=quantize.table_head,
             table_block=quantize.table_block,
             table_bits=quantize.table_bits,

@@ -19,51 +19,64 @@ from pathlib import Path
 from typing import Any
 
 from compressor.errors import CompressorError
-from converters.cli.options import finetune_options, method_options
+from converters.cli.options import finetune_options, method_options, quantize_option
 from converters.cli.specs import variant_spec
 from converters.pipeline.steps import check_method_options
 from converters.quantization.schemes import SCHEMES
 from converters.registry import methods
-from converters.spec import TextSpec, VariantSpec
+from converters.spec import QUANTIZE_ONLY, TextSpec, VariantSpec
 
 __all__ = [
     "DEFAULT_RECIPE",
     "DEFAULT_RECIPES",
+    "DEFAULT_RUN",
     "QUANTIZE_CHOICES",
     "Recipe",
     "parse_recipes",
     "load_recipes",
-    "with_default_recipe",
+    "default_run",
 ]
 
 QUANTIZE_CHOICES = ("fp32", *SCHEMES)  # fp32: the graph as exported
 SWEEP_WIDE = ("calib", "calib_passages", "no_cache", "data")  # options of the sweep, not of a variant
 PRIOR_DESTS = ("freq_prior", "prior_weight")  # a recipe may set them; alone they do not replace the default recipe
-# What `compressor run` does without method options (and so `make demo`): of the built-in grid's
-# recipes on the size front below original-int8 (BENCHMARKS.md, "Sweep"), the one that keeps the
-# most on both texts: the 2,048 most frequent tokens' rows exact, the rest of the table low-rank
-# (frequency-weighted) at a quarter of its parameters, then int8-aware. No fine-tune: 300 s of it
-# (with dropout on) took recall@10 0.826 → 0.838 on pydoc and 0.750 → 0.753 on news (BENCHMARKS.md,
-# "The default recipe on the new texts"): not worth tripling the demo. Its int4-aware row (0.099×,
-# 0.790 / 0.725) is the size front's point below half of original-int8's bytes, and the run then
-# shows original-int4-aware, which beats its int8-aware row (BENCHMARKS.md, "make demo with 4 bits").
+# What `compressor run` does without method options (and so `make demo`): of the points measured on the size
+# front at about half of original-int8's bytes, the one that keeps the most (BENCHMARKS.md, "The word table in
+# 3 bits, trained scales, scales in one byte"): the original in w4a8 with the word table's 4,096 most frequent
+# rows in 4 bits and the rest in 3 (blocks of 128), the linear layers' block scales in one byte, corrections
+# of 0.5 % of the 4-bit bytes, all trained for 240 s against the fp32 model: 0.127× the file, recall@10
+# 0.888 / 0.880 (pydoc / news). The factorized recipes that were the default before (emb4: 0.160×, 0.810 /
+# 0.756) never reach the front above it.
 DEFAULT_RECIPE = {
-    "name": "emb4",
-    "method": "lowrank",
-    "targets": ["embeddings"],
-    "keep": 0.25,
-    "dense_head": 2048,
-    "fit": "aware",
-    "quantize": ["fp32", "int8-aware", "int4-aware"],
+    "name": "original-small",
+    "method": QUANTIZE_ONLY,
+    "quantize": ["w4a8"],
+    "correction_share": 0.005,
+    "table_bits": 3,
+    "table_head": 4096,
+    "table_block": 128,
+    "scale_bits": 8,
 }
-# The built-in grid: what `compressor sweep` runs without --recipes (15 minutes on 2 cores before
-# the int4-aware rows, which put 4-bit points, and original-int4-aware, on the fronts; the default
-# recipe's int4-trained and w4a8 rows, here only (5 minutes each, too long for `make demo`), put its corrected
-# points and original-int4-trained's there, and w4a8's on the latency front: BENCHMARKS.md, "int4-trained on a
-# compressed model", "4-bit codes, int8 products").
+# The default run: the default recipe beside what a user would do otherwise, the original rounded in one line
+# (original-int8-aware, original-int4-aware; original-int8 is in every report).
+DEFAULT_RUN = {"variants": [{"method": QUANTIZE_ONLY, "quantize": ["int8-aware", "int4-aware"]}, DEFAULT_RECIPE]}
+# The built-in grid: what `compressor sweep` runs without --recipes, the fronts' points of BENCHMARKS.md ("Sweep"
+# and after): emb4, the 2,048 most frequent tokens' rows exact and the rest of the table low-rank at a quarter
+# of its parameters (its w4a8 row, 0.092×, the front's point below 0.1×; the original's int4-trained and w4a8
+# rows, 0.168×, come with its schemes), the default recipe (0.127×), and the factorized recipes before them.
+# About 45 minutes on 2 cores, a third of it the five trained rows (about 5 minutes each).
 DEFAULT_RECIPES = {
     "variants": [
-        {**DEFAULT_RECIPE, "quantize": [*DEFAULT_RECIPE["quantize"], "int4-trained", "w4a8"]},
+        {
+            "name": "emb4",
+            "method": "lowrank",
+            "targets": ["embeddings"],
+            "keep": 0.25,
+            "dense_head": 2048,
+            "fit": "aware",
+            "quantize": ["fp32", "int8-aware", "int4-aware", "int4-trained", "w4a8"],
+        },
+        DEFAULT_RECIPE,
         {
             "name": "emb8",
             "method": "tt",
@@ -122,7 +135,17 @@ def _variant_options() -> dict[str, argparse.Action]:
     recorder = _Recorder()
     method_options(recorder, many=False)
     finetune_options(recorder, run=True)
-    return {key: a for a in recorder.actions if _keys(a)[0] not in ("method", "plan", *SWEEP_WIDE) for key in _keys(a)}
+    quantize_option(recorder, "")
+    left_out = ("method", "plan", "quantize", *SWEEP_WIDE)  # a recipe's "quantize" is its own key
+    return {key: a for a in recorder.actions if _keys(a)[0] not in left_out for key in _keys(a)}
+
+
+@functools.cache
+def _quantize_keys() -> frozenset[str]:
+    """The recipe keys of the quantization settings (block_size, table_bits, …): all a recipe of no method takes."""
+    recorder = _Recorder()
+    quantize_option(recorder, "")
+    return frozenset(key for a in recorder.actions for key in _keys(a) if key != "quantize")
 
 
 @functools.cache
@@ -186,7 +209,7 @@ def _value(action: argparse.Action, key: str, value: object, where: str):
                 f"{where}: {key!r} takes {'a list of ' if several else ''}{what}, got {json.dumps(value)}"
             ) from None
         if action.choices is not None and one not in action.choices:
-            raise CompressorError(f"{where}: {key!r} is one of {', '.join(action.choices)}, got {item!r}")
+            raise CompressorError(f"{where}: {key!r} is one of {', '.join(map(str, action.choices))}, got {item!r}")
         parsed.append(one)
     return parsed if several else parsed[0]
 
@@ -213,7 +236,11 @@ def _recipe(entry: object, where: str) -> Recipe:
     known = methods()
     method = entry.get("method")
     if method is None:
-        raise CompressorError(f'{where} names no method; give "method": one of {", ".join(known)}')
+        raise CompressorError(
+            f'{where} names no method; give "method": one of {", ".join(known)}, or {QUANTIZE_ONLY!r} (the original)'
+        )
+    if method == QUANTIZE_ONLY:
+        return _quantized_original(entry, where)
     names = method if isinstance(method, list) else [method]  # several: a budget chooses among them
     if not names or not all(isinstance(m, str) for m in names):
         raise CompressorError(f'{where}: "method" is a method name or a list of them, got {json.dumps(method)}')
@@ -239,11 +266,32 @@ def _recipe(entry: object, where: str) -> Recipe:
     return Recipe(method, options, _quantize(entry.get("quantize", ["fp32"]), where), name)
 
 
+def _quantized_original(entry: dict, where: str) -> Recipe:
+    """A recipe of method QUANTIZE_ONLY: the original in its schemes, with quantization settings only."""
+    actions = _variant_options()
+    options = {}
+    for key, value in entry.items():
+        if key in ("name", "method", "quantize"):
+            continue
+        if key not in _quantize_keys():
+            raise CompressorError(
+                f"{where}: {key!r} is not a quantization setting; method {QUANTIZE_ONLY!r} quantizes the original "
+                f"and takes {', '.join(sorted(_quantize_keys()))}"
+            )
+        options[actions[key].dest] = _value(actions[key], key, value, where)
+    schemes = tuple(s for s in _quantize(entry.get("quantize"), where) if s != "fp32")
+    if not schemes:
+        raise CompressorError(f"{where}: method {QUANTIZE_ONLY!r} needs a scheme in 'quantize' beside fp32")
+    return Recipe(QUANTIZE_ONLY, options, schemes, entry.get("name"))
+
+
 def _check(recipe: Recipe, where: str) -> None:
     """The options make a plan (or a budget) and a fine-tune as `compressor run` would, without
     touching the disk (the cache folder is the sweep's to check)."""
     try:
-        check_method_options(recipe.variant().method, TextSpec(no_cache=True))
+        variant = recipe.variant()  # the quantization settings checked
+        if variant.method is not None:
+            check_method_options(variant.method, TextSpec(no_cache=True))
     except CompressorError as e:
         raise type(e)(f"{where}: {e}") from None
 
@@ -290,13 +338,17 @@ def _method_dests() -> frozenset[str]:
     return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE, *PRIOR_DESTS}
 
 
-def with_default_recipe(values: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any] | None:
-    """`compressor run`'s parsed options `values` (`defaults`: run's) with DEFAULT_RECIPE's method
-    and options when they give no method option (its fine-tune and quantization too, unless given);
-    None when they give one."""
+def default_run(values: dict[str, Any], defaults: dict[str, Any]) -> list[VariantSpec] | None:
+    """The variants of DEFAULT_RUN when `compressor run`'s parsed options `values` (`defaults`: run's) give no
+    method option, the options they give overriding DEFAULT_RECIPE's own; with --quantize given, the original
+    in its schemes and the settings given alone; None when they give a method option."""
     if any(values[d] != defaults[d] for d in _method_dests()):
         return None
-    recipe = parse_recipes({"variants": [DEFAULT_RECIPE]}, "the default recipe")[0]
-    merged = {**values, **recipe.values()}
-    merged.update({k: v for k, v in values.items() if k in defaults and v != defaults[k]})
-    return merged
+    given = {k: v for k, v in values.items() if k in defaults and v != defaults[k]}
+    if "quantize" in given:
+        return [variant_spec({**values, "method": QUANTIZE_ONLY})]
+    variants = []
+    for recipe in parse_recipes(DEFAULT_RUN, "the default run"):
+        merged = {**values, **recipe.values(), **(given if recipe.name == DEFAULT_RECIPE["name"] else {})}
+        variants.append(variant_spec(merged, recipe.name))
+    return variants

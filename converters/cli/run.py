@@ -11,7 +11,7 @@ from converters.cli.options import (
     method_options,
     quantize_option,
 )
-from converters.cli.recipes import DEFAULT_RECIPE, with_default_recipe
+from converters.cli.recipes import DEFAULT_RECIPE, default_run
 from converters.cli.specs import run_spec, variant_spec
 from converters.pipeline import measure
 from converters.pipeline.say import say
@@ -38,17 +38,23 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> None:
-    """A sweep of one variant: the options given, or the default recipe when no method option is."""
+    """A sweep of one variant, the options given; or, when no method option is, the default run (DEFAULT_RUN)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     values = vars(args)
-    recipe = with_default_recipe(values, vars(parser.parse_args([])))
-    if recipe is not None:
-        options = ", ".join(f"{k} {v}" for k, v in DEFAULT_RECIPE.items() if k != "name")
-        say(f"no method options: the default recipe {DEFAULT_RECIPE['name']!r} ({options}; see compressor sweep)")
-        values = recipe
-    values["method"] = values["method"] or default_method().name
-    spec = run_spec(values, [variant_spec(values)], args.out)
+    variants = default_run(values, vars(parser.parse_args([])))
+    if variants is not None and values["quantize"]:
+        say(f"no method options: the original in {' and '.join(values['quantize'])}")
+    elif variants is not None:
+        options = ", ".join(f"{k} {v}" for k, v in DEFAULT_RECIPE.items() if k not in ("name", "method"))
+        say(
+            f"no method options: the default recipe {DEFAULT_RECIPE['name']!r}, the original quantized ({options}), "
+            "beside original-int8-aware and original-int4-aware (see compressor sweep)"
+        )
+    else:
+        values["method"] = values["method"] or default_method().name
+        variants = [variant_spec(values)]
+    spec = run_spec(values, variants, args.out)
     check_writable(args.out, "output folder")
     if args.ft_steps == 0:
         say("--finetune-steps 0: the fine-tune is skipped")

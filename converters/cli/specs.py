@@ -9,7 +9,7 @@ from typing import Any
 from converters.finetune_config import FinetuneConfig
 from converters.kinds import KINDS
 from converters.registry import export_forms, methods
-from converters.spec import MethodSpec, QuantizeSpec, RunSpec, TextSpec, VariantSpec
+from converters.spec import QUANTIZE_ONLY, MethodSpec, QuantizeSpec, RunSpec, TextSpec, VariantSpec
 from texts.prior import check_wordfreq
 
 __all__ = ["text_spec", "method_spec", "quantize_spec", "finetune_config", "variant_spec", "run_spec"]
@@ -110,17 +110,18 @@ def kind_options(values: Mapping[str, Any]) -> tuple[str, ...]:
 
 def variant_spec(values: Mapping[str, Any], name: str | None = None, fp32: bool = True, said=None) -> VariantSpec:
     """One variant from run's options (or a recipe's, over run's defaults): no fine-tune unless a step
-    or time budget is given, and none with 0 steps."""
+    or time budget is given, and none with 0 steps; method QUANTIZE_ONLY: the original's rows in its
+    schemes and settings, named NAME-SCHEME (NAME "original" unless given), its fp32 graph the original's."""
     tunes = (values["ft_steps"] is not None or values["ft_time"] is not None) and values["ft_steps"] != 0
     forms = [o.dest for f in export_forms().values() for o in (f.option, *f.options)]
     return VariantSpec(
-        method_spec(values),
+        None if values["method"] == QUANTIZE_ONLY else method_spec(values),
         quantize_spec(values),
         finetune_config(values) if tunes else None,
         export_forms=tuple((d, values.get(d)) for d in forms),
         kind_options=kind_options(values),
-        name=name,
-        fp32=fp32,
+        name=name or ("original" if values["method"] == QUANTIZE_ONLY else None),
+        fp32=fp32 and values["method"] != QUANTIZE_ONLY,
         said=said,
     )
 

@@ -5,6 +5,7 @@ a sweep of one variant; `sweep` one variant per recipe."""
 
 from dataclasses import replace
 
+from compressor.errors import CompressorError
 from converters.export import check_export_forms
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
@@ -22,7 +23,7 @@ from converters.pipeline.steps import (
 )
 from converters.pipeline.variants import Variants, output_folder
 from converters.quantization.schemes import check_int8_products, check_table_bits
-from converters.spec import RunSpec
+from converters.spec import QuantizeSpec, RunSpec
 
 __all__ = ["check_run", "measure"]
 
@@ -31,36 +32,56 @@ def check_run(run: RunSpec) -> None:
     """What can be checked before the model loads: each variant's method options, plan file, budget,
     calibration text and cache folder."""
     for variant in run.variants:
-        check_method_options(variant.method, run.texts)
+        if variant.method is not None:
+            check_method_options(variant.method, run.texts)
+
+
+def original_rows(run: RunSpec, baselines) -> QuantizeSpec:
+    """The original's own rows: its kind's `baselines` and each compressed variant's schemes, but those a
+    variant of no method named "original" measures, in the first compressed variant's settings (the
+    defaults when there is none)."""
+    compressed = [v for v in run.variants if v.method is not None]
+    own = {s for v in run.variants if v.method is None and v.name == "original" for s in v.quantize.schemes}
+    schemes = [*baselines, *(s for v in compressed for s in v.quantize.schemes)]
+    first = compressed[0].quantize if compressed else QuantizeSpec()
+    return replace(first, schemes=tuple(s for s in dict.fromkeys(schemes) if s not in own))
 
 
 def measure(run: RunSpec) -> None:
-    """The original and every variant side by side in `run.out`; the int4 settings of the rows are
-    the first variant's (run's own, or the defaults in a sweep)."""
+    """The original and every variant side by side in `run.out`, each row in its variant's settings."""
     check_run(run)
     source = resolve_model_dir(run.model)
     kind = kind_for_config(source)
     for variant in run.variants:
         check_kind_options(variant.kind_options, kind)
+        if variant.method is None and (variant.finetune is not None or any(v for _, v in variant.export_forms)):
+            raise CompressorError(
+                f"{variant.name!r} is the original, only quantized, with nothing to fine-tune or export in another "
+                "form: give a method option (--method, --rank, …) to make a compressed variant"
+            )
         check_int8_products(variant.quantize.schemes, kind.graph)
         check_table_bits(variant.quantize.table_bits, variant.quantize.schemes, kind.graph)
     texts, second = eval_texts(run.texts, kind.graph), second_texts(run.texts, kind.graph)
-    first = run.variants[0].quantize
-    schemes = list(dict.fromkeys(s for variant in run.variants for s in variant.quantize.schemes))
-    batches = quantize_calibration(run.texts, [*kind.baselines, *schemes], kind.graph, source)
-    fit_for = correction_fit(replace(first, schemes=tuple(schemes)), run.texts.data, kind, source)
+    original_quantize = original_rows(run, kind.baselines)
+    schemes = [*original_quantize.schemes, *(s for variant in run.variants for s in variant.quantize.schemes)]
+    batches = quantize_calibration(run.texts, schemes, kind.graph, source)
+    fit_for = correction_fit(schemes, run.texts.data, kind, source)
     tuned = any(variant.finetune is not None for variant in run.variants)
     ft_texts = finetune_texts(run.texts.data, kind) if tuned else None
     with output_folder(run.out):
         original, source = load_original(run.model)
         for variant in run.variants:  # every plan against the model's modules, before the original is exported
-            plans = check_plans(variant.method, original)
-            check_export_forms(dict(variant.export_forms), original, plans)
+            if variant.method is not None:
+                plans = check_plans(variant.method, original)
+                check_export_forms(dict(variant.export_forms), original, plans)
         vocab = original.get_input_embeddings().num_embeddings
-        made = Variants(run.out, source, vocab, batches, first, fit_for=fit_for)
-        made.add_original(original, [*kind.baselines, *schemes])
+        made = Variants(run.out, source, vocab, batches, fit_for=fit_for)
+        made.add_original(original, original_quantize)
         for variant in run.variants:
             if variant.said:
                 say(variant.said)
-            made.add_compressed(variant, run, original, source, ft_texts)
+            if variant.method is None:
+                made.add_quantized(variant)
+            else:
+                made.add_compressed(variant, run, original, source, ft_texts)
         made.bench_and_report(run, source, texts, second)

@@ -25,7 +25,7 @@ from converters.plan import WIDTHS, Plan, match_plan
 from converters.quantization.schemes import TRAINED
 from converters.quantization.training import CORRECTION_LR, GraphLayerNorm
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
-from converters.spec import MethodSpec, QuantizeSpec, TextSpec
+from converters.spec import MethodSpec, TextSpec
 from files.atomic import check_writable
 from texts.corpus import SECOND, read_passages
 from texts.prior import check_prior, token_prior
@@ -330,23 +330,23 @@ def finetune_and_say(
     return {"config": dict(vars(cfg)), "data": where, **report.to_dict()}
 
 
-def correction_fit(quantize: QuantizeSpec, data: Path | None, kind: ModelKind, source: Path):
-    """For int4-trained and w4a8: model → the fine-tune of a student of its rounded graph (its CorrectedLinear
-    modules, against `model`) on the fine-tune text `data`, for correction_time seconds; None when no
-    scheme of `quantize` trains corrections."""
-    if not set(quantize.schemes) & set(TRAINED):
+def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
+    """For int4-trained and w4a8: (model, seconds) → the fine-tune of a student of its rounded graph (its
+    CorrectedLinear modules, against `model`) on the fine-tune text `data`, for `seconds`; None when none of
+    `schemes` trains corrections."""
+    named = " and ".join(s for s in dict.fromkeys(schemes) if s in TRAINED)
+    if not named:
         return None
-    seconds = quantize.correction_time
-    cfg = FinetuneConfig(seconds=seconds, linear_lr=CORRECTION_LR)  # a bad time fails now
     train, val, where = finetune_texts(data, kind)
     tokenizer = load_tokenizer(source)
-    named = " and ".join(s for s in quantize.schemes if s in TRAINED)
     say(
         f"{named}: each graph so quantized takes int4-corrected's time (each linear layer's 4-bit loss, about "
-        f"2.5 s a layer for MiniLM on 2 cores) and then {seconds:g} s of training (--correction-time)"
+        "2.5 s a layer for MiniLM on 2 cores) and then its --correction-time of training"
     )
 
-    def fit_for(model: nn.Module):
+    def fit_for(model: nn.Module, seconds: float):
+        cfg = FinetuneConfig(seconds=seconds, linear_lr=CORRECTION_LR)
+
         def fit(student: nn.Module) -> None:
             report = finetune_(student, model, tokenizer, train, val, cfg, (CorrectedLinear, GraphLayerNorm))
             say(

@@ -7,6 +7,7 @@ import functools
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 from torch import nn
@@ -56,38 +57,42 @@ def output_folder(out: Path) -> Iterator[Path]:
 class Variants:
     """(name, ONNX path) of each graph to measure, and what made it, in order."""
 
-    def __init__(
-        self, out: Path, source: Path, vocab: int, batches: list[dict] | None, quantize: QuantizeSpec, fit_for=None
-    ):
+    def __init__(self, out: Path, source: Path, vocab: int, batches: list[dict] | None, fit_for=None):
         """Each row is a ready model folder OUT/NAME (files.model_folder; a compressed variant's is its
         checkpoint's) holding `source`'s files; `batches`: calibration inputs of the aware schemes;
-        `quantize`: the settings of the 4-bit schemes (block, accuracy level, the corrected schemes'
-        share, the table's 8-bit head); `fit_for`: int4-trained's fine-tune of a model's student
-        (steps.correction_fit)."""
+        `fit_for`: int4-trained's fine-tune of a model's student (steps.correction_fit)."""
         self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
-        self.int4 = {"block": quantize.block_size, "accuracy_level": quantize.accuracy_level}
-        self.correction, self.fit_for, self.table_head = quantize.correction_share, fit_for, quantize.table_head
-        self.table_block, self.table_bits = quantize.table_block, quantize.table_bits
-        self.scale_bits = quantize.scale_bits
+        self.fit_for = fit_for
+        self.original: nn.Module | None = None  # add_original's model, which add_quantized rounds
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
 
-    def add(self, name: str, model: nn.Module, detail: dict, schemes: list[str], fp32: bool = True) -> None:
+    def add(self, name: str, model: nn.Module, detail: dict, quantize: QuantizeSpec, fp32: bool = True) -> None:
         """The model's fp32 graph (measured unless `fp32` is False), and its graph quantized with
-        each of `schemes` as NAME-SCHEME."""
+        each of `quantize`'s schemes, in its settings, as NAME-SCHEME."""
         if name in self.names:
             raise CompressorError(f"two variants are named {name!r}; give them different names")
         self.names.add(name)
-        self.names.update(f"{name}-{scheme}" for scheme in schemes)
         with model_folder(self.out / name, self.source, None) as graph:
             export_onnx(model, graph)
         path = self.out / name / graph_file(None)
         if fp32:
             self.graphs.append((name, path))
             self.details.append(detail)
-        for scheme in schemes:
-            row, width = f"{name}-{scheme}", weight_width(scheme)
+        self.add_rows(name, model, path, detail, quantize)
+
+    def add_rows(self, name: str, model: nn.Module, path: Path, detail: dict, quantize: QuantizeSpec) -> None:
+        """The fp32 graph at `path` of `model` quantized with each of `quantize`'s schemes as NAME-SCHEME."""
+        rows = [f"{name}-{scheme}" for scheme in quantize.schemes]
+        twice = sorted(self.names.intersection(rows))
+        if twice:
+            raise CompressorError(f"two rows are named {twice[0]!r}; give the variants different names")
+        self.names.update(rows)
+        int4 = {"block": quantize.block_size, "accuracy_level": quantize.accuracy_level}
+        for scheme, row in zip(quantize.schemes, rows):
+            width = weight_width(scheme)
+            fit = self.fit_for(model, quantize.correction_time) if scheme in TRAINED else None
             try:
                 with model_folder(self.out / row, self.source, width) as graph:
                     result = quantize_onnx(
@@ -96,14 +101,14 @@ class Variants:
                         self.vocab,
                         scheme,
                         self.batches,
-                        **self.int4,
+                        **int4,
                         widths=dict(detail["plan"].get("widths", {})) if scheme in PLANNED else None,
-                        correction=self.correction,
-                        train=trainer(model, self.fit_for(model)) if scheme in TRAINED else None,
-                        table_head=self.table_head,
-                        table_block=self.table_block,
-                        table_bits=self.table_bits,
-                        scale_bits=self.scale_bits,
+                        correction=quantize.correction_share,
+                        train=trainer(model, fit) if fit is not None else None,
+                        table_head=quantize.table_head,
+                        table_block=quantize.table_block,
+                        table_bits=quantize.table_bits,
+                        scale_bits=quantize.scale_bits,
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
@@ -115,16 +120,16 @@ class Variants:
                 "parity_input": result.parity_input,
             }
             if width == 4:
-                quantization.update(self.int4, eight_bit_layers=list(result.eight_bit))
-                quantization["table_block"] = table_block_of(scheme, self.int4["block"], self.table_block)
-                quantization["scale_bits"] = self.scale_bits
+                quantization.update(int4, eight_bit_layers=list(result.eight_bit))
+                quantization["table_block"] = table_block_of(scheme, quantize.block_size, quantize.table_block)
+                quantization["scale_bits"] = quantize.scale_bits
             if scheme in CALIBRATED and width == 4:
-                quantization.update(table_head=self.table_head, table_bits=result.table_bits)
-                note = result.table_note(self.table_bits) if scheme in HEAD_SCHEMES else None
+                quantization.update(table_head=quantize.table_head, table_bits=result.table_bits)
+                note = result.table_note(quantize.table_bits) if scheme in HEAD_SCHEMES else None
                 if note:
                     say(f"warning: {row}: {note}")
             if result.corrections is not None:
-                quantization.update(correction_share=self.correction, corrections=result.corrections)
+                quantization.update(correction_share=quantize.correction_share, corrections=result.corrections)
             if scheme in INT8_PRODUCTS:
                 quantization["int8_layers"] = list(result.int8_layers)
             self.details.append({**detail, "quantization": quantization})
@@ -134,10 +139,16 @@ class Variants:
         candidates = itertools.chain([name], (f"{name}-{i}" for i in itertools.count(2)))
         return next(n for n in candidates if n not in self.names and f"{n}-ft" not in self.names)
 
-    def add_original(self, model: nn.Module, schemes: list[str]) -> None:
-        """The original and its rows in `schemes` (its kind's baselines first), but those a plan sizes."""
-        wanted = [s for s in dict.fromkeys(schemes) if s not in PLANNED]  # no plan, no widths
-        self.add("original", model, {}, wanted)
+    def add_original(self, model: nn.Module, quantize: QuantizeSpec) -> None:
+        """The original and its rows in `quantize`'s schemes (its kind's baselines first) and settings, but
+        those a plan sizes."""
+        wanted = tuple(s for s in quantize.schemes if s not in PLANNED)  # no plan, no widths
+        self.original = model
+        self.add("original", model, {}, replace(quantize, schemes=wanted))
+
+    def add_quantized(self, variant: VariantSpec) -> None:
+        """The original's graph quantized in `variant`'s schemes and settings (a variant of no method)."""
+        self.add_rows(variant.name, self.original, self.out / "original" / graph_file(None), {}, variant.quantize)
 
     def add_compressed(self, variant: VariantSpec, run: RunSpec, original: nn.Module, source: Path, ft_texts) -> None:
         """Each plan of `variant` applied to a copy of `original`, saved and added (named after the
@@ -150,13 +161,13 @@ class Variants:
             lambda: token_frequencies(run.texts.calib, m.freq_prior, m.prior_weight, source, self.vocab)
         )
         forms = export_form_rows(dict(variant.export_forms))
-        schemes, prefix, fp32 = list(variant.quantize.schemes), variant.name, variant.fp32
+        prefix, fp32 = variant.name, variant.fp32
 
         def add(name: str, model: nn.Module, detail: dict) -> None:
             for suffix, values in forms:
                 form = {"export_form": {k: v for k, v in values.items() if v is not None}} if suffix else {}
                 graph = in_export_form(model, values, frequencies)
-                self.add(f"{name}{suffix}", graph, {**detail, **form}, schemes, fp32)
+                self.add(f"{name}{suffix}", graph, {**detail, **form}, variant.quantize, fp32)
 
         for plan in plans:
             label = plan.label() if prefix is None else prefix if len(plans) == 1 else f"{prefix}-{plan.label()}"

@@ -78,8 +78,22 @@ def test_the_default_recipes_are_valid():
     recipes = load_recipes()
     assert len(recipes) == len(DEFAULT_RECIPES["variants"]) >= 2
     assert set(QUANTIZE_CHOICES) == {"fp32", *SCHEMES}
-    first = recipes[0].variant()  # the default recipe, with its corrected rows (and so original-int4-trained, -w4a8)
-    assert first.name == DEFAULT_RECIPE["name"] and first.quantize.schemes[-2:] == ("int4-trained", "w4a8")
+    first = recipes[0].variant()  # its corrected rows, and so original-int4-trained and original-w4a8
+    assert first.method is not None and first.quantize.schemes[-2:] == ("int4-trained", "w4a8")
+    small = next(r.variant() for r in recipes if r.name == DEFAULT_RECIPE["name"])
+    assert small.method is None and not small.fp32 and small.quantize.schemes == ("w4a8",)
+    assert (small.quantize.table_bits, small.quantize.table_head, small.quantize.scale_bits) == (3, 4096, 8)
+
+
+def test_a_recipe_of_no_method_is_the_original_in_its_own_settings():
+    entry = {"method": "none", "quantize": ["fp32", "w4a8"], "table_bits": 3, "correction_time": 5}
+    original, named = parse_recipes({"variants": [entry, {**entry, "name": "small"}]}, "test")
+    variant = original.variant()
+    assert variant.method is None and variant.name == "original" and named.variant().name == "small"
+    assert variant.quantize.schemes == ("w4a8",) and not variant.fp32  # the original's fp32 row is measured once
+    assert (variant.quantize.table_bits, variant.quantize.correction_time, variant.finetune) == (3, 5.0, None)
+    tt = one({"method": "tt", "table_bits": 3, "quantize": ["int4-aware"]})
+    assert parse_recipes(tt, "test")[0].variant().quantize.table_bits == 3  # a compressed variant's settings too
 
 
 @pytest.mark.parametrize(
@@ -111,6 +125,14 @@ def test_the_default_recipes_are_valid():
         (one({"method": "tt", "quantize": "int8"}), "'quantize' is a list of schemes"),
         (one({"method": "tt", "name": ""}), "a variant's name is non-empty text"),
         ({"variants": [{"name": "a", "method": "tt"}, {"name": "a", "method": "lowrank"}]}, "two variants 'a'"),
+        (
+            one({"method": "none", "rank": 4, "quantize": ["int8"]}),
+            "'rank' is not a quantization setting; method 'none'",
+        ),
+        (one({"method": "none", "quantize": ["fp32"]}), "method 'none' needs a scheme in 'quantize' beside fp32"),
+        (one({"method": "none"}), "'quantize' is a list of schemes"),
+        (one({"method": "none", "quantize": ["w4a8"], "table_bits": 2}), "'table_bits' is one of 4, 3, got 2"),
+        (one({"method": "none", "quantize": ["int8"], "table_bits": 3}), "--table-bits goes with --quantize"),
     ],
 )
 def test_a_bad_recipe_file_is_one_sentence(tmp_path, content, message):
@@ -141,16 +163,18 @@ def _run_values(*argv: str) -> dict:
     return vars(build_parser().parse_args(["run", *argv]))
 
 
-def test_run_without_method_options_takes_the_default_recipe():
-    from converters.cli.recipes import with_default_recipe
+def test_run_without_method_options_takes_the_default_run():
+    from converters.cli.recipes import default_run
 
     defaults = _run_values()
-    args = with_default_recipe(_run_values("--out", "x"), defaults)
-    recipe = {k: v for k, v in DEFAULT_RECIPE.items() if k not in ("name", "finetune_time", "quantize")}
-    assert {k: args[k] for k in recipe} == recipe and args["out"].name == "x"
-    schemes = [q for q in DEFAULT_RECIPE["quantize"] if q != "fp32"]
-    assert args["ft_time"] == DEFAULT_RECIPE.get("finetune_time") and args["quantize"] == schemes
-    mine = with_default_recipe(_run_values("--finetune-time", "7", "--quantize", "int8", "--runs", "3"), defaults)
-    assert (mine["method"], mine["ft_time"], mine["quantize"], mine["runs"]) == (args["method"], 7.0, ["int8"], 3)
+    rounded, small = default_run(_run_values("--out", "x"), defaults)
+    assert (rounded.method, rounded.name, rounded.quantize.schemes) == (None, "original", ("int8-aware", "int4-aware"))
+    assert rounded.quantize.table_bits == 4  # the comparison rows in the default settings
+    assert small.name == DEFAULT_RECIPE["name"] and small.method is None
+    settings = {k: v for k, v in DEFAULT_RECIPE.items() if k not in ("name", "method", "quantize")}
+    assert {k: getattr(small.quantize, k) for k in settings} == settings
+    assert small.quantize.schemes == tuple(DEFAULT_RECIPE["quantize"])
+    _, mine = default_run(_run_values("--correction-time", "7", "--runs", "3"), defaults)
+    assert mine.quantize.correction_time == 7.0 and mine.quantize.table_bits == 3  # given options override its own
     for given in (["--rank", "64"], ["--method", "tt"], ["--targets", "ffn"], ["--budget", "0.5"]):
-        assert with_default_recipe(_run_values(*given), defaults) is None  # a method option given: no recipe
+        assert default_run(_run_values(*given), defaults) is None  # a method option given: no recipe

@@ -51,6 +51,7 @@ def test_the_spec_is_frozen_and_its_plans_are_made_once():
         (("--quantize", "int8", "--table-bits", 3), "--table-bits goes with --quantize int4-aware"),
         (("--quantize", "int8", "int8-aware", "--scale-bits", 8), "--scale-bits goes with a 4-bit --quantize"),
         (("--finetune-time", -5), "a fine-tune time budget must be > 0 seconds"),
+        (("--quantize", "w4a8", "--correction-time", -1), "--correction-time is a time budget in seconds, > 0, got -1"),
     ],
 )
 def test_a_bad_value_is_refused_when_the_spec_is_made(argv, message, tmp_path):

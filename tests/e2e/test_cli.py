@@ -242,7 +242,11 @@ def test_finetune_without_its_teacher_says_so(tiny_bert_dir, tmp_path, capsys):
         (["compress", "{tiny}", "--dense-head", "100000", "--out", "{tmp}/o"], "leaves no tail"),
         (["finetune", "{tiny}", "--steps", "2"], "not a compressed checkpoint"),
         (["run", "{tiny}", "--finetune-time", "-1", "--out", "{tmp}/o"], "> 0 seconds"),
-        (["run", "{tiny}", "--finetune-steps", "3", "--data", "{tmp}/empty.txt", "--out", "{tmp}/o"], "at least 2"),
+        (["run", "{tiny}", "--finetune-time", "30", "--out", "{tmp}/o"], "is the original, only quantized"),
+        (
+            ["run", "{tiny}", "--rank", "2", "--finetune-steps", "3", "--data", "{tmp}/empty.txt", "--out", "{tmp}/o"],
+            "at least 2",
+        ),
     ],
 )
 def test_bad_input_gets_one_clear_sentence(argv, message, tiny_bert_dir, eval_text_file, tmp_path, capsys):
@@ -362,8 +366,31 @@ def test_export_int4_trained_and_a_bad_correction_time(tmp_path, eval_text_file,
     assert "int4-trained: the corrections trained on" in err and "on 4 passages of text" not in err, err
     monkeypatch.setattr(export_command, "load_model", lambda *a: pytest.fail("loaded a model for a bad time"))
     code, _, err = run_cli(capsys, *argv, "--correction-time", 0, "--out", tmp_path / "x.onnx")
-    assert code == 2 and "time budget must be > 0 seconds" in err and err.count("error:") == 1, err
+    assert (
+        code == 2 and "--correction-time is a time budget in seconds, > 0, got 0" in err and err.count("error:") == 1
+    ), err
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_run_without_method_options_measures_the_default_recipe(tmp_path, eval_text_file, capsys, monkeypatch):
+    from converters.cli.recipes import DEFAULT_RECIPE
+
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
+    wide = write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256)
+    texts = ("--calib", eval_text_file, "--data", eval_text_file, "--eval-text", eval_text_file)
+    options = ("--second-text", "none", "--runs", 2, "--correction-time", 2)
+    code, _, err = run_cli(capsys, "run", wide, *texts, *options, "--out", tmp_path / "run")
+    assert code == 0 and "the default recipe 'original-small'" in err, err
+    rows = {v["name"]: v for v in json.loads((tmp_path / "run" / "report.json").read_text())["variants"]}
+    small = f"{DEFAULT_RECIPE['name']}-w4a8"
+    assert list(rows) == ["original", "original-int8", "original-int8-aware", "original-int4-aware", small]
+    quantization = rows[small]["quantization"]
+    assert (quantization["table_head"], quantization["scale_bits"], quantization["table_block"]) == (4096, 8, 128)
+    assert (rows["original-int4-aware"]["quantization"]["scale_bits"], quantization["correction_share"]) == (16, 0.005)
+    code, _, err = run_cli(capsys, "run", wide, *texts, *options, "--quantize", "int4-aware", "--out", tmp_path / "q")
+    assert code == 0 and "no method options: the original in int4-aware" in err, err
+    rows = [v["name"] for v in json.loads((tmp_path / "q" / "report.json").read_text())["variants"]]
+    assert rows == ["original", "original-int8", "original-int4-aware"]  # the schemes given, on the original
 
 
 @pytest.mark.parametrize("scheme", ["int4-trained", "w4a8"])

@@ -67,6 +67,35 @@ def test_sweep_measures_every_recipe_and_draws_the_fronts(tiny_bert_dir, eval_te
     assert "front" in header
 
 
+def test_a_recipe_of_no_method_rounds_the_original_in_its_own_settings(
+    tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
+    recipes = tmp_path / "recipes.json"
+    variants = [
+        {"name": "small", "method": "tt", "rank": 2, "block_size": 32, "quantize": ["int4-aware"]},
+        {"name": "original-3bit", "method": "none", "block_size": 16, "table_bits": 3, "quantize": ["int4-aware"]},
+        {"method": "none", "quantize": ["int8-aware"]},
+    ]
+    recipes.write_text(json.dumps({"variants": variants}))
+    out_dir = tmp_path / "sweep"
+    texts = ("--calib", eval_text_file, "--eval-text", eval_text_file, "--second-text", "none")
+    code, _, err = _sweep(capsys, tiny_bert_dir, "--recipes", recipes, *texts, "--runs", 1, "--out", out_dir)
+    assert code == 0, err
+    rows = {v["name"]: v.get("quantization", {}) for v in json.loads((out_dir / "report.json").read_text())["variants"]}
+    assert list(rows) == [
+        "original",
+        "original-int8",
+        "original-int4-aware",  # the first compressed variant's settings
+        "small-int4-aware",
+        "original-3bit-int4-aware",  # the recipe's own
+        "original-int8-aware",  # a recipe of no method named "original" (by default): the original's own row
+    ]
+    assert (rows["original-int4-aware"]["block"], rows["original-int4-aware"]["table_bits"]) == (32, 4)
+    assert (rows["original-3bit-int4-aware"]["block"], rows["original-3bit-int4-aware"]["table_bits"]) == (16, 3)
+    assert not (out_dir / "original-3bit").exists()  # the original's fp32 graph is exported once
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
