@@ -115,3 +115,23 @@ def test_a_plot_of_an_unknown_cost_or_of_nothing_measured_is_refused(report, tmp
     with pytest.raises(CompressorError, match="no variant"):
         plot_front(report, tmp_path / "p.png")
     assert not (tmp_path / "p.png").exists()
+
+
+def test_labels_of_near_points_do_not_overlap_and_stay_inside():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from eval.plot import _label
+
+    fig = Figure(figsize=(8, 5.5), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    points = [("original-small-w4a8", 11.4, 0.887), ("original-int4-aware", 13.9, 0.886), ("original", 90.0, 1.0)]
+    ax.scatter([p[1] for p in points], [p[2] for p in points])
+    ax.set_xscale("log")
+    ax.autoscale_view()
+    _label(ax, points)
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in ax.texts]
+    assert not boxes[0].overlaps(boxes[1])  # the second label moved a line down
+    assert boxes[2].x1 <= ax.get_window_extent().x1  # the rightmost label turned left of its point
