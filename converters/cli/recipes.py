@@ -338,15 +338,18 @@ def _method_dests() -> frozenset[str]:
     return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE, *PRIOR_DESTS}
 
 
-def default_run(values: dict[str, Any], defaults: dict[str, Any]) -> list[VariantSpec] | None:
+def default_run(values: dict[str, Any], defaults: dict[str, Any], encoder: bool = True) -> list[VariantSpec] | None:
     """The variants of DEFAULT_RUN when `compressor run`'s parsed options `values` (`defaults`: run's) give no
     method option, the options they give overriding DEFAULT_RECIPE's own; with --quantize given, the original
-    in its schemes and the settings given alone; None when they give a method option."""
+    in its schemes and the settings given alone; for a model not an `encoder` (whose products w4a8 cannot
+    make int8), none: the run is the original's own rows; None when they give a method option."""
     if any(values[d] != defaults[d] for d in _method_dests()):
         return None
     given = {k: v for k, v in values.items() if k in defaults and v != defaults[k]}
     if "quantize" in given:
         return [variant_spec({**values, "method": QUANTIZE_ONLY})]
+    if not encoder:
+        return []
     variants = []
     for recipe in parse_recipes(DEFAULT_RUN, "the default run"):
         merged = {**values, **recipe.values(), **(given if recipe.name == DEFAULT_RECIPE["name"] else {})}

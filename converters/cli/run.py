@@ -13,6 +13,8 @@ from converters.cli.options import (
 )
 from converters.cli.recipes import DEFAULT_RECIPE, default_run
 from converters.cli.specs import run_spec, variant_spec
+from converters.kinds import kind_for_config
+from converters.loading import resolve_model_dir
 from converters.pipeline import measure
 from converters.pipeline.say import say
 from converters.registry import default_method
@@ -42,9 +44,16 @@ def run(args) -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     values = vars(args)
-    variants = default_run(values, vars(parser.parse_args([])))
+    kind = kind_for_config(resolve_model_dir(values["model"]))
+    encoder = kind.graph.factor_form == "int8"  # w4a8, the default recipe's scheme, multiplies in int8
+    variants = default_run(values, vars(parser.parse_args([])), encoder)
     if variants is not None and values["quantize"]:
         say(f"no method options: the original in {' and '.join(values['quantize'])}")
+    elif variants is not None and not encoder:
+        say(
+            f"no method options: the original's rows ({', '.join(kind.baselines)}); the default recipe "
+            f"{DEFAULT_RECIPE['name']!r} is an encoder's (w4a8 and a 3-bit table)"
+        )
     elif variants is not None:
         options = ", ".join(f"{k} {v}" for k, v in DEFAULT_RECIPE.items() if k not in ("name", "method"))
         say(

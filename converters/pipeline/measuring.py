@@ -22,8 +22,8 @@ from converters.pipeline.steps import (
     second_texts,
 )
 from converters.pipeline.variants import Variants, output_folder
-from converters.quantization.schemes import check_int8_products, check_table_bits
-from converters.spec import QuantizeSpec, RunSpec
+from converters.quantization.schemes import PLANNED, check_int8_products, check_table_bits
+from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 
 __all__ = ["check_run", "measure"]
 
@@ -34,6 +34,21 @@ def check_run(run: RunSpec) -> None:
     for variant in run.variants:
         if variant.method is not None:
             check_method_options(variant.method, run.texts)
+
+
+def check_quantize_only(variant: VariantSpec) -> None:
+    """A variant of no method (the original, only quantized) asks no fine-tune, export form or planned width."""
+    planned = [s for s in variant.quantize.schemes if s in PLANNED]
+    if planned:
+        raise CompressorError(
+            f"{variant.name!r} is the original, only quantized: --quantize {planned[0]} takes each layer's width from "
+            "a compressed variant's budget (give --budget SIZE with a method)"
+        )
+    if variant.finetune is not None or any(v for _, v in variant.export_forms):
+        raise CompressorError(
+            f"{variant.name!r} is the original, only quantized, with nothing to fine-tune or export in another "
+            "form: give a method option (--method, --rank, …) to make a compressed variant"
+        )
 
 
 def original_rows(run: RunSpec, baselines) -> QuantizeSpec:
@@ -54,16 +69,14 @@ def measure(run: RunSpec) -> None:
     kind = kind_for_config(source)
     for variant in run.variants:
         check_kind_options(variant.kind_options, kind)
-        if variant.method is None and (variant.finetune is not None or any(v for _, v in variant.export_forms)):
-            raise CompressorError(
-                f"{variant.name!r} is the original, only quantized, with nothing to fine-tune or export in another "
-                "form: give a method option (--method, --rank, …) to make a compressed variant"
-            )
+        if variant.method is None:
+            check_quantize_only(variant)
         check_int8_products(variant.quantize.schemes, kind.graph)
         check_table_bits(variant.quantize.table_bits, variant.quantize.schemes, kind.graph)
     texts, second = eval_texts(run.texts, kind.graph), second_texts(run.texts, kind.graph)
     original_quantize = original_rows(run, kind.baselines)
     schemes = [*original_quantize.schemes, *(s for variant in run.variants for s in variant.quantize.schemes)]
+    schemes = list(dict.fromkeys(schemes))
     batches = quantize_calibration(run.texts, schemes, kind.graph, source)
     fit_for = correction_fit(schemes, run.texts.data, kind, source)
     tuned = any(variant.finetune is not None for variant in run.variants)

@@ -243,6 +243,7 @@ def test_finetune_without_its_teacher_says_so(tiny_bert_dir, tmp_path, capsys):
         (["finetune", "{tiny}", "--steps", "2"], "not a compressed checkpoint"),
         (["run", "{tiny}", "--finetune-time", "-1", "--out", "{tmp}/o"], "> 0 seconds"),
         (["run", "{tiny}", "--finetune-time", "30", "--out", "{tmp}/o"], "is the original, only quantized"),
+        (["run", "{tiny}", "--quantize", "mixed", "--out", "{tmp}/o"], "from a compressed variant's budget"),
         (
             ["run", "{tiny}", "--rank", "2", "--finetune-steps", "3", "--data", "{tmp}/empty.txt", "--out", "{tmp}/o"],
             "at least 2",

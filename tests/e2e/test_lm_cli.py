@@ -80,3 +80,14 @@ def test_lm_bad_input_gets_one_clear_sentence(tiny_llama_dir, tiny_bert_dir, tmp
     code, _, err = run_cli(capsys, "compress", small, "--out", tmp_path / "d")
     assert code == 2 and "has 102 tokens but the model's table has 40 rows" in err
     assert not any((tmp_path / name).exists() for name in "abcd")
+
+
+def test_run_without_method_options_on_an_lm_measures_the_originals_rows(
+    tiny_llama_dir, lm_text, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
+    texts = ("--calib", lm_text, "--eval-text", lm_text, "--second-text", "none")
+    code, _, err = run_cli(capsys, "run", tiny_llama_dir, *texts, "--runs", 1, "--out", tmp_path / "run")
+    assert code == 0 and "the default recipe 'original-small' is an encoder's" in err, err
+    rows = [v["name"] for v in json.loads((tmp_path / "run" / "report.json").read_text())["variants"]]
+    assert rows == ["original", "original-int8", "original-int4", "original-int4-aware"]  # no w4a8 refusal
