@@ -124,8 +124,14 @@ def tt2_weighted_als(cores: list[Tensor], matrix: Tensor, row_weights: Tensor, s
     eye = torch.eye(r, dtype=torch.float64)
 
     def solve(gram: Tensor, rhs: Tensor) -> Tensor:  # gram (n, r, r), rhs (n, r, m); a tiny ridge for empty slices
-        ridge = 1e-10 * gram.diagonal(dim1=1, dim2=2).mean(-1).clamp_min(1e-30)
-        return torch.linalg.solve(gram + ridge[:, None, None] * eye, rhs)
+        """By Cholesky, the grams being positive definite: torch 2.13's batched LU (MKL's threaded getrf inside
+        torch's parallel_for) never returns once torch.set_num_threads has been called, as a fine-tune does."""
+        ridged = gram + (1e-10 * gram.diagonal(dim1=1, dim2=2).mean(-1).clamp_min(1e-30))[:, None, None] * eye
+        root, info = torch.linalg.cholesky_ex(ridged)
+        out = torch.cholesky_solve(rhs, root)
+        for i in info.nonzero().flatten().tolist():  # not positive definite in floating point: LU, one at a time
+            out[i] = torch.linalg.solve(ridged[i], rhs[i])
+        return out
 
     for _ in range(sweeps):
         gram = torch.einsum("ik,kpq->ipq", f, torch.einsum("pkb,qkb->kpq", b, b))  # (v1, r, r)

@@ -110,12 +110,14 @@ def _stop_on_sigterm():
 def _threads(device: torch.device):
     """All cores for a CPU fine-tune, shared by torchrun's processes, the process's setting restored after."""
     before = torch.get_num_threads()
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world().size))
+    wanted = max(1, (os.cpu_count() or 1) // world().size) if device.type == "cpu" else before
+    if wanted != before:  # each call re-makes the thread pools (and upsets MKL's batched LU: compressor/tt.py)
+        torch.set_num_threads(wanted)
     try:
         yield
     finally:
-        torch.set_num_threads(before)
+        if wanted != before:
+            torch.set_num_threads(before)
 
 
 def _teacher_on(teacher: nn.Module, device: torch.device) -> nn.Module:

@@ -110,6 +110,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
     if not quantize.schemes:
         result = export_onnx(model, path, opset=opset)
         return f"parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e}"
+    fit = None if fit_for is None else fit_for(model, quantize.correction_time, quantize.schemes[0])
     with tempfile.TemporaryDirectory() as work:
         fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=opset)
         result = quantize_onnx(
@@ -121,7 +122,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             quantize.block_size,
             quantize.accuracy_level,
             correction=quantize.correction_share,
-            train=None if fit_for is None else trainer(model, fit_for(model, quantize.correction_time)),
+            train=None if fit is None else trainer(model, fit),
             table_head=quantize.table_head,
             table_block=quantize.table_block,
             table_bits=quantize.table_bits,

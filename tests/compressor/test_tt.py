@@ -152,3 +152,26 @@ def test_refit_under_a_metric_refuses_shapes_that_do_not_fit():
         tt_refit_under_metric(cores, w, f, torch.eye(25, dtype=torch.float64))
     with pytest.raises(ShapeError, match="do not fit"):
         tt_refit_under_metric(cores, w, f[:30], torch.eye(24, dtype=torch.float64))
+
+
+def test_weighted_als_returns_after_the_thread_count_is_set():
+    """torch 2.13's batched LU (MKL) never returned at rank 150 once torch.set_num_threads had been called, as a
+    fine-tune does: the refit ran forever in a sweep after a trained row. Run where a hang cannot stop the suite."""
+    import subprocess
+    import sys
+
+    script = """
+import torch
+from compressor.tt import tt2_weighted_als
+g = torch.Generator().manual_seed(0)
+w = torch.randn(16 * 16, 12 * 12, generator=g, dtype=torch.float64)
+shapes = ((1, 16, 12, 150), (150, 16, 12, 1))
+cores = [torch.randn(*shape, generator=g, dtype=torch.float64) for shape in shapes]
+f = torch.rand(256, generator=g, dtype=torch.float64) + 0.1
+tt2_weighted_als(cores, w, f, sweeps=1)
+torch.set_num_threads(max(2, torch.get_num_threads()))
+out = tt2_weighted_als(cores, w, f, sweeps=2)
+assert all(bool(torch.isfinite(c).all()) for c in out)
+"""
+    done = subprocess.run([sys.executable, "-c", script], timeout=120, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

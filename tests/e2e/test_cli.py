@@ -409,6 +409,7 @@ def test_run_a_trained_scheme_makes_a_compressed_variants_row_too(
     names = list(rows)
     assert f"original-{scheme}" in names and f"lowrank-keep0.5-plain-{scheme}" in names  # low-rank FFN factors
     assert f"{scheme} row" not in err  # no row refused
+    assert f"original-{scheme}: the corrections trained on" in err  # each training said as its row's
     quantization = rows[f"original-{scheme}"]["quantization"]
     assert quantization["block"] == 32 and "eight_bit_layers" in quantization and quantization["corrections"]
     assert ("int8_layers" in quantization) == (scheme == "w4a8")
