@@ -62,7 +62,7 @@ DEFAULT_RECIPE = {
 DEFAULT_RUN = {"variants": [{"method": QUANTIZE_ONLY, "quantize": ["int8-aware", "int4-aware"]}, DEFAULT_RECIPE]}
 # The built-in grid: what `compressor sweep` runs without --recipes, the fronts' points of BENCHMARKS.md ("Sweep"
 # and after): emb4, the 2,048 most frequent tokens' rows exact and the rest of the table low-rank at a quarter
-# of its parameters (its w4a8 row, 0.092×, the front's point below 0.1×; the original's int4-trained and w4a8
+# of its parameters (its int4-trained row, 0.111×, a size-front point; the original's int4-trained and w4a8
 # rows, 0.168×, come with its schemes), the default recipe (0.127×), and the factorized recipes before them.
 # About 45 minutes on 2 cores, a third of it the five trained rows (about 5 minutes each).
 DEFAULT_RECIPES = {
