@@ -75,6 +75,11 @@ def measure(run: RunSpec) -> None:
         check_table_bits(variant.quantize.table_bits, variant.quantize.schemes, kind.graph)
     texts, second = eval_texts(run.texts, kind.graph), second_texts(run.texts, kind.graph)
     original_quantize = original_rows(run, kind.baselines)
+    rounded = [f"original-{s}" for s in original_quantize.schemes]
+    rounded += [f"{v.name}-{s}" for v in run.variants if v.method is None for s in v.quantize.schemes]
+    twice = sorted({row for row in rounded if rounded.count(row) > 1})
+    if twice:
+        raise CompressorError(f"two rows are named {twice[0]!r}; give the variants of no method different names")
     schemes = [*original_quantize.schemes, *(s for variant in run.variants for s in variant.quantize.schemes)]
     schemes = list(dict.fromkeys(schemes))
     batches = quantize_calibration(run.texts, schemes, kind.graph, source)

@@ -103,6 +103,10 @@ def test_a_recipe_of_no_method_rounds_the_original_in_its_own_settings(
         ('{"variants": [{"method": "lowrnk", "rank": 4}]}', "closest is 'lowrank'"),
         ('{"variants": [{"method": "tt", "rnak": 4}]}', "unknown option 'rnak'; the closest is 'rank'"),
         ('{"variants": [{"method": "tt", "rank": 4, "quantize": ["int2"]}]}', "unknown quantization scheme"),
+        (
+            '{"variants": [{"method": "none", "quantize": ["int8"]}, {"method": "none", "quantize": ["int8"]}]}',
+            "two rows are named 'original-int8'",
+        ),
     ],
 )
 def test_a_bad_recipe_file_is_refused_before_anything_runs(content, message, tiny_bert_dir, tmp_path, capsys):
