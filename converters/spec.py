@@ -11,7 +11,7 @@ from compressor.errors import CompressorError
 from converters.finetune_config import FinetuneConfig
 from converters.quantization.correction import CORRECTION_SHARE, check_correction_share
 from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK, check_int4_options
-from converters.quantization.schemes import check_scale_bits, check_table_bits, check_table_head
+from converters.quantization.schemes import check_linear_bits, check_scale_bits, check_table_bits, check_table_head
 from converters.quantization.table_head import TABLE_HEAD
 from converters.quantization.training import CORRECTION_SECONDS
 from texts.prior import PRIOR_WEIGHT, PRIORS
@@ -83,7 +83,8 @@ class QuantizeSpec:
     `accuracy_level`; the corrected schemes' `correction_share` of the 4-bit bytes; int4-trained's
     `correction_time` seconds of training; `table_head` rows of the table in 8 bits; `table_block`: the
     tables' own 4-bit block (None: `block_size`); `table_bits`: the word table's (its tail's) width, 4 or 3;
-    `scale_bits`: the 4-bit linear layers' block scales in 16 or 8 bits."""
+    `linear_bits`: the corrected schemes' linear layers' width, 4 or 3; `scale_bits`: the 4-bit linear layers'
+    block scales in 16 or 8 bits."""
 
     schemes: tuple[str, ...] = ()
     block_size: int = INT4_BLOCK
@@ -93,6 +94,7 @@ class QuantizeSpec:
     table_head: int = TABLE_HEAD
     table_block: int | None = None
     table_bits: int = 4
+    linear_bits: int = 4
     scale_bits: int = 16
 
     def __post_init__(self):
@@ -104,6 +106,7 @@ class QuantizeSpec:
             raise CompressorError(f"--correction-time is a time budget in seconds, > 0, got {self.correction_time:g}")
         check_table_head(self.table_head, self.schemes)
         check_table_bits(self.table_bits, self.schemes)
+        check_linear_bits(self.linear_bits, self.schemes)
         check_scale_bits(self.scale_bits, self.schemes)
 
 

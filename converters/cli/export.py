@@ -23,7 +23,14 @@ from converters.pipeline.calibrating import quantize_calibration, token_frequenc
 from converters.pipeline.say import say
 from converters.pipeline.steps import correction_fit
 from converters.quantization.quantize import quantize_onnx
-from converters.quantization.schemes import HEAD_SCHEMES, PLANNED, check_int8_products, check_table_bits, weight_width
+from converters.quantization.schemes import (
+    HEAD_SCHEMES,
+    PLANNED,
+    check_int8_products,
+    check_linear_bits,
+    check_table_bits,
+    weight_width,
+)
 from converters.quantization.training import trainer
 from converters.spec import QuantizeSpec
 from files.atomic import check_writable
@@ -79,6 +86,7 @@ def run(args) -> None:
     kind = kind_for_config(source)
     check_int8_products(quantize.schemes, kind.graph)
     check_table_bits(quantize.table_bits, quantize.schemes, kind.graph)
+    check_linear_bits(quantize.linear_bits, quantize.schemes, kind.graph)
     if folder and lacks_tokenizer(source):
         say(
             f"warning: {str(source)!r} has no tokenizer file; the folder will hold none, and tools cannot tokenize text"
@@ -126,6 +134,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             table_head=quantize.table_head,
             table_block=quantize.table_block,
             table_bits=quantize.table_bits,
+            linear_bits=quantize.linear_bits,
             scale_bits=quantize.scale_bits,
         )
     note = result.table_note(quantize.table_bits) if quantize.schemes[0] in HEAD_SCHEMES else None

@@ -13,6 +13,7 @@ from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BL
 from converters.quantization.quantize import CALIBRATION_PASSAGES
 from converters.quantization.schemes import CORRECTED_TABLE_BLOCK, SCHEMES
 from converters.quantization.table_head import TABLE_HEAD
+from converters.quantization.three_bit_linear import LINEAR_BITS
 from converters.quantization.three_bit_table import TABLE_BITS
 from converters.quantization.training import CORRECTION_SECONDS
 from converters.registry import Option, default_method, export_forms, methods
@@ -333,6 +334,16 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         help="int4-aware, int4-corrected, int4-trained, w4a8: the word table's width, 4 or 3 (an encoder's: a lookup "
         "of two bit planes that unpacks only the rows it gathers); with --table-head the head then in 4 bits, the "
         "rest in 3 (default: 4)",
+    )
+    p.add_argument(
+        "--linear-bits",
+        type=int,
+        choices=LINEAR_BITS,
+        default=4,
+        metavar="BITS",
+        help="int4-corrected, int4-trained, w4a8: the linear layers' width, 4 or 3 (an encoder's: 3-bit codes stored "
+        "as two bit planes, made 4-bit codes when the session starts, their correction taking back the coarser "
+        "rounding; layers the budget puts in 8 bits keep 8) (default: 4)",
     )
     p.add_argument(
         "--accuracy-level",

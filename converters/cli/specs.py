@@ -78,6 +78,7 @@ def quantize_spec(values: Mapping[str, Any]) -> QuantizeSpec:
         table_head=_get(values, "table_head", default.table_head),
         table_block=values.get("table_block"),
         table_bits=_get(values, "table_bits", default.table_bits),
+        linear_bits=_get(values, "linear_bits", default.linear_bits),
         scale_bits=_get(values, "scale_bits", default.scale_bits),
     )
 

@@ -22,7 +22,7 @@ from converters.pipeline.steps import (
     second_texts,
 )
 from converters.pipeline.variants import Variants, output_folder
-from converters.quantization.schemes import PLANNED, check_int8_products, check_table_bits
+from converters.quantization.schemes import PLANNED, check_int8_products, check_linear_bits, check_table_bits
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 
 __all__ = ["check_run", "measure"]
@@ -73,6 +73,7 @@ def measure(run: RunSpec) -> None:
             check_quantize_only(variant)
         check_int8_products(variant.quantize.schemes, kind.graph)
         check_table_bits(variant.quantize.table_bits, variant.quantize.schemes, kind.graph)
+        check_linear_bits(variant.quantize.linear_bits, variant.quantize.schemes, kind.graph)
     texts, second = eval_texts(run.texts, kind.graph), second_texts(run.texts, kind.graph)
     original_quantize = original_rows(run, kind.baselines)
     rounded = [f"original-{s}" for s in original_quantize.schemes]

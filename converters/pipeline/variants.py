@@ -108,6 +108,7 @@ class Variants:
                         table_head=quantize.table_head,
                         table_block=quantize.table_block,
                         table_bits=quantize.table_bits,
+                        linear_bits=quantize.linear_bits,
                         scale_bits=quantize.scale_bits,
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
@@ -123,6 +124,7 @@ class Variants:
                 quantization.update(int4, eight_bit_layers=list(result.eight_bit))
                 quantization["table_block"] = table_block_of(scheme, quantize.block_size, quantize.table_block)
                 quantization["scale_bits"] = quantize.scale_bits
+                quantization["linear_bits"] = result.linear_bits
             if scheme in CALIBRATED and width == 4:
                 quantization.update(table_head=quantize.table_head, table_bits=result.table_bits)
                 note = result.table_note(quantize.table_bits) if scheme in HEAD_SCHEMES else None

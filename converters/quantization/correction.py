@@ -35,6 +35,7 @@ from compressor.errors import CompressorError
 from compressor.lowrank import whitened_factors
 from converters.quantization.half_scales import SCALE_BYTES, scale_values
 from converters.quantization.int4 import quiet_quantizer
+from converters.quantization.packed_codes import unpack
 from converters.quantization.smoothing import probe_activations
 
 __all__ = [
@@ -99,13 +100,6 @@ class Correction:
         }
 
 
-def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
-    """Codes packed little-endian within each byte, `8 // bits` to a byte, unpacked along the last axis."""
-    per = 8 // bits
-    codes = np.stack([(packed.astype(np.int64) >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=-1)
-    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
-
-
 def dequantize_nbits(graph: onnx.GraphProto, node: onnx.NodeProto) -> np.ndarray:
     """The weight Q (K × N, float64) a MatMulNBits node multiplies by: codes B (N, blocks, block·bits/8),
     one scale per block (either precision, half_scales), zero points packed like the codes (2^(bits−1)
@@ -114,10 +108,10 @@ def dequantize_nbits(graph: onnx.GraphProto, node: onnx.NodeProto) -> np.ndarray
     k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
     inits = {i.name: i for i in graph.initializer if i.name in node.input}
     blocks = -(-k // block)
-    codes = _unpack(numpy_helper.to_array(inits[node.input[1]]), bits).reshape(n, blocks, block)
+    codes = unpack(numpy_helper.to_array(inits[node.input[1]]), bits).reshape(n, blocks, block)
     scales = scale_values(graph, node.input[2]).astype(np.float64).reshape(n, blocks)
     if len(node.input) > 3 and node.input[3]:
-        zero = _unpack(numpy_helper.to_array(inits[node.input[3]]).reshape(n, -1), bits)[:, :blocks]
+        zero = unpack(numpy_helper.to_array(inits[node.input[3]]).reshape(n, -1), bits)[:, :blocks]
     else:
         zero = np.full((n, blocks), 1 << (bits - 1))
     weight = (codes - zero[..., None]) * scales[..., None]

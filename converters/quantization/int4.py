@@ -29,12 +29,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import version_converter
+from onnx import numpy_helper, version_converter
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from converters.quantization.grid import grid_matmuls
 from converters.quantization.table_head import eight_bit_gather, split_table, word_table
+from converters.quantization.three_bit_linear import three_bit_matmuls
 from converters.quantization.three_bit_table import three_bit_gather
 from eval.graph import make_session
 
@@ -54,6 +55,7 @@ __all__ = [
     "four_bit_codes",
     "name_nodes",
     "matmul_weights",
+    "matmul_arrays",
     "table_gathers",
     "quiet_quantizer",
 ]
@@ -118,14 +120,31 @@ def matmul_weights(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
     return {n.name: shapes[n.input[1]] for n in graph.node if n.op_type == "MatMul" and n.input[1] in shapes}
 
 
+def matmul_arrays(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """MatMul output name → its constant 2-D weight (K × N), for the MatMuls the quantizer takes."""
+    inits = {i.name: i for i in graph.initializer if len(i.dims) == 2}
+    return {
+        n.output[0]: numpy_helper.to_array(inits[n.input[1]])
+        for n in graph.node
+        if n.op_type == "MatMul" and n.input[1] in inits
+    }
+
+
 def quantize_matmuls(
-    model: onnx.ModelProto, block: int, accuracy_level: int, aware: bool, only=None, eight_bit=(), keep_grid=False
+    model: onnx.ModelProto,
+    block: int,
+    accuracy_level: int,
+    aware: bool,
+    only=None,
+    eight_bit=(),
+    keep_grid=False,
+    bits: int = 4,
 ) -> onnx.ModelProto:
     """`model` (named nodes, changed in place) with its MatMul weights in MatMulNBits: all of them,
     or `only` those; `eight_bit` of them (aware only) in 8 bits. ONNX Runtime 1.32's k-quant packs
     the 4-bit zero points of a weight with an odd number of blocks along K wrongly (it fails), so
     those take asymmetric round-to-nearest instead, as do, with `keep_grid` (for the corrected schemes),
-    weights already on a 4-bit grid (grid.py)."""
+    weights already on a 4-bit grid (grid.py). `bits` 3: the 4-bit layers rounded again in 3 (three_bit_linear)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         KQuantWeightOnlyQuantConfig,
@@ -134,6 +153,7 @@ def quantize_matmuls(
 
     shapes = matmul_weights(model.graph)
     names = set(shapes) if only is None else set(only)
+    weights = matmul_arrays(model.graph) if bits == 3 else {}
 
     def rtn(bits: int) -> DefaultWeightOnlyQuantConfig:
         return DefaultWeightOnlyQuantConfig(
@@ -162,7 +182,7 @@ def quantize_matmuls(
         with quiet_quantizer(), contextlib.redirect_stdout(io.StringIO()):  # k-quant prints a progress bar
             quantizer.process()
         model = quantizer.model.model
-    return model
+    return three_bit_matmuls(model, weights)
 
 
 def quantize_tables(
@@ -221,18 +241,22 @@ def quantize_4bit(
     table_block: int | None = None,
     keep_grid: bool = False,
     table_bits: int = 4,
+    linear_bits: int = 4,
 ) -> onnx.ModelProto:
     """A copy of `model` with 4-bit MatMul weights and tables (module docstring); `aware` picks the
     int4-aware rounding (k-quant and asymmetric tables) over symmetric round-to-nearest, and with
     it the MatMul nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits,
     and with `keep_grid` weights on a 4-bit grid keep it (grid.py); the tables in blocks of `table_block`
-    (None: `block`), the word table (its tail, with a head) in `table_bits` (4, or 3: three_bit_table)."""
+    (None: `block`), the word table (its tail, with a head) in `table_bits` (4, or 3: three_bit_table), the
+    MatMul weights not in 8 bits in `linear_bits` (4, or 3: three_bit_linear)."""
     check_int4_options(block, accuracy_level)
     if (eight_bit or head is not None) and not aware:
         raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")
     model = copy.deepcopy(model)
     name_nodes(model.graph)
-    model = quantize_matmuls(model, block, accuracy_level, aware, eight_bit=eight_bit, keep_grid=keep_grid)
+    model = quantize_matmuls(
+        model, block, accuracy_level, aware, eight_bit=eight_bit, keep_grid=keep_grid, bits=linear_bits
+    )
     return quantize_tables(model, table_block or block, aware, head=head, bits=table_bits)
 
 
@@ -243,9 +267,10 @@ def layer_losses(
     block: int = INT4_BLOCK,
     accuracy_level: int = INT4_ACCURACY,
     keep_grid: bool = False,
+    bits: int = 4,
 ) -> dict[str, float]:
     """MatMul node name → the graph kind's loss (`kind.loss`) of the output when that layer alone
-    is in 4 bits (k-quant; `keep_grid`: as quantize_matmuls), against `model`'s own output on `feeds`."""
+    is in 4 bits (k-quant; `keep_grid`, `bits`: as quantize_matmuls), against `model`'s own output on `feeds`."""
     check_int4_options(block, accuracy_level)
     model = copy.deepcopy(model)
     name_nodes(model.graph)
@@ -255,7 +280,9 @@ def layer_losses(
         reference = kind.represent(make_session(path, threads=2), feeds)
         losses = {}
         for name in tqdm(matmul_weights(model.graph), desc="int4-aware: each layer's 4-bit loss", leave=False):
-            alone = quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True, {name}, keep_grid=keep_grid)
+            alone = quantize_matmuls(
+                copy.deepcopy(model), block, accuracy_level, True, {name}, keep_grid=keep_grid, bits=bits
+            )
             onnx.save_model(alone, str(path))
             losses[name] = kind.loss(reference, kind.represent(make_session(path, threads=2), feeds, reference))
     return losses

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["Builder", "pack", "unpacked", "default_opset"]
+__all__ = ["Builder", "pack", "unpack", "unpacked", "default_opset"]
 
 
 class Builder:
@@ -43,6 +43,13 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     groups = codes.astype(np.uint8).reshape(rows, n // per, per)
     shifts = (np.arange(per) * bits).astype(np.uint8)
     return np.bitwise_or.reduce(groups << shifts, axis=-1).astype(np.uint8)
+
+
+def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
+    """Codes packed as `pack` packs them, `8 // bits` to a byte, unpacked along the last axis (numpy)."""
+    per = 8 // bits
+    codes = np.stack([(packed.astype(np.int64) >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=-1)
+    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
 def unpacked(b: Builder, packed: str, rows: int, per_row: int, bits: int) -> str:

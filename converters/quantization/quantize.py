@@ -56,6 +56,7 @@ from converters.quantization.schemes import (
     SCHEMES,
     TRAINED,
     check_int8_products,
+    check_linear_bits,
     check_scale_bits,
     check_table_bits,
     check_table_head,
@@ -65,6 +66,7 @@ from converters.quantization.schemes import (
 from converters.quantization.sensitivity import four_bit_losses
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
 from converters.quantization.table_head import TABLE_HEAD, frequent_ids
+from converters.quantization.three_bit_linear import three_bit_storage
 from converters.quantization.three_bit_table import three_bit_outputs
 from converters.quantization.tied_codes import share_tied_codes, smoothing_of, tied_pairs
 from eval.benchmark import PARITY_KEY
@@ -118,6 +120,7 @@ class QuantizeResult:
     corrections: dict | None = None  # int4-corrected: MatMul output → its rank and errors (correction.Correction)
     int8_layers: tuple[str, ...] = ()  # w4a8: the MatMul outputs multiplied in int8 (int8_products.int8_layers)
     table_bits: int = 4  # the word table's (tail's) width as written: 3 only where a lookup went to 3 bits
+    linear_bits: int = 4  # the corrected schemes' linear layers (those not in 8 bits): 4, or 3 (three_bit_linear)
 
     def table_note(self, asked: int) -> str | None:
         """What to say when `asked` (--table-bits) is not what the graph holds: a table not in whole blocks (a
@@ -206,19 +209,21 @@ def _corrected(
     vocab,
     int8=frozenset(),
     table_bits=4,
+    linear_bits=4,
 ):
-    """int4-aware's rounding of `proto` (the smoothed graph of `exported`) with the word table's `head`
-    rows in 8 bits (but weights on a 4-bit grid keep it: grid.py), then one byte budget (`share` of the
-    4-bit codes) spent on each layer's rounding error, as a low-rank correction or as 8 bits instead
-    (correction.plan_corrections), but not on an LM's head (a layer of `vocab` outputs: its rounded and
-    corrected logits would be two more (batch, sequence, V) tensors at the peak); `train` (None: the
+    """int4-aware's rounding of `proto` (the smoothed graph of `exported`; its linear layers in `linear_bits`)
+    with the word table's `head` rows in 8 bits (but weights on a 4-bit grid keep it: grid.py), then one byte
+    budget (`share` of the 4-bit codes) spent on each layer's rounding error, as a low-rank correction or as 8
+    bits instead (correction.plan_corrections), but not on an LM's head (a layer of `vocab` outputs: its rounded
+    and corrected logits would be two more (batch, sequence, V) tensors at the peak); `train` (None: the
     closed-form fit kept) then trains the corrections, the layers `int8` (output names) with their inputs rounded
     to 8 bits as they will be multiplied. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
     grams = input_grams(proto, calibration)
     rounding = {"aware": True, "head": head, "table_block": table_block, "keep_grid": True, "table_bits": table_bits}
+    rounding["linear_bits"] = linear_bits
     quantized = quantize_4bit(proto, block, accuracy_level, **rounding)
-    losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized, keep_grid=True)
+    losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized, True, linear_bits)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
     nodes = {out: name for name, out in outputs.items()}
     budget = int(share * four_bit_codes(proto))
@@ -264,6 +269,7 @@ def quantize_onnx(
     table_block: int | None = None,
     table_bits: int = 4,
     scale_bits: int = 16,
+    linear_bits: int = 4,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
     `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
@@ -276,7 +282,8 @@ def quantize_onnx(
     converters.quantization.table_head); `table_block`: the 4-bit schemes' tables in blocks of this many
     weights (None: `table_block_of`'s default); `table_bits`: the data-aware 4-bit schemes' word table (its
     tail, with a head, the head then in 4 bits) in 4 or 3 bits (converters.quantization.three_bit_table);
-    `scale_bits`: the 4-bit linear layers' block scales in fp16 (16) or one byte (8: byte_scales)."""
+    `scale_bits`: the 4-bit linear layers' block scales in fp16 (16) or one byte (8: byte_scales); `linear_bits`: the
+    corrected schemes' linear layers in 4 or 3 bits (converters.quantization.three_bit_linear)."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if weight_width(scheme) == 4:
@@ -287,6 +294,7 @@ def quantize_onnx(
     check_table_head(table_head, HEAD_SCHEMES)  # its rows only: run gives one --table-head to every row
     check_table_bits(table_bits, HEAD_SCHEMES)
     check_scale_bits(scale_bits, SCHEMES)
+    check_linear_bits(linear_bits, CORRECTED)
     if scheme in PLANNED and not widths:
         raise CompressorError(f"{scheme} quantizes each module at the width a byte budget chose; this model has none")
     if scheme in CALIBRATED and not calibration:
@@ -298,6 +306,8 @@ def quantize_onnx(
         raise CompressorError(f"{str(src)!r} is already quantized; quantize its fp32 graph instead")
     check_int8_products([scheme], graph_kind(src))
     check_table_bits(table_bits if scheme in HEAD_SCHEMES else 4, HEAD_SCHEMES, graph_kind(src))
+    linear_bits = linear_bits if scheme in CORRECTED else 4
+    check_linear_bits(linear_bits, CORRECTED, graph_kind(src))
     with atomic_file(dst, needed=file_bytes(src) // 3) as tmp, tempfile.TemporaryDirectory() as work:
         plain = Path(work) / "plain.onnx"  # without the fp32 parity of the metadata
         proto = tied_products_as_matmul(onnx.load(str(src)))
@@ -331,8 +341,10 @@ def quantize_onnx(
                 vocab,
                 int8,
                 table_bits if scheme in HEAD_SCHEMES else 4,
+                linear_bits,
             )
             corrected = _stored_scales(share_tied_codes(corrected, tied), scale_bits)
+            corrected = three_bit_storage(corrected) if linear_bits == 3 else corrected
             onnx.save_model(int8_products(corrected, int8) if scheme in INT8_PRODUCTS else corrected, str(tmp))
         elif scheme == "mixed":
             onnx.save_model(_stored_scales(quantize_mixed(proto, widths, block, accuracy_level), scale_bits), str(tmp))
@@ -358,4 +370,4 @@ def quantize_onnx(
         onnx.helper.set_model_props(proto, props)
         onnx.save_model(proto, str(tmp))
     bits = 3 if three_bit_outputs(proto.graph) else 4
-    return QuantizeResult(dst, worst, rel, fed, eight_bit, corrections, tuple(sorted(int8)), bits)
+    return QuantizeResult(dst, worst, rel, fed, eight_bit, corrections, tuple(sorted(int8)), bits, linear_bits)

@@ -1,10 +1,11 @@
 """The quantization schemes by name, the groups of them the pipeline asks about (which read calibration
 batches, which correct the rounding error, which train it, which multiply in int8, which keep a table head)
-and the checks of the options that go with them (--table-head, --table-bits, --scale-bits, int8 products),
-made before any expensive work; `weight_width` and `table_block_of` name a scheme's widths and blocks."""
+and the checks of the options that go with them (--table-head, --table-bits, --linear-bits, --scale-bits, int8
+products), made before any expensive work; `weight_width` and `table_block_of` name a scheme's widths and blocks."""
 
 from compressor.errors import CompressorError
 from converters.quantization.byte_scales import SCALE_BITS
+from converters.quantization.three_bit_linear import LINEAR_BITS
 from converters.quantization.three_bit_table import TABLE_BITS
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "check_int8_products",
     "check_table_head",
     "check_table_bits",
+    "check_linear_bits",
     "check_scale_bits",
     "table_block_of",
     "weight_width",
@@ -66,6 +68,17 @@ def check_table_bits(bits: int, schemes, kind=None) -> None:
         raise CompressorError("--table-bits 3 is for an encoder's word table; an LM's tied head reads its 4-bit codes")
     if bits != 4 and not set(schemes or ()) & set(HEAD_SCHEMES):
         raise CompressorError(f"--table-bits goes with --quantize {' or '.join(HEAD_SCHEMES)}")
+
+
+def check_linear_bits(bits: int, schemes, kind=None) -> None:
+    """--linear-bits: one of LINEAR_BITS; 3 asked with a corrected scheme (its correction takes back the coarser
+    rounding's error) for an encoder (a `kind` whose products are int8: an LM's grid weights and tied head keep 4)."""
+    if bits not in LINEAR_BITS:
+        raise CompressorError(f"--linear-bits is one of {', '.join(map(str, LINEAR_BITS))}, got {bits}")
+    if bits != 4 and kind is not None and kind.factor_form != "int8":
+        raise CompressorError("--linear-bits 3 is for an encoder's linear layers; an LM's keep 4 bits")
+    if bits != 4 and not set(schemes or ()) & set(CORRECTED):
+        raise CompressorError(f"--linear-bits 3 goes with --quantize {' or '.join(CORRECTED)}")
 
 
 def check_scale_bits(bits: int, schemes) -> None:

@@ -27,12 +27,13 @@ def gram_losses(
     accuracy_level: int,
     quantized: onnx.ModelProto | None = None,
     keep_grid: bool = False,
+    bits: int = 4,
 ) -> dict[str, float]:
     """MatMul node name → tr(Eᵀ G E) of its weight's int4-aware rounding error E in its input Gram G
     (`grams`, by output name: correction.input_grams); `model` has named nodes; `quantized`: `model`
-    with every MatMul so rounded, when the caller has it already (`keep_grid`: as int4.quantize_matmuls)."""
+    with every MatMul so rounded, when the caller has it already (`keep_grid`, `bits`: as int4.quantize_matmuls)."""
     if quantized is None:
-        quantized = quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True, keep_grid=keep_grid)
+        quantized = quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True, keep_grid=keep_grid, bits=bits)
     names = {n.output[0]: n.name for n in model.graph.node}
     errors = rounding_errors(quantized, model)
     return {names[out]: float(np.sum((grams[out].numpy() @ error) * error)) for out, error in errors.items()}
@@ -47,13 +48,14 @@ def four_bit_losses(
     grams: dict[str, torch.Tensor] | None = None,
     quantized: onnx.ModelProto | None = None,
     keep_grid: bool = False,
+    bits: int = 4,
 ) -> dict[str, float]:
     """MatMul node name → its loss in 4 bits (module docstring): measured through the graph on the
     first SENSITIVITY_BATCHES of `feeds` up to MEASURED_LAYERS layers, else estimated from the input
     Grams (`grams`, or those of `feeds`) and `model` rounded (`quantized`, or rounded here); `keep_grid`:
-    weights on a 4-bit grid rounded as the corrected schemes round them (int4.quantize_matmuls)."""
+    weights on a 4-bit grid rounded as the corrected schemes round them, `bits` 3: in 3 (int4.quantize_matmuls)."""
     layers = len(matmul_weights(model.graph))
     if layers <= MEASURED_LAYERS:
-        return layer_losses(model, feeds[:SENSITIVITY_BATCHES], kind, block, accuracy_level, keep_grid)
+        return layer_losses(model, feeds[:SENSITIVITY_BATCHES], kind, block, accuracy_level, keep_grid, bits)
     grams = grams if grams is not None else input_grams(model, feeds)
-    return gram_losses(model, grams, block, accuracy_level, quantized, keep_grid)
+    return gram_losses(model, grams, block, accuracy_level, quantized, keep_grid, bits)

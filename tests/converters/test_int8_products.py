@@ -157,8 +157,8 @@ def _in_order(graph: onnx.GraphProto) -> bool:
     return True
 
 
-@pytest.mark.parametrize("table_bits, scale_bits", [(4, 16), (3, 8)])
-def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path, table_bits, scale_bits):
+@pytest.mark.parametrize("table_bits, scale_bits, linear_bits", [(4, 16, 4), (3, 8, 3)])
+def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path, table_bits, scale_bits, linear_bits):
     model, fp32, vocab, feeds, _ = bert
     seen = []
     result = quantize_onnx(
@@ -173,12 +173,14 @@ def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path, table_bits, sc
         table_head=16,
         table_bits=table_bits,
         scale_bits=scale_bits,
+        linear_bits=linear_bits,
     )
-    assert 0 < result.parity_rel <= REL_TOL["w4a8"] and result.corrections
+    assert 0 < result.parity_rel <= REL_TOL["w4a8"] and result.corrections and result.linear_bits == linear_bits
     graph = onnx.load(str(result.path)).graph
     assert {n.op_type for n in graph.node} >= {"DynamicQuantizeMatMul", "GatherBlockQuantized"} and _in_order(graph)
     assert bool(three_bit_outputs(graph)) == (table_bits == 3)  # the word table's tail in 3 bits
     assert any(i.name.endswith("_scale_codes") for i in graph.initializer) == (scale_bits == 8)
+    assert any(i.name.endswith("_hi") for i in graph.initializer) == (linear_bits == 3)  # 3-bit codes' planes
     products = {n.output[0].removesuffix("_rounded") for n in graph.node if n.op_type == "DynamicQuantizeMatMul"}
     assert products == set(result.int8_layers)  # the report names the layers multiplied in int8
     (student,) = seen
