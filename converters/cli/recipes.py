@@ -60,11 +60,19 @@ DEFAULT_RECIPE = {
 # The default run: the default recipe beside what a user would do otherwise, the original rounded in one line
 # (original-int8-aware, original-int4-aware; original-int8 is in every report).
 DEFAULT_RUN = {"variants": [{"method": QUANTIZE_ONLY, "quantize": ["int8-aware", "int4-aware"]}, DEFAULT_RECIPE]}
+# The original in w4a8 with its linear layers in 3 bits too (three_bit_linear) and corrections of 3 % of the 4-bit
+# bytes: 0.117× the file (BENCHMARKS.md, "Linear layers in 3 bits").
+THREE_BIT_RECIPE = {
+    **DEFAULT_RECIPE,
+    "name": "original-3bit",
+    "linear_bits": 3,
+    "correction_share": 0.03,
+}
 # The built-in grid: what `compressor sweep` runs without --recipes, the fronts' points of BENCHMARKS.md ("Sweep"
 # and after): emb4, the 2,048 most frequent tokens' rows exact and the rest of the table low-rank at a quarter
 # of its parameters (its int4-trained row, 0.111×, a size-front point; the original's int4-trained and w4a8
-# rows, 0.168×, come with its schemes), the default recipe (0.127×), and the factorized recipes before them.
-# About 45 minutes on 2 cores, a third of it the five trained rows (about 5 minutes each).
+# rows, 0.168×, come with its schemes), the default recipe (0.127×), the 3-bit one (0.117×), and the factorized
+# recipes before them. About 52 minutes on 2 cores, a third of it the six trained rows (about 5 minutes each).
 DEFAULT_RECIPES = {
     "variants": [
         {
@@ -77,6 +85,7 @@ DEFAULT_RECIPES = {
             "quantize": ["fp32", "int8-aware", "int4-aware", "int4-trained", "w4a8"],
         },
         DEFAULT_RECIPE,
+        THREE_BIT_RECIPE,
         {
             "name": "emb8",
             "method": "tt",

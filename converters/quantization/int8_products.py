@@ -27,6 +27,7 @@ from compressor.errors import CompressorError
 from converters.quantization.correction import corrected_layers, weight_names
 from converters.quantization.packed_codes import Builder, default_opset, unpacked
 from converters.quantization.smoothing import probe_activations
+from converters.quantization.three_bit_linear import CODES_SUFFIX
 
 __all__ = ["INT8_LEVEL", "INT8_INPUT_TOL", "INPUT_BATCHES", "int8_rounding_errors", "int8_layers", "int8_products"]
 
@@ -71,12 +72,16 @@ def int8_layers(model: onnx.ModelProto, feeds: list[dict]) -> frozenset[str]:
 
 
 def _blocked_weight(b: Builder, graph: onnx.GraphProto, node: onnx.NodeProto) -> str:
-    """Qᵀ of a MatMulNBits node as (N, blocks, block) floats, from its codes, block scales and zero points
-    (2^(bits−1) when absent): (q − z) s per block."""
+    """Qᵀ of a MatMulNBits node as (N, blocks, block) floats, from its codes (a 3-bit layer's as its planes give
+    them), block scales and zero points (2^(bits−1) when absent): (q − z) s per block."""
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     n, bits, block = attrs["N"], attrs["bits"], attrs["block_size"]
     blocks = -(-attrs["K"] // block)
-    codes = unpacked(b, node.input[1], n, blocks * block * bits // 8, bits)
+    computed = node.input[1] + CODES_SUFFIX  # a 3-bit layer's codes, one a byte (three_bit_linear)
+    if any(computed in other.output for other in graph.node):
+        codes = computed
+    else:
+        codes = unpacked(b, node.input[1], n, blocks * block * bits // 8, bits)
     codes = b.op("Cast", [b.op("Reshape", [codes, b.const([n, blocks, block], np.int64)])], to=onnx.TensorProto.FLOAT)
     scales = b.op("Reshape", [node.input[2], b.const([n, blocks, 1], np.int64)])
     if len(node.input) > 3 and node.input[3]:

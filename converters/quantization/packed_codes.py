@@ -1,6 +1,6 @@
 """Codes narrower than a byte, packed `8 // bits` to a byte low bits first (MatMulNBits' layout), and the
 ONNX nodes that build a subgraph over them: `Builder` (nodes and constants under one prefix) and `unpacked`
-(the codes back as one uint8 each, by BitShift on bytes). int8_products folds a layer's codes into int8
+(the codes back as one uint8 each, by masks and shifts on bytes). int8_products folds a layer's codes into int8
 weights with them; three_bit_table gathers a table's rows and unpacks only those."""
 
 import numpy as np
@@ -54,16 +54,15 @@ def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
 
 def unpacked(b: Builder, packed: str, rows: int, per_row: int, bits: int) -> str:
     """uint8 codes `bits` wide, packed as `pack` packs them, as a (rows, per_row · 8 // bits) uint8 tensor
-    (rows −1: as many as there are): the bit operations stay on bytes, one float tensor comes later."""
+    (rows −1: as many as there are): each byte masked and shifted against a vector of its codes' positions, one
+    BitwiseAnd and one BitShift broadcast (opset 18), so that a folding holds few copies of the codes."""
     packed = b.op("Reshape", [packed, b.const([rows, per_row, 1], np.int64)])
-    if bits == 8:
-        return b.op("Reshape", [packed, b.const([rows, per_row], np.int64)])
-    keep, shift = b.const(8 - bits, np.uint8), b.const(bits, np.uint8)
-    parts, rest = [], packed
-    for _ in range(8 // bits):
-        parts.append(b.op("BitShift", [b.op("BitShift", [rest, keep], direction="LEFT"), keep], direction="RIGHT"))
-        rest = b.op("BitShift", [rest, shift], direction="RIGHT")
-    return b.op("Reshape", [b.op("Concat", parts, axis=-1), b.const([rows, per_row * (8 // bits)], np.int64)])
+    if bits < 8:
+        per = 8 // bits
+        masks = b.const([((1 << bits) - 1) << (j * bits) for j in range(per)], np.uint8)
+        shifts = b.const([j * bits for j in range(per)], np.uint8)
+        packed = b.op("BitShift", [b.op("BitwiseAnd", [packed, masks]), shifts], direction="RIGHT")
+    return b.op("Reshape", [packed, b.const([rows, per_row * (8 // bits)], np.int64)])
 
 
 def default_opset(model: onnx.ModelProto) -> int:

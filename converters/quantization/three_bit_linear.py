@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 from compressor.errors import CompressorError
 from converters.quantization.packed_codes import Builder, default_opset, pack, unpack, unpacked
 
-__all__ = ["LINEAR_BITS", "SHRINKS", "three_bit_matmuls", "three_bit_storage", "three_bit_layers"]
+__all__ = ["LINEAR_BITS", "SHRINKS", "CODES_SUFFIX", "three_bit_matmuls", "three_bit_storage", "three_bit_layers"]
 
 LINEAR_BITS = (4, 3)  # --linear-bits: ONNX Runtime's 4, or 3 stored as planes (the corrected schemes')
 # The ranges tried for each block's scale, shrunk from [min(w, 0), max(w, 0)]: at 8 levels clipping the extremes
@@ -23,6 +23,8 @@ LINEAR_BITS = (4, 3)  # --linear-bits: ONNX Runtime's 4, or 3 stored as planes (
 SHRINKS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
 _LEVELS = 7
 _PLANES = ("lo", "hi")  # initializers B_part of a layer stored in 3 bits (B: its MatMulNBits codes' name)
+CODES_SUFFIX = "_codes"  # B_codes: the codes one a byte, as the subgraph computes them
+BITWISE_OPSET = 18
 
 
 def _rounded(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -85,11 +87,22 @@ def three_bit_layers(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return found
 
 
+def _codes(b: Builder, planes: dict[str, str], n: int, k: int, out: str) -> str:
+    """(n, k) uint8 codes q = lo + 4 · hi of the two planes, under the name `out`."""
+    high = b.op("BitShift", [unpacked(b, planes["hi"], n, k // 8, 1), b.const(2, np.uint8)], direction="LEFT")
+    return b.op("BitwiseOr", [unpacked(b, planes["lo"], n, k // 4, 2), high], out=out)
+
+
 def three_bit_storage(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` (changed in place) with the codes of each of its `three_bit_layers` stored as two bit planes and
-    rebuilt by a subgraph under the codes' own name (module docstring): the graph computes what it did."""
+    """`model` (changed in place) with the codes of each of its `three_bit_layers` stored as two bit planes: a
+    subgraph computes the codes (n, K) under the name B + CODES_SUFFIX (int8_products reads them there)
+    and from them the 4-bit codes under their own name B (module docstring): the graph computes what it did."""
     graph = model.graph
     opset = default_opset(model)
+    if opset < BITWISE_OPSET:
+        raise CompressorError(
+            f"3-bit layers are rebuilt by BitwiseAnd and BitwiseOr (opset {BITWISE_OPSET}); the graph is at {opset}"
+        )
     inits = {i.name: i for i in graph.initializer}
     for index, node in enumerate(three_bit_layers(model)):
         name = node.input[1]
@@ -98,9 +111,7 @@ def three_bit_storage(model: onnx.ModelProto) -> onnx.ModelProto:
         codes = unpack(packed.reshape(n, -1), 4)
         b = Builder(f"w3b{index}", opset)
         planes = {part: f"{name}_{part}" for part in _PLANES}
-        low = unpacked(b, planes["lo"], n, k // 4, 2)
-        high = b.op("BitShift", [unpacked(b, planes["hi"], n, k // 8, 1), b.const(2, np.uint8)], direction="LEFT")
-        pairs = b.op("Reshape", [b.op("BitwiseOr", [low, high]), b.const([n, k // 2, 2], np.int64)])
+        pairs = b.op("Reshape", [_codes(b, planes, n, k, name + CODES_SUFFIX), b.const([n, k // 2, 2], np.int64)])
         first, second = (
             b.op("Slice", [pairs, b.const([j], np.int64), b.const([j + 1], np.int64), b.const([2], np.int64)])
             for j in (0, 1)

@@ -83,6 +83,9 @@ def test_the_default_recipes_are_valid():
     small = next(r.variant() for r in recipes if r.name == DEFAULT_RECIPE["name"])
     assert small.method is None and not small.fp32 and small.quantize.schemes == ("w4a8",)
     assert (small.quantize.table_bits, small.quantize.table_head, small.quantize.scale_bits) == (3, 4096, 8)
+    assert small.quantize.linear_bits == 4
+    three = next(r.variant() for r in recipes if r.name == "original-3bit")
+    assert (three.method, three.quantize.linear_bits, three.quantize.table_bits) == (None, 3, 3)
 
 
 def test_a_recipe_of_no_method_is_the_original_in_its_own_settings():

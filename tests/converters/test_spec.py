@@ -50,6 +50,7 @@ def test_the_spec_is_frozen_and_its_plans_are_made_once():
         (("--table-block", 48), "a 4-bit block size is a power of two, at least 16"),
         (("--quantize", "int8", "--table-bits", 3), "--table-bits goes with --quantize int4-aware"),
         (("--quantize", "int8", "int8-aware", "--scale-bits", 8), "--scale-bits goes with a 4-bit --quantize"),
+        (("--quantize", "int4-aware", "--linear-bits", 3), "--linear-bits 3 goes with --quantize int4-corrected"),
         (("--finetune-time", -5), "a fine-tune time budget must be > 0 seconds"),
         (("--quantize", "w4a8", "--correction-time", -1), "--correction-time is a time budget in seconds, > 0, got -1"),
     ],

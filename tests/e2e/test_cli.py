@@ -322,17 +322,24 @@ def test_a_correction_share_outside_0_1_is_refused_before_the_work(
 
 
 @pytest.mark.parametrize("command", ["export", "run"])
-def test_w4a8_on_an_lm_is_refused_before_the_work(command, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "asked, message",
+    [
+        (("w4a8",), "use int4-trained for an LM"),
+        (("int4-corrected", "--linear-bits", 3), "--linear-bits 3 is for an encoder's linear layers"),
+    ],
+)
+def test_an_encoder_scheme_on_an_lm_is_refused_before_the_work(command, asked, message, tmp_path, capsys, monkeypatch):
     import converters.cli.export as export_command
     import converters.pipeline.measuring as pipeline
 
     lm = write_tiny_lm(tmp_path / "llama")
     capsys.readouterr()  # what writing the LM said
-    monkeypatch.setattr(export_command, "quantize_calibration", lambda *a: pytest.fail("calibrated an LM for w4a8"))
-    monkeypatch.setattr(pipeline, "quantize_calibration", lambda *a: pytest.fail("calibrated an LM for w4a8"))
+    monkeypatch.setattr(export_command, "quantize_calibration", lambda *a: pytest.fail("calibrated an LM"))
+    monkeypatch.setattr(pipeline, "quantize_calibration", lambda *a: pytest.fail("calibrated an LM"))
     out = tmp_path / ("x.onnx" if command == "export" else "run")
-    code, _, err = run_cli(capsys, command, lm, "--quantize", "w4a8", "--out", out)
-    assert code == 2 and "use int4-trained for an LM" in err and err.count("error:") == 1, err
+    code, _, err = run_cli(capsys, command, lm, "--quantize", *asked, "--out", out)
+    assert code == 2 and message in err and err.count("error:") == 1, err
     assert not out.exists()
 
 
