@@ -64,7 +64,7 @@ DEFAULT_RUN = {"variants": [{"method": QUANTIZE_ONLY, "quantize": ["int8-aware",
 # bytes: 0.117× the file (BENCHMARKS.md, "Linear layers in 3 bits").
 THREE_BIT_RECIPE = {
     **DEFAULT_RECIPE,
-    "name": "original-3bit",
+    "name": "original-3bit-linear",
     "linear_bits": 3,
     "correction_share": 0.03,
 }

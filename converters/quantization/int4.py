@@ -279,7 +279,7 @@ def layer_losses(
         onnx.save_model(model, str(path))
         reference = kind.represent(make_session(path, threads=2), feeds)
         losses = {}
-        for name in tqdm(matmul_weights(model.graph), desc="int4-aware: each layer's 4-bit loss", leave=False):
+        for name in tqdm(matmul_weights(model.graph), desc=f"each layer's {bits}-bit loss", leave=False):
             alone = quantize_matmuls(
                 copy.deepcopy(model), block, accuracy_level, True, {name}, keep_grid=keep_grid, bits=bits
             )

@@ -84,7 +84,7 @@ def test_the_default_recipes_are_valid():
     assert small.method is None and not small.fp32 and small.quantize.schemes == ("w4a8",)
     assert (small.quantize.table_bits, small.quantize.table_head, small.quantize.scale_bits) == (3, 4096, 8)
     assert small.quantize.linear_bits == 4
-    three = next(r.variant() for r in recipes if r.name == "original-3bit")
+    three = next(r.variant() for r in recipes if r.name == "original-3bit-linear")
     assert (three.method, three.quantize.linear_bits, three.quantize.table_bits) == (None, 3, 3)
 
 
