@@ -5,8 +5,10 @@ MatMulNBits runs 2, 4 and 8 bits, its quantizer writes no 3; so the codes are ro
 error), and the file stores any 4-bit layer whose codes and zero points all fit in 3 bits as two bit planes,
 q = lo + 4 · hi (lo 2 bits, four to a byte; hi 1 bit, eight; packed_codes' layout), with a subgraph of byte
 operators that rebuilds the 4-bit codes: ONNX Runtime folds it into the constant MatMulNBits reads when the
-session starts (the same speed, measured; int8_products folds on from there), so the file holds 3 + 0.25 bits
-a weight in blocks of 32 where 4-bit codes take 4 + 0.25: 0.75× of the linear layers' codes."""
+session starts (the same speed, measured; int8_products folds on from there), so the codes take 3 bits a weight
+where 4-bit codes take 4 (each block's scale and zero point as before). The price is memory at session start:
+ONNX Runtime holds the folding's byte tensors until the session is built (BENCHMARKS.md, "Linear layers in 3
+bits")."""
 
 import numpy as np
 import onnx
