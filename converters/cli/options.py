@@ -341,9 +341,8 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         choices=LINEAR_BITS,
         default=4,
         metavar="BITS",
-        help="int4-corrected, int4-trained, w4a8: the linear layers' width, 4 or 3 (an encoder's: 3-bit codes stored "
-        "as two bit planes, made 4-bit codes when the session starts, their correction taking back the coarser "
-        "rounding; layers the budget puts in 8 bits keep 8) (default: 4)",
+        help="int4-corrected, int4-trained, w4a8: an encoder's linear layers in 4 or 3 bits (3: two bit planes made "
+        "4-bit codes at session start, the correction taking back the coarser rounding) (default: 4)",
     )
     p.add_argument(
         "--accuracy-level",
