@@ -1,9 +1,13 @@
-"""The perplexity a causal LM's tied table and head cost in 4 bits alone (asymmetric round-to-nearest in
-blocks of 32 along D, ONNX Runtime's range with 0 in it; every other weight exact), in PyTorch: the floor
-that corrections of the linear layers alone cannot go below, since the corrected schemes leave the head
-out. First 150 passages of each held-out text, windows of at most 128 tokens.
+"""The perplexity a causal LM's tied table and head cost in 4 bits (asymmetric round-to-nearest in blocks
+of 32 along D, ONNX Runtime's range with 0 in it), in PyTorch: the floor that corrections of the linear
+layers alone cannot go below, since the corrected schemes leave the head out. `--head-rows h` keeps the
+table's first h rows exact (a byte-pair vocabulary numbers its frequent tokens first); `--linears offsets`
+rounds every other linear layer the same way (fp16 scales) and adds its blocks' offsets as the graph does
+(converters/quantization/grid.py: int8 offsets, one scale a layer; the block sums rounded to 8 bits as
+ONNX Runtime's dynamic int8 would), `rounded` without them, `exact` (default) leaves them. First 150
+passages of each held-out text, windows of at most 128 tokens.
 
-    python benchmarks/tied_head_4bit.py runs/lm/smollm2"""
+    python benchmarks/tied_head_4bit.py runs/lm/smollm2 [--head-rows 8192] [--linears offsets]"""
 
 import argparse
 
@@ -11,6 +15,7 @@ import numpy as np
 import torch
 
 from converters.checkpoint import load_model
+from converters.quantization.grid import stored_offsets
 from eval.kinds import CAUSAL_LM
 from texts.corpus import SECOND
 from texts.tokens import load_tokenizer
@@ -18,14 +23,31 @@ from texts.tokens import load_tokenizer
 PASSAGES, WINDOW, BLOCK = 150, 128, 32
 
 
-def rounded(weight: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
-    """`weight` (V × D) as asymmetric 4-bit blocks of `block` along D give it back: s·(q − z)."""
-    v, d = weight.shape
-    b = weight.double().reshape(v, d // block, block)
+def rounded(weight: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`weight` (N × K) as asymmetric 4-bit blocks of `block` along K with fp16 steps give it back,
+    s·(q − z); the mean error of each block, N × K / block)."""
+    n, k = weight.shape
+    b = weight.double().reshape(n, k // block, block)
     lo, hi = b.amin(-1, keepdim=True).clamp(max=0), b.amax(-1, keepdim=True).clamp(min=0)
-    step = torch.where(hi > lo, (hi - lo) / 15, torch.ones_like(lo))
+    step = torch.where(hi > lo, (hi - lo) / 15, torch.ones_like(lo)).half().double()
     zero = torch.round(-lo / step).clamp(0, 15)
-    return ((torch.round(b / step + zero).clamp(0, 15) - zero) * step).reshape(v, d).float()
+    q = (torch.round(b / step + zero).clamp(0, 15) - zero) * step
+    return q.reshape(n, k).float(), (b - q).mean(-1)
+
+
+def with_offsets(linear: torch.nn.Linear, offsets: torch.Tensor) -> None:
+    """`linear` (its weight rounded) adding (x B) O, O (K / block × N) as stored, x B rounded to 8 bits."""
+    codes, scale = stored_offsets(offsets.T.numpy())
+    stored = torch.from_numpy(codes.astype(np.float32) * scale)
+
+    def hook(module, inputs, out):
+        sums = inputs[0].reshape(*inputs[0].shape[:-1], -1, BLOCK).sum(-1)
+        lo, hi = min(float(sums.min()), 0.0), max(float(sums.max()), 0.0)
+        step = (hi - lo) / 255 or 1.0
+        zero = round(-lo / step)
+        return out + ((torch.round(sums / step) + zero).clamp(0, 255) - zero) * step @ stored
+
+    linear.register_forward_hook(hook)
 
 
 @torch.no_grad()
@@ -45,6 +67,8 @@ def perplexity(model, tokenizer, split: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", help="a causal LM whose table and head are tied")
+    p.add_argument("--head-rows", type=int, default=0, help="the table's first rows kept exact")
+    p.add_argument("--linears", choices=("exact", "rounded", "offsets"), default="exact")
     args = p.parse_args()
     torch.set_num_threads(2)
     model, source = load_model(args.model)
@@ -54,10 +78,18 @@ def main() -> None:
         raise SystemExit(f"{args.model}: its table and head are not tied")
     splits = ("eval", SECOND)
     before = {s: perplexity(model.eval(), tokenizer, s) for s in splits}
-    table.weight.data = rounded(table.weight.data)  # the head reads the same tensor
+    if args.linears != "exact":
+        for linear in [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]:
+            linear.weight.data, offsets = rounded(linear.weight.data)
+            if args.linears == "offsets":
+                with_offsets(linear, offsets)
+    kept = table.weight.data[: args.head_rows].clone()
+    table.weight.data = rounded(table.weight.data)[0]  # the head reads the same tensor
+    table.weight.data[: args.head_rows] = kept
+    what = f"table and head in 4 bits (first {args.head_rows} rows exact), linear layers {args.linears}"
     for s in splits:
         after = perplexity(model, tokenizer, s)
-        print(f"{s}: original {before[s]:.3f}, table and head in 4 bits {after:.3f} ({after / before[s]:.4f}×)")
+        print(f"{s}: original {before[s]:.3f}, {what}: {after:.3f} ({after / before[s]:.4f}×)")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²; held in 8 bits instead (K·N/2 m
 times 2⁻⁸ (four more bits quarter the rounding error's energy four times). The greedy of
 `compressor.budget.allocate` walks each layer's lower hull of those points and buys the largest drop
 in loss per byte first, so a layer whose error is spread over many directions goes to 8 bits and one
-whose error a few directions hold gets a rank."""
+whose error a few directions hold gets a rank. A layer on a 4-bit grid is offered one more point, its
+blocks' offsets (grid.add_offsets: K / block × N bytes, its loss times the share of the error they leave)."""
 
 import copy
 import tempfile
@@ -33,6 +34,7 @@ from onnx import helper, numpy_helper
 from compressor.budget import Point, allocate, tail_error
 from compressor.errors import CompressorError
 from compressor.lowrank import whitened_factors
+from converters.quantization.grid import offset_bytes, offset_residual
 from converters.quantization.half_scales import SCALE_BYTES, scale_values
 from converters.quantization.int4 import quiet_quantizer
 from converters.quantization.packed_codes import unpack
@@ -71,6 +73,7 @@ FACTOR_BLOCK = {"left": 64, "right": 16}  # "nbits": L (K × r) blocks along K; 
 FACTOR_ACCURACY = 4  # "nbits": MatMulNBits' int8 compute ("The corrections' factors at accuracy level 4")
 INT8_SCALE_BYTES = 5  # "int8": a factor's fp32 scale and int8 zero point
 EIGHT_BITS = "8-bit"  # the tag of a layer's point held in 8 bits, uncorrected
+OFFSETS = "offsets"  # the tag of a layer's point on a 4-bit grid with its blocks' offsets (grid.add_offsets)
 EIGHT_BIT_LOSS = 2.0**-8  # a layer's loss in 8 bits, relative to its loss in 4
 
 
@@ -174,9 +177,12 @@ def correction_ranks(
     shapes: dict[str, tuple[int, int]],
     budget: int,
     form: str = "int8",
-) -> tuple[dict[str, int], tuple[str, ...]]:
-    """(layer → rank, the layers held in 8 bits instead) under `budget` bytes (module docstring), the
-    factors in `form`; rank 0 where neither pays."""
+    offsets: dict[str, tuple[int, float]] | None = None,
+) -> tuple[dict[str, int], tuple[str, ...], tuple[str, ...]]:
+    """(layer → rank, the layers held in 8 bits instead, the layers given their offsets instead) under
+    `budget` bytes (module docstring), the factors in `form`, `offsets` offered as layer → (their bytes, the
+    share of the loss they leave) (grid.py); rank 0 where none pays."""
+    offered = {name: Point(None, size, losses[name] * left, OFFSETS) for name, (size, left) in (offsets or {}).items()}
     points = {
         name: [
             *(
@@ -184,12 +190,13 @@ def correction_ranks(
                 for r in range(0, _max_rank(*shapes[name], form) + 1, RANK_STEP)
             ),
             Point(None, shapes[name][0] * shapes[name][1] // 2, losses[name] * EIGHT_BIT_LOSS, EIGHT_BITS),
+            *([offered[name]] if name in offered else []),
         ]
         for name, spectrum in spectra.items()
     }
     chosen = allocate(points, budget, unit="bytes").points
-    eight = tuple(name for name, p in chosen.items() if p.tag == EIGHT_BITS)
-    return {name: p.size or 0 for name, p in chosen.items() if p.tag != EIGHT_BITS}, eight
+    eight, offset = (tuple(name for name, p in chosen.items() if p.tag == tag) for tag in (EIGHT_BITS, OFFSETS))
+    return {name: p.size or 0 for name, p in chosen.items() if p.tag not in (EIGHT_BITS, OFFSETS)}, eight, offset
 
 
 def _relative_error(delta: np.ndarray, weight: np.ndarray, gram: np.ndarray) -> float:
@@ -254,17 +261,24 @@ def plan_corrections(
     budget: int,
     skip: frozenset[str] = frozenset(),
     form: str = "int8",
-) -> tuple[dict[str, int], tuple[str, ...]]:
-    """For `quantized` (the graph `fp32` with every MatMul in 4-bit MatMulNBits): each layer's rank and
-    the layers to hold in 8 bits instead, under `budget` bytes (correction_ranks, factors in `form`), all
-    keyed by output name as `grams` and `losses` are; the layers `skip` (output names) left in 4 bits."""
+    grid: frozenset[str] = frozenset(),
+    block: int = 32,
+) -> tuple[dict[str, int], tuple[str, ...], tuple[str, ...]]:
+    """For `quantized` (the graph `fp32` with every MatMul in 4-bit MatMulNBits): each layer's rank, the
+    layers to hold in 8 bits instead and the layers of `grid` (on a 4-bit grid of `block`) to give their
+    offsets instead, under `budget` bytes (correction_ranks, factors in `form`), all keyed by output name as
+    `grams` and `losses` are; the layers `skip` (output names) left in 4 bits."""
     errors = {out: e for out, e in rounding_errors(quantized, fp32).items() if out not in skip}
     missing = sorted(set(errors) - set(grams))
     if missing:
         raise CompressorError(f"no calibration statistics for the layers {', '.join(missing[:3])}")
     spectra = {out: error_factors(error, grams[out], 1)[2] for out, error in errors.items()}
     shapes = {out: error.shape for out, error in errors.items()}
-    return correction_ranks(spectra, {out: losses.get(out, 0.0) for out in errors}, shapes, budget, form)
+    offsets = {
+        out: (offset_bytes(*errors[out].shape, block), offset_residual(errors[out], grams[out].numpy(), block))
+        for out in grid & set(errors)
+    }
+    return correction_ranks(spectra, {out: losses.get(out, 0.0) for out in errors}, shapes, budget, form, offsets)
 
 
 def add_corrections(

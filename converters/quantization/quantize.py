@@ -29,9 +29,10 @@ from converters.quantization.correction import (
     check_correction_share,
     input_grams,
     plan_corrections,
+    rounding_errors,
     store_factors,
 )
-from converters.quantization.grid import off_grid
+from converters.quantization.grid import add_offsets, grid_matmuls, off_grid, offset_residual
 from converters.quantization.half_scales import half_scales
 from converters.quantization.int4 import (
     INT4_ACCURACY,
@@ -229,7 +230,9 @@ def _corrected(
     budget = int(share * four_bit_codes(proto))
     logits = frozenset(outputs[name] for name, (_, n) in matmul_weights(proto.graph).items() if n == vocab)
     layer_losses = {outputs[n]: loss for n, loss in losses.items()}
-    ranks, eight = plan_corrections(quantized, proto, grams, layer_losses, budget, logits, kind.factor_form)
+    grid = frozenset(outputs[name] for name in grid_matmuls(proto, block))
+    plan = plan_corrections(quantized, proto, grams, layer_losses, budget, logits, kind.factor_form, grid, block)
+    ranks, eight, offset = plan
     eight_bit = tuple(nodes[out] for out in eight)
     if eight_bit:
         quantized = quantize_4bit(proto, block, accuracy_level, eight_bit=eight_bit, **rounding)
@@ -237,8 +240,12 @@ def _corrected(
     if train is not None:
         corrected = train(exported, proto, corrected, int8)
     corrected, corrections = store_factors(corrected, proto, grams, kind.factor_form)
-    corrected = bias_before_correction(corrected)
-    return corrected, {out: c.to_dict() for out, c in corrections.items()}, eight_bit
+    report = {out: c.to_dict() for out, c in corrections.items()}
+    offsets = {out: e for out, e in rounding_errors(corrected, proto).items() if out in offset}  # as trained
+    for out, error in offsets.items():
+        left = offset_residual(error, grams[out].numpy(), block)
+        report[out] = {"offsets": error.shape[0] // block, "loss_share_left": left}
+    return add_offsets(bias_before_correction(corrected), offsets, block), report, eight_bit
 
 
 def _stored_scales(model: onnx.ModelProto, scale_bits: int) -> onnx.ModelProto:

@@ -76,7 +76,7 @@ def test_the_ranks_and_widths_never_spend_more_than_the_budget():
     spectra = {n: torch.linspace(1, 0.01, min(s)) ** (i + 1) for i, (n, s) in enumerate(shapes.items())}
     losses = {"a": 1.0, "b": 0.3, "c": 3.0}
     for budget in (0, 20_000, 50_000, 200_000, 500_000):
-        ranks, eight = correction_ranks(spectra, losses, shapes, budget)
+        ranks, eight, _ = correction_ranks(spectra, losses, shapes, budget)
         widened = sum(shapes[n][0] * shapes[n][1] // 2 for n in eight)
         assert sum(correction_bytes(*shapes[n], r) for n, r in ranks.items() if r) + widened <= budget
         assert not set(ranks) & set(eight) and set(ranks) | set(eight) == set(shapes)
@@ -90,7 +90,7 @@ def test_one_budget_holds_a_spread_error_in_8_bits_and_a_concentrated_one_in_a_r
     shapes = {"spread": (256, 256), "concentrated": (256, 256)}
     spectra = {"spread": torch.ones(256), "concentrated": 0.5 ** torch.arange(256.0)}
     budget = 256 * 256 // 2 + correction_bytes(256, 256, 16)
-    ranks, eight = correction_ranks(spectra, {"spread": 1.0, "concentrated": 1.0}, shapes, budget)
+    ranks, eight, _ = correction_ranks(spectra, {"spread": 1.0, "concentrated": 1.0}, shapes, budget)
     assert eight == ("spread",) and ranks == {"concentrated": 16}
 
 

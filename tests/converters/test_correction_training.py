@@ -65,7 +65,7 @@ def _corrected(fp32, feeds, table_bits=4):
     quantized = quantize_4bit(smoothed, 16, 0, aware=True, eight_bit=eight, head=head, table_bits=table_bits)
     losses = {n.output[0]: 1.0 for n in smoothed.graph.node if n.op_type == "MatMul"}
     grams = input_grams(smoothed, feeds)
-    ranks, _ = plan_corrections(quantized, smoothed, grams, losses, int(0.3 * four_bit_codes(smoothed)))
+    ranks, _, _ = plan_corrections(quantized, smoothed, grams, losses, int(0.3 * four_bit_codes(smoothed)))
     return exported, smoothed, add_corrections(quantized, smoothed, grams, ranks)
 
 

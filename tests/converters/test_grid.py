@@ -4,13 +4,17 @@ correction of rank K / block takes it whole; an activation that feeds one is not
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from converters.quantization.correction import dequantize_nbits, error_factors
-from converters.quantization.grid import grid_matmuls, off_grid, on_grid
+from converters.checkpoint import load_model
+from converters.export import export_onnx, sample_inputs
+from converters.quantization.correction import correction_bytes, correction_ranks, dequantize_nbits, error_factors
+from converters.quantization.grid import add_offsets, grid_matmuls, off_grid, offset_bytes, offset_residual, on_grid
 from converters.quantization.int4 import quantize_4bit
-from tests.conftest import matmul_graph
+from converters.quantization.quantize import REL_TOL, quantize_onnx
+from tests.conftest import matmul_graph, write_tiny_bert
 
 RNG = np.random.default_rng(0)
 BLOCK = 16
@@ -72,3 +76,55 @@ def test_an_activation_feeding_a_weight_on_the_grid_is_not_smoothed():
     absmax = {"a": np.ones(k), "b": np.ones(k)}
     assert grid_matmuls(model, BLOCK) == {"on_grid"}
     assert set(off_grid(model, absmax, BLOCK)) == {"b"}
+
+
+def test_the_blocks_offsets_in_the_graph_take_the_rounding_error_whole():
+    k, n = 64, 48
+    weight = q4_1(k, n)
+    quantized = quantize_4bit(matmul_graph(weight), block=BLOCK, accuracy_level=0, aware=True, keep_grid=True)
+    (node,) = [x for x in quantized.graph.node if x.op_type == "MatMulNBits"]
+    error = weight.astype(np.float64) - dequantize_nbits(quantized.graph, node)
+    before = onnx.load_from_string(quantized.SerializeToString())
+    corrected = add_offsets(quantized, {"y": error}, BLOCK)
+    onnx.checker.check_model(corrected)
+    x = RNG.standard_normal((5, k)).astype(np.float32)
+    run = {
+        name: ort.InferenceSession(m.SerializeToString()).run(None, {"x": x})[0]
+        for name, m in (("4-bit", before), ("offsets", corrected))
+    }
+    exact = x.astype(np.float64) @ weight
+    assert np.abs(run["offsets"] - exact).max() <= 0.02 * np.abs(run["4-bit"] - exact).max()
+    codes = [i for i in corrected.graph.initializer if i.name == "y_offsets_codes"]
+    assert codes[0].data_type == TensorProto.INT8 and tuple(codes[0].dims) == (k // BLOCK, n)
+    assert offset_bytes(k, n, BLOCK) == (k * n // 2) * 2 // BLOCK + 4  # 2 / BLOCK of the 4-bit codes, one scale
+    assert offset_residual(error, np.eye(k), BLOCK) < 1e-3  # on the grid the offsets leave almost nothing
+    spread = RNG.standard_normal((k, n))  # an error spread over each block: its means take a block's share of it
+    assert offset_residual(spread, np.eye(k), BLOCK) > 1 - 3 / BLOCK
+
+
+def test_the_budget_buys_a_grid_layers_offsets_before_a_rank_and_never_spends_more():
+    shapes = {"grid": (576, 576), "trained": (576, 576)}
+    spectra = {name: torch.linspace(1, 0.01, 576) for name in shapes}
+    offsets = {"grid": (offset_bytes(576, 576, 32), 1e-3)}
+    for budget in (offsets["grid"][0], correction_bytes(576, 576, 16) + offsets["grid"][0]):
+        ranks, eight, offset = correction_ranks(spectra, {"grid": 1.0, "trained": 1.0}, shapes, budget, offsets=offsets)
+        assert offset == ("grid",) and not eight and ranks.get("grid", 0) == 0
+        assert offsets["grid"][0] + sum(correction_bytes(576, 576, r) for r in ranks.values() if r) <= budget
+
+
+def test_a_corrected_model_whose_layers_sit_on_a_grid_gets_their_offsets(tmp_path):
+    model, _ = load_model(write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256))
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for linear in linears:
+            n, k = linear.weight.shape
+            linear.weight.copy_(torch.from_numpy(q4_1(k, n).T.copy()))
+    fp32 = export_onnx(model, tmp_path / "m.onnx").path
+    vocab = model.get_input_embeddings().num_embeddings
+    names = ("input_ids", "attention_mask")
+    feeds = [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
+    result = quantize_onnx(fp32, tmp_path / "c.onnx", vocab, "int4-corrected", feeds, block=BLOCK, correction=0.2)
+    offsets = {out: c for out, c in result.corrections.items() if "offsets" in c}
+    assert len(offsets) >= len(linears) // 2, "offsets are the cheapest loss per byte a grid layer has"
+    assert all(c["offsets"] in (128 // BLOCK, 256 // BLOCK) and c["loss_share_left"] < 1e-2 for c in offsets.values())
+    assert 0 < result.parity_rel <= REL_TOL["int4"]
