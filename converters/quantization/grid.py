@@ -104,12 +104,13 @@ def add_offsets(model: onnx.ModelProto, errors: dict[str, np.ndarray], block: in
     input, then O stored as int8 (stored_offsets) and cast back by constant nodes ONNX Runtime folds when the
     session starts."""
     graph = model.graph
-    heads, added, sums = [], {}, {}
+    heads, added, sums, indicators = [], {}, {}, set()
     for node in [n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] in errors]:  # in graph order
         out = node.output[0]
         k, _ = errors[out].shape
         indicator = f"grid_blocks_{k}_{block}"
-        if indicator + "_codes" not in {i.name for i in graph.initializer}:
+        if indicator not in indicators:
+            indicators.add(indicator)
             ones = np.repeat(np.eye(k // block, dtype=np.uint8), block, axis=0)
             graph.initializer.append(numpy_helper.from_array(ones, indicator + "_codes"))
             heads.append(helper.make_node("Cast", [indicator + "_codes"], [indicator], to=TensorProto.FLOAT))
