@@ -3,9 +3,9 @@ of 32 along D, ONNX Runtime's range with 0 in it), in PyTorch: the floor that co
 layers alone cannot go below, since the corrected schemes leave the head out. `--head-rows h` keeps the
 table's first h rows exact (a byte-pair vocabulary numbers its frequent tokens first); `--linears offsets`
 rounds every other linear layer the same way (fp16 scales) and adds its blocks' offsets as the graph does
-(converters/quantization/grid.py: int8 offsets, one scale a layer; the block sums rounded to 8 bits as
-ONNX Runtime's dynamic int8 would), `rounded` without them, `exact` (default) leaves them. First 150
-passages of each held-out text, windows of at most 128 tokens.
+(converters/quantization/grid.py: int8 offsets, one scale a layer, multiplied in fp32 by the block sums),
+`rounded` without them, `exact` (default) leaves them. First 150 passages of each held-out text, windows of
+at most 128 tokens.
 
     python benchmarks/tied_head_4bit.py runs/lm/smollm2 [--head-rows 8192] [--linears offsets]"""
 
@@ -36,16 +36,12 @@ def rounded(weight: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, tor
 
 
 def with_offsets(linear: torch.nn.Linear, offsets: torch.Tensor) -> None:
-    """`linear` (its weight rounded) adding (x B) O, O (K / block × N) as stored, x B rounded to 8 bits."""
+    """`linear` (its weight rounded) adding (x B) O, O (K / block × N) as stored (grid.stored_offsets)."""
     codes, scale = stored_offsets(offsets.T.numpy())
     stored = torch.from_numpy(codes.astype(np.float32) * scale)
 
     def hook(module, inputs, out):
-        sums = inputs[0].reshape(*inputs[0].shape[:-1], -1, BLOCK).sum(-1)
-        lo, hi = min(float(sums.min()), 0.0), max(float(sums.max()), 0.0)
-        step = (hi - lo) / 255 or 1.0
-        zero = round(-lo / step)
-        return out + ((torch.round(sums / step) + zero).clamp(0, 255) - zero) * step @ stored
+        return out + inputs[0].reshape(*inputs[0].shape[:-1], -1, BLOCK).sum(-1) @ stored
 
     linear.register_forward_hook(hook)
 
@@ -76,6 +72,8 @@ def main() -> None:
     table, head = model.get_input_embeddings(), model.get_output_embeddings()
     if head is None or head.weight is not table.weight:
         raise SystemExit(f"{args.model}: its table and head are not tied")
+    if not 0 <= args.head_rows < table.num_embeddings:
+        p.error(f"--head-rows is a number of table rows in [0, {table.num_embeddings}), got {args.head_rows}")
     splits = ("eval", SECOND)
     before = {s: perplexity(model.eval(), tokenizer, s) for s in splits}
     if args.linears != "exact":

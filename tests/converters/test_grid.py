@@ -1,6 +1,7 @@
 """Weights already on a 4-bit grid (a checkpoint dequantized from a 4-bit file): they are told from
 others; the corrected schemes' rounding keeps their scale, so its error is constant in each block and a
-correction of rank K / block takes it whole; an activation that feeds one is not smoothed."""
+correction of rank K / block takes it whole; an activation that feeds one is not smoothed; the blocks'
+offsets in the graph take that error at a 16th of the codes' bytes, and the budget buys them first."""
 
 import numpy as np
 import onnx
