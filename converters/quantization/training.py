@@ -115,7 +115,8 @@ def _linear(module: nn.Module) -> bool:
 def int8_rounded(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """x with its smoothed x / s rounded as ONNX Runtime's DynamicQuantizeLinear rounds it (uint8, one scale a
     tensor, (max(x, 0) − min(x, 0)) / 255, zero exact), times s again; the gradient passes straight through."""
-    smoothed = x / s
+    s = s.to(x.device)  # the hook's s stays on the CPU when the student goes to a GPU
+    smoothed = x.float() / s  # in fp32 there too, where autocast hands x over in bf16
     low, high = smoothed.min().detach().clamp(max=0), smoothed.max().detach().clamp(min=0)
     scale = ((high - low) / 255).clamp(min=1e-12)
     zero = torch.round(-low / scale)

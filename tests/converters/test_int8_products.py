@@ -3,6 +3,7 @@ weight round((Q + L R) / s) of its stored codes and factors, the file keeps the 
 inputs as DynamicQuantizeLinear does, and the scheme runs end to end on an encoder and refuses an LM."""
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -10,16 +11,20 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
+from converters.finetune import finetune_
+from converters.finetune_config import FinetuneConfig
 from converters.quantization.correction import _stored_factor, corrected_layers, dequantize_nbits
 from converters.quantization.int8_products import INT8_INPUT_TOL, INT8_LEVEL, int8_layers, int8_products
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.three_bit_table import three_bit_outputs
 from converters.quantization.training import int8_rounded, trainer
 from eval.graph import make_session
-from tests.conftest import matmul_graph, write_tiny_bert, write_tiny_lm
+from tests.conftest import WORDS, matmul_graph, write_tiny_bert, write_tiny_lm
+from texts.tokens import load_tokenizer
 
 NAMES = ("input_ids", "attention_mask")
 
@@ -203,3 +208,28 @@ def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path, table_bits, sc
     with pytest.raises(CompressorError, match="use int4-trained for an LM"):
         quantize_onnx(lm_graph, tmp_path / "x.onnx", vocab, "w4a8", feeds, train=trainer(lm, seen.append))
     assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+def test_w4a8_trains_on_a_gpu_and_its_graph_computes_the_trained_student(bert, tmp_path):
+    """Item 4's GPU path: the student (its input-rounding hooks too) trains on cuda, comes back to the CPU, and the
+    graph written from it computes what it computes."""
+    model, fp32, vocab, feeds, _ = bert
+    texts = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 12)) for i in range(1, 60)]
+    cfg = FinetuneConfig(steps=20, seconds=None, linear_lr=1e-3, eval_every=10, batch_size=8, device="cuda")
+    tokenizer, reports, students = load_tokenizer(Path(fp32).parent / "bert"), [], []
+
+    def fit(student):
+        reports.append(finetune_(student, model, tokenizer, texts[:48], texts[48:], cfg, (CorrectedLinear,)))
+        students.append(student)
+
+    result = quantize_onnx(
+        fp32, tmp_path / "w.onnx", vocab, "w4a8", feeds, block=16, correction=0.3, train=trainer(model, fit)
+    )
+    (report,), (student,) = reports, students
+    assert report.device.startswith("cuda") and report.steps == 20 and next(student.parameters()).device.type == "cpu"
+    (y,) = make_session(result.path).run(None, feeds[1])
+    with torch.no_grad():
+        ids, mask = (torch.from_numpy(feeds[1][n]) for n in NAMES)
+        trained = student(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
+    assert np.abs(trained - y).max() <= 2e-2 * np.abs(y).max()
