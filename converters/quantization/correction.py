@@ -18,8 +18,9 @@ the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²; held in 8 bits instead (K·N/2 m
 times 2⁻⁸ (four more bits quarter the rounding error's energy four times). The greedy of
 `compressor.budget.allocate` walks each layer's lower hull of those points and buys the largest drop
 in loss per byte first, so a layer whose error is spread over many directions goes to 8 bits and one
-whose error a few directions hold gets a rank. A layer on a 4-bit grid is offered one more point, its
-blocks' offsets (grid.add_offsets: K / block × N bytes, its loss times the share of the error they leave)."""
+whose error a few directions hold gets a rank. A layer on a 4-bit grid gets its blocks' offsets (grid.py: K / block
+× N bytes, ~10⁻³ of its error left) first if the budget holds them all (losses measured a layer at a time undervalue
+a hundred small ones: BENCHMARKS.md, "The head's rank"), else as one more point; an LM's head gets ranks alone."""
 
 import copy
 import tempfile
@@ -178,23 +179,31 @@ def correction_ranks(
     budget: int,
     form: str = "int8",
     offsets: dict[str, tuple[int, float]] | None = None,
+    ranks_only: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, int], tuple[str, ...], tuple[str, ...]]:
     """(layer → rank, the layers held in 8 bits instead, the layers given their offsets instead) under
     `budget` bytes (module docstring), the factors in `form`, `offsets` offered as layer → (their bytes, the
-    share of the loss they leave) (grid.py); rank 0 where none pays."""
+    share of the loss they leave) (grid.py; all bought first when the budget holds them), the layers `ranks_only`
+    offered no 8 bits; rank 0 where none pays."""
     offered = {name: Point(None, size, losses[name] * left, OFFSETS) for name, (size, left) in (offsets or {}).items()}
+
+    def eight_bits(name: str) -> Point:
+        return Point(None, shapes[name][0] * shapes[name][1] // 2, losses[name] * EIGHT_BIT_LOSS, EIGHT_BITS)
+
     points = {
         name: [
             *(
                 Point(r, correction_bytes(*shapes[name], r, form), losses[name] * tail_error(spectrum, r))
                 for r in range(0, _max_rank(*shapes[name], form) + 1, RANK_STEP)
             ),
-            Point(None, shapes[name][0] * shapes[name][1] // 2, losses[name] * EIGHT_BIT_LOSS, EIGHT_BITS),
+            *([] if name in ranks_only else [eight_bits(name)]),
             *([offered[name]] if name in offered else []),
         ]
         for name, spectrum in spectra.items()
     }
-    chosen = allocate(points, budget, unit="bytes").points
+    first = {} if sum(p.params for p in offered.values()) > budget else offered  # all offsets, else one point
+    rest = {name: ps for name, ps in points.items() if name not in first}
+    chosen = {**allocate(rest, budget - sum(p.params for p in first.values()), unit="bytes").points, **first}
     eight, offset = (tuple(name for name, p in chosen.items() if p.tag == tag) for tag in (EIGHT_BITS, OFFSETS))
     return {name: p.size or 0 for name, p in chosen.items() if p.tag not in (EIGHT_BITS, OFFSETS)}, eight, offset
 
@@ -259,7 +268,7 @@ def plan_corrections(
     grams: dict[str, torch.Tensor],
     losses: dict[str, float],
     budget: int,
-    skip: frozenset[str] = frozenset(),
+    ranks_only: frozenset[str] = frozenset(),
     form: str = "int8",
     grid: frozenset[str] = frozenset(),
     block: int = 32,
@@ -267,8 +276,8 @@ def plan_corrections(
     """For `quantized` (the graph `fp32` with every MatMul in 4-bit MatMulNBits): each layer's rank, the
     layers to hold in 8 bits instead and the layers of `grid` (on a 4-bit grid of `block`) to give their
     offsets instead, under `budget` bytes (correction_ranks, factors in `form`), all keyed by output name as
-    `grams` and `losses` are; the layers `skip` (output names) left in 4 bits."""
-    errors = {out: e for out, e in rounding_errors(quantized, fp32).items() if out not in skip}
+    `grams` and `losses` are; the layers `ranks_only` (output names) offered a rank but not 8 bits."""
+    errors = rounding_errors(quantized, fp32)
     missing = sorted(set(errors) - set(grams))
     if missing:
         raise CompressorError(f"no calibration statistics for the layers {', '.join(missing[:3])}")
@@ -278,7 +287,8 @@ def plan_corrections(
         out: (offset_bytes(*errors[out].shape, block), offset_residual(errors[out], grams[out].numpy(), block))
         for out in grid & set(errors)
     }
-    return correction_ranks(spectra, {out: losses.get(out, 0.0) for out in errors}, shapes, budget, form, offsets)
+    layer_losses = {out: losses.get(out, 0.0) for out in errors}
+    return correction_ranks(spectra, layer_losses, shapes, budget, form, offsets, ranks_only)
 
 
 def add_corrections(

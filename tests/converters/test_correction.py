@@ -92,6 +92,10 @@ def test_one_budget_holds_a_spread_error_in_8_bits_and_a_concentrated_one_in_a_r
     budget = 256 * 256 // 2 + correction_bytes(256, 256, 16)
     ranks, eight, _ = correction_ranks(spectra, {"spread": 1.0, "concentrated": 1.0}, shapes, budget)
     assert eight == ("spread",) and ranks == {"concentrated": 16}
+    ranks, eight, _ = correction_ranks(
+        spectra, {"spread": 1.0, "concentrated": 1.0}, shapes, budget, ranks_only={"spread"}
+    )
+    assert eight == () and ranks["concentrated"] >= 16 and ranks["spread"] > 0  # a rank, where 8 bits is not offered
 
 
 def test_a_corrected_graph_holds_8_bit_factors_and_lowers_each_layer_error(tmp_path):
@@ -146,8 +150,9 @@ def _shape(graph, out):
     return attrs["K"], attrs["N"]
 
 
-def test_an_lm_head_is_left_in_4_bits_and_its_factors_multiply_int8_rows(tmp_path):
-    # an LM decodes one token a step: its factors at accuracy level 4; its head (V outputs) gets no share
+def test_an_lm_head_gets_a_rank_not_8_bits_and_its_factors_multiply_int8_rows(tmp_path):
+    # an LM decodes one token a step: its factors at accuracy level 4; its head (V outputs, the tied table's
+    # codes) is offered a rank, never 8 bits
     model, _ = load_model(write_tiny_lm(tmp_path / "llama", hidden=128))
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
     vocab = model.get_input_embeddings().num_embeddings
@@ -158,9 +163,11 @@ def test_an_lm_head_is_left_in_4_bits_and_its_factors_multiply_int8_rows(tmp_pat
     head = [
         n.output[0].removesuffix("_rounded")
         for n in graph.node
-        if n.op_type == "MatMulNBits" and _attrs(n)["N"] == vocab
+        if n.op_type == "MatMulNBits" and _attrs(n)["N"] == vocab and "_correction_" not in n.name
     ]
-    assert len(head) == 1 and head[0] not in result.corrections  # the logits' layer: no correction
-    assert _bits(next(n for n in graph.node if n.output[0].removesuffix("_rounded") == head[0])) == 4  # nor 8 bits
+    assert len(head) == 1 and result.corrections[head[0]]["rank"] > 0  # the logits' layer: a correction
+    assert _bits(next(n for n in graph.node if n.output[0].removesuffix("_rounded") == head[0])) == 4  # not 8 bits
+    errors = result.corrections[head[0]]["rel_output_error"]
+    assert errors["factors_rounded"] < errors["rounded"]  # the logits nearer the fp32 graph's
     factors = [n for n in graph.node if n.op_type == "MatMulNBits" and "_correction_" in n.name]
     assert factors and all(_attrs(n)["accuracy_level"] == 4 for n in factors)

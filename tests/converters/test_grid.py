@@ -113,6 +113,21 @@ def test_the_budget_buys_a_grid_layers_offsets_before_a_rank_and_never_spends_mo
         assert offsets["grid"][0] + sum(correction_bytes(576, 576, r) for r in ranks.values() if r) <= budget
 
 
+def test_every_grid_layers_offsets_come_first_when_the_budget_holds_them_all():
+    # losses measured a layer at a time undervalue many small layers (BENCHMARKS.md, "The head's rank"): a budget
+    # that holds every offset buys them all before a head's rank, one that does not weighs them as points
+    shapes = {"g1": (576, 576), "g2": (576, 576), "head": (576, 256)}
+    spectra = {**{g: torch.linspace(1, 0.01, 576) for g in ("g1", "g2")}, "head": 0.5 ** torch.arange(576.0)}
+    losses = {"g1": 0.01, "g2": 0.01, "head": 10.0}
+    size = offset_bytes(576, 576, 32)
+    offsets = {g: (size, 1e-3) for g in ("g1", "g2")}
+    head = correction_bytes(576, 256, 16)
+    for budget, all_offsets in ((2 * size + head, True), (2 * size - 1, False)):
+        ranks, eight, offset = correction_ranks(spectra, losses, shapes, budget, offsets=offsets, ranks_only={"head"})
+        assert (offset == ("g1", "g2")) == all_offsets and ranks["head"] == 16 and not eight
+        assert len(offset) * size + sum(correction_bytes(*shapes[n], r) for n, r in ranks.items() if r) <= budget
+
+
 def test_a_corrected_model_whose_layers_sit_on_a_grid_gets_their_offsets(tmp_path):
     model, _ = load_model(write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256))
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
