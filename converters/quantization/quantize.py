@@ -215,9 +215,9 @@ def _corrected(
     """int4-aware's rounding of `proto` (the smoothed graph of `exported`; its linear layers in `linear_bits`)
     with the word table's `head` rows in 8 bits (but weights on a 4-bit grid keep it: grid.py), then one byte
     budget (`share` of the 4-bit codes) spent on each layer's rounding error, as a low-rank correction or as 8
-    bits instead (correction.plan_corrections); an LM's head (a layer of `vocab` outputs, its tied table's codes
-    shared with the lookup) is offered a rank but not 8 bits (its corrected logits are two more (batch, sequence,
-    V) tensors at the peak; a tied head is never trained: training.student_of); `train` (None: the
+    bits instead (correction.plan_corrections); an LM's head (a layer of `vocab` outputs; a tied one's 4-bit codes
+    are its lookup's too) is offered a rank but not 8 bits (its corrected logits are two more (batch, sequence, V)
+    tensors at the peak; a tied head is never trained: training.student_of); `train` (None: the
     closed-form fit kept) then trains the corrections, the layers `int8` (output names) with their inputs rounded
     to 8 bits as they will be multiplied. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
