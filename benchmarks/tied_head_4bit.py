@@ -1,8 +1,8 @@
 """The perplexity a causal LM's tied table and head cost in 4 bits (asymmetric round-to-nearest in blocks
 of 32 along D, ONNX Runtime's range with 0 in it), in PyTorch: the floor that corrections of the linear
 layers alone cannot go below (the corrected schemes give the head a rank of its own: BENCHMARKS.md, "The
-head's rank"). `--head-rows h` keeps the
-table's first h rows exact (a byte-pair vocabulary numbers its frequent tokens first); `--linears offsets`
+head's rank"). `--head-rows h` keeps the table's first h rows exact (a byte-pair vocabulary numbers its
+frequent tokens first); `--linears offsets`
 rounds every other linear layer the same way (fp16 scales) and adds its blocks' offsets as the graph does
 (converters/quantization/grid.py: int8 offsets, one scale a layer, multiplied in fp32 by the block sums),
 `rounded` without them, `exact` (default) leaves them. First 150 passages of each held-out text, windows of

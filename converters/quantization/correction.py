@@ -18,9 +18,9 @@ the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²; held in 8 bits instead (K·N/2 m
 times 2⁻⁸ (four more bits quarter the rounding error's energy four times). The greedy of
 `compressor.budget.allocate` walks each layer's lower hull of those points and buys the largest drop
 in loss per byte first, so a layer whose error is spread over many directions goes to 8 bits and one
-whose error a few directions hold gets a rank. A layer on a 4-bit grid gets its blocks' offsets (grid.py: K / block
-× N bytes, ~10⁻³ of its error left) first if the budget holds them all (losses measured a layer at a time undervalue
-a hundred small ones: BENCHMARKS.md, "The head's rank"), else as one more point; an LM's head gets ranks alone."""
+whose error a few directions hold gets a rank. Layers on a 4-bit grid get their offsets (grid.py) first if the budget
+holds them all (losses measured a layer at a time undervalue a hundred small ones: BENCHMARKS.md, "The head's
+rank"), else each as one more point; an LM's head gets ranks alone."""
 
 import copy
 import tempfile
@@ -186,24 +186,23 @@ def correction_ranks(
     share of the loss they leave) (grid.py; all bought first when the budget holds them), the layers `ranks_only`
     offered no 8 bits; rank 0 where none pays."""
     offered = {name: Point(None, size, losses[name] * left, OFFSETS) for name, (size, left) in (offsets or {}).items()}
-
-    def eight_bits(name: str) -> Point:
-        return Point(None, shapes[name][0] * shapes[name][1] // 2, losses[name] * EIGHT_BIT_LOSS, EIGHT_BITS)
-
+    held = sum(p.params for p in offered.values())
+    more = {name: shapes[name][0] * shapes[name][1] // 2 for name in spectra if name not in ranks_only}  # 8 bits
+    eight_bit = {name: Point(None, size, losses[name] * EIGHT_BIT_LOSS, EIGHT_BITS) for name, size in more.items()}
     points = {
         name: [
             *(
                 Point(r, correction_bytes(*shapes[name], r, form), losses[name] * tail_error(spectrum, r))
                 for r in range(0, _max_rank(*shapes[name], form) + 1, RANK_STEP)
             ),
-            *([] if name in ranks_only else [eight_bits(name)]),
+            *([eight_bit[name]] if name in eight_bit else []),
             *([offered[name]] if name in offered else []),
         ]
         for name, spectrum in spectra.items()
     }
-    first = {} if sum(p.params for p in offered.values()) > budget else offered  # all offsets, else one point
+    first = offered if held <= budget else {}  # every offset bought first, else each one point among the rest
     rest = {name: ps for name, ps in points.items() if name not in first}
-    chosen = {**allocate(rest, budget - sum(p.params for p in first.values()), unit="bytes").points, **first}
+    chosen = {**allocate(rest, budget - (held if first else 0), unit="bytes").points, **first}
     eight, offset = (tuple(name for name, p in chosen.items() if p.tag == tag) for tag in (EIGHT_BITS, OFFSETS))
     return {name: p.size or 0 for name, p in chosen.items() if p.tag not in (EIGHT_BITS, OFFSETS)}, eight, offset
 
