@@ -118,14 +118,15 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
     if not quantize.schemes:
         result = export_onnx(model, path, opset=opset)
         return f"parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e}"
-    fit = None if fit_for is None else fit_for(model, quantize.correction_time, quantize.schemes[0])
+    scheme = quantize.schemes[0]
+    fit = None if fit_for is None else fit_for(model, quantize.correction_time, scheme, scheme)
     with tempfile.TemporaryDirectory() as work:
         fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=opset)
         result = quantize_onnx(
             fp32.path,
             path,
             vocab,
-            quantize.schemes[0],
+            scheme,
             batches,
             quantize.block_size,
             quantize.accuracy_level,

@@ -331,9 +331,9 @@ def finetune_and_say(
 
 
 def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
-    """For int4-trained and w4a8: (model, seconds, row) → the fine-tune of a student of its rounded graph (its
-    CorrectedLinear modules, against `model`) on the fine-tune text `data`, for `seconds`, said as `row`'s; None
-    when none of `schemes` trains corrections."""
+    """For int4-trained and w4a8: (model, seconds, scheme, row) → the fine-tune of a student of its rounded graph
+    (its CorrectedLinear modules, against `model`) on the fine-tune text `data`, for `seconds` at `scheme`'s
+    learning rate, said as `row`'s; None when none of `schemes` trains corrections."""
     named = " and ".join(s for s in dict.fromkeys(schemes) if s in TRAINED)
     if not named:
         return None
@@ -344,8 +344,8 @@ def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
         "2.5 s a layer for MiniLM on 2 cores) and then its --correction-time of training"
     )
 
-    def fit_for(model: nn.Module, seconds: float, row: str):
-        cfg = FinetuneConfig(seconds=seconds, linear_lr=CORRECTION_LR)
+    def fit_for(model: nn.Module, seconds: float, scheme: str, row: str):
+        cfg = FinetuneConfig(seconds=seconds, linear_lr=CORRECTION_LR[scheme])
 
         def fit(student: nn.Module) -> None:
             report = finetune_(student, model, tokenizer, train, val, cfg, (CorrectedLinear, GraphLayerNorm))

@@ -92,7 +92,7 @@ class Variants:
         int4 = {"block": quantize.block_size, "accuracy_level": quantize.accuracy_level}
         for scheme, row in zip(quantize.schemes, rows):
             width = weight_width(scheme)
-            fit = self.fit_for(model, quantize.correction_time, row) if scheme in TRAINED else None
+            fit = self.fit_for(model, quantize.correction_time, scheme, row) if scheme in TRAINED else None
             try:
                 with model_folder(self.out / row, self.source, width) as graph:
                     result = quantize_onnx(
