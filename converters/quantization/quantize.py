@@ -32,6 +32,7 @@ from converters.quantization.correction import (
     rounding_errors,
     store_factors,
 )
+from converters.quantization.gptq import gptq_rounded
 from converters.quantization.grid import add_offsets, grid_matmuls, off_grid, offset_residual
 from converters.quantization.half_scales import half_scales
 from converters.quantization.int4 import (
@@ -213,23 +214,24 @@ def _corrected(
     linear_bits=4,
 ):
     """int4-aware's rounding of `proto` (the smoothed graph of `exported`; its linear layers in `linear_bits`)
-    with the word table's `head` rows in 8 bits (but weights on a 4-bit grid keep it: grid.py), then one byte
-    budget (`share` of the 4-bit codes) spent on each layer's rounding error, as a low-rank correction or as 8
-    bits instead (correction.plan_corrections); an LM's head (a layer of `vocab` outputs; a tied one's 4-bit codes
-    are its lookup's too) is offered a rank but not 8 bits (its corrected logits are two more (batch, sequence, V)
-    tensors at the peak; a tied head is never trained: training.student_of); `train` (None: the
+    with the word table's `head` rows in 8 bits (but weights on a 4-bit grid keep it: grid.py) and an LM's head
+    (a layer of `vocab` outputs) rounded by GPTQ on its grid (gptq.py), then one byte budget (`share` of the 4-bit
+    codes) spent on each layer's rounding error, as a low-rank correction or as 8 bits instead
+    (correction.plan_corrections); an LM's head (a tied one's 4-bit codes are its lookup's too) is offered a rank
+    but not 8 bits (its corrected logits are two more (batch, sequence, V) tensors at the peak; a tied head is
+    never trained: training.student_of); `train` (None: the
     closed-form fit kept) then trains the corrections, the layers `int8` (output names) with their inputs rounded
     to 8 bits as they will be multiplied. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
     grams = input_grams(proto, calibration)
     rounding = {"aware": True, "head": head, "table_block": table_block, "keep_grid": True, "table_bits": table_bits}
     rounding["linear_bits"] = linear_bits
-    quantized = quantize_4bit(proto, block, accuracy_level, **rounding)
-    losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized, True, linear_bits)
     outputs = {node.name: node.output[0] for node in proto.graph.node}
     nodes = {out: name for name, out in outputs.items()}
-    budget = int(share * four_bit_codes(proto))
     logits = frozenset(outputs[name] for name, (_, n) in matmul_weights(proto.graph).items() if n == vocab)
+    quantized = gptq_rounded(quantize_4bit(proto, block, accuracy_level, **rounding), proto, grams, logits)
+    losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized, True, linear_bits)
+    budget = int(share * four_bit_codes(proto))
     layer_losses = {outputs[n]: loss for n, loss in losses.items()}
     grid = frozenset(outputs[name] for name in grid_matmuls(proto, block))
     plan = plan_corrections(quantized, proto, grams, layer_losses, budget, logits, kind.factor_form, grid, block)
@@ -237,6 +239,7 @@ def _corrected(
     eight_bit = tuple(nodes[out] for out in eight)
     if eight_bit:
         quantized = quantize_4bit(proto, block, accuracy_level, eight_bit=eight_bit, **rounding)
+        quantized = gptq_rounded(quantized, proto, grams, logits)
     corrected = add_corrections(quantized, proto, grams, ranks)
     if train is not None:
         corrected = train(exported, proto, corrected, int8)

@@ -1,0 +1,77 @@
+"""GPTQ's rounding (Frantar et al., ICLR 2023) on a MatMulNBits layer's own block grid. Round to nearest picks
+each code alone and leaves ‖W − Q‖ small; GPTQ picks the codes of W's K rows (each an input feature) one after
+another and spreads each row's rounding error e_k over the rows not yet rounded, W_{j>k} −= e_k U_{k,j} / U_{k,k}
+(U the upper Cholesky factor of H⁻¹, H the input's Gram Σ xᵀx, damped), so that the layer's output error
+tr((W − Q)ᵀ H (W − Q)) falls instead. The scales and zero points are the ones rounding to nearest chose (a
+block's range); only the codes change, so the graph, its bytes and its kernels stay as they were. The corrected
+schemes round an LM's head so (quantize._corrected): a tied head's codes are its lookup's too, and its
+output error is most of what the 4-bit SmolLM2 loses (BENCHMARKS.md, "GPTQ's rounding of the tied head")."""
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from converters.quantization.correction import weight_names
+from converters.quantization.half_scales import scale_values
+from converters.quantization.packed_codes import pack, unpack
+
+__all__ = ["DAMP", "gptq_codes", "gptq_rounded"]
+
+DAMP = 0.01  # H + DAMP · mean(diag H) · I: GPTQ's damping, which keeps H⁻¹'s Cholesky factor finite
+COLUMNS = 128  # rows of W rounded between two updates of the rest (GPTQ's lazy batches)
+
+
+def gptq_codes(weight: np.ndarray, gram: np.ndarray, scales: np.ndarray, zero: np.ndarray, bits: int) -> np.ndarray:
+    """The codes (N × K, integers in [0, 2^bits)) of `weight` (K × N: y = x W) on the grid of `scales` and `zero`
+    (N × K, each row's block values repeated over its block), chosen by GPTQ under the input Gram `gram` (K × K)."""
+    w = torch.from_numpy(np.ascontiguousarray(weight.T, dtype=np.float64)).clone()  # N × K: one column per input
+    h = torch.from_numpy(np.asarray(gram, dtype=np.float64)).clone()
+    dead = h.diagonal() <= 0  # inputs never seen: whatever they round to costs nothing
+    h[dead, dead] = 1.0
+    h += DAMP * h.diagonal().mean() * torch.eye(h.shape[0], dtype=torch.float64)
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    s = torch.from_numpy(np.asarray(scales, dtype=np.float64))
+    z = torch.from_numpy(np.asarray(zero, dtype=np.float64))
+    steps = torch.where(s != 0, s, torch.ones_like(s))  # a block's scale may be negative (symmetric: max / −8)
+    top = float((1 << bits) - 1)
+    codes = torch.empty_like(w)
+    k = w.shape[1]
+    for start in range(0, k, COLUMNS):
+        end = min(start + COLUMNS, k)
+        errors = torch.empty(w.shape[0], end - start, dtype=torch.float64)
+        for j in range(start, end):
+            q = torch.where(s[:, j] != 0, torch.round(w[:, j] / steps[:, j] + z[:, j]).clamp(0, top), z[:, j])
+            codes[:, j] = q
+            e = (w[:, j] - (q - z[:, j]) * s[:, j]) / u[j, j]
+            w[:, j + 1 : end] -= e[:, None] * u[j, j + 1 : end][None, :]
+            errors[:, j - start] = e
+        w[:, end:] -= errors @ u[start:end, end:]
+    return codes.numpy().astype(np.int64)
+
+
+def gptq_rounded(
+    quantized: onnx.ModelProto, fp32: onnx.ModelProto, grams: dict[str, torch.Tensor], outputs: frozenset[str]
+) -> onnx.ModelProto:
+    """`quantized` (the graph `fp32` with its MatMuls in MatMulNBits; changed in place) with the codes of the
+    layers `outputs` (output names, as `grams` is keyed) chosen by GPTQ on their own grid."""
+    graph = quantized.graph
+    inits = {i.name: i for i in graph.initializer}
+    weights = {i.name: i for i in fp32.graph.initializer}
+    names = weight_names(fp32.graph)
+    for node in [n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] in outputs]:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+        blocks = -(-k // block)
+        packed = numpy_helper.to_array(inits[node.input[1]])
+        codes = unpack(packed, bits).reshape(n, blocks * block)
+        scales = scale_values(graph, node.input[2]).astype(np.float64).reshape(n, blocks)
+        if len(node.input) > 3 and node.input[3]:
+            zero = unpack(numpy_helper.to_array(inits[node.input[3]]).reshape(n, -1), bits)[:, :blocks]
+        else:
+            zero = np.full((n, blocks), 1 << (bits - 1))
+        weight = numpy_helper.to_array(weights[names[node.output[0]]])
+        spread = [np.repeat(v, block, axis=1)[:, :k] for v in (scales, zero)]
+        codes[:, :k] = gptq_codes(weight, grams[node.output[0]].numpy(), *spread, bits)
+        inits[node.input[1]].CopyFrom(numpy_helper.from_array(pack(codes, bits).reshape(packed.shape), node.input[1]))
+    return quantized

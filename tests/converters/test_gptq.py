@@ -1,0 +1,83 @@
+"""GPTQ's rounding on a MatMulNBits layer's own grid (converters/quantization/gptq.py)."""
+
+import numpy as np
+import onnx
+import torch
+
+from converters.quantization.correction import dequantize_nbits
+from converters.quantization.gptq import gptq_codes, gptq_rounded
+from converters.quantization.int4 import quantize_4bit
+from eval.graph import make_session
+from tests.conftest import matmul_graph
+
+RNG = np.random.default_rng(0)
+K, N, BLOCK = 64, 48, 16
+
+
+def _grid(weight: np.ndarray, bits: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Round to nearest's scales and zero points of `weight` (K × N) in blocks of BLOCK along K, each repeated
+    over its block (N × K), as the asymmetric range with 0 in it gives them."""
+    blocks = weight.T.reshape(N, K // BLOCK, BLOCK)
+    lo, hi = np.minimum(blocks.min(-1), 0), np.maximum(blocks.max(-1), 0)
+    scales = (hi - lo) / ((1 << bits) - 1)
+    zero = np.round(-lo / scales)
+    return np.repeat(scales, BLOCK, axis=1), np.repeat(zero, BLOCK, axis=1)
+
+
+def _correlated_inputs(tokens: int = 500) -> np.ndarray:
+    """Inputs whose features move together (a random mixing of a few strong directions), as a layer's do."""
+    return RNG.standard_normal((tokens, 8)) @ RNG.standard_normal((8, K)) + 0.1 * RNG.standard_normal((tokens, K))
+
+
+def _output_error(weight: np.ndarray, q: np.ndarray, gram: np.ndarray) -> float:
+    e = weight - q
+    return float(np.trace(e.T @ gram @ e))
+
+
+def test_gptq_leaves_less_output_error_than_rounding_to_nearest_on_the_same_grid():
+    weight = RNG.standard_normal((K, N))
+    x = _correlated_inputs()
+    gram = x.T @ x
+    scales, zero = _grid(weight)
+    nearest = np.clip(np.round(weight.T / scales + zero), 0, 15)
+    codes = gptq_codes(weight, gram, scales, zero, 4)
+    assert codes.min() >= 0 and codes.max() <= 15 and (codes != nearest).any()
+    q = ((codes - zero) * scales).T
+    assert _output_error(weight, q, gram) < 0.7 * _output_error(weight, ((nearest - zero) * scales).T, gram)
+
+
+def test_with_uncorrelated_inputs_gptq_rounds_to_nearest():
+    # a diagonal Gram: no row's error can be taken up by another, so each code is its nearest
+    weight = RNG.standard_normal((K, N))
+    scales, zero = _grid(weight)
+    codes = gptq_codes(weight, np.diag(RNG.uniform(0.5, 2.0, K)), scales, zero, 4)
+    np.testing.assert_array_equal(codes, np.clip(np.round(weight.T / scales + zero), 0, 15))
+
+
+def test_the_graph_multiplies_by_the_gptq_codes_and_keeps_its_scales_and_bytes(tmp_path):
+    weight = RNG.standard_normal((K, N)).astype(np.float32)
+    fp32 = matmul_graph(weight)
+    x = _correlated_inputs().astype(np.float32)
+    gram = torch.from_numpy(x.astype(np.float64).T @ x)
+    quantized = quantize_4bit(fp32, block=BLOCK, accuracy_level=0)
+    (node,) = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
+    before = dequantize_nbits(quantized.graph, node)
+    sizes = {i.name: len(i.raw_data) for i in quantized.graph.initializer}
+    kept = {i.name: i.raw_data for i in quantized.graph.initializer if i.name != node.input[1]}
+    gptq_rounded(quantized, fp32, {"y": gram}, frozenset({"y"}))
+    after = dequantize_nbits(quantized.graph, node)
+    assert {i.name: len(i.raw_data) for i in quantized.graph.initializer} == sizes
+    assert all(i.raw_data == kept[i.name] for i in quantized.graph.initializer if i.name in kept)  # scales, zeros
+    assert _output_error(weight, after, gram.numpy()) < 0.7 * _output_error(weight, before, gram.numpy())
+    onnx.save_model(quantized, str(tmp_path / "q.onnx"))
+    (y,) = make_session(tmp_path / "q.onnx").run(None, {"x": x[:5]})
+    assert np.abs(y - x[:5] @ after).max() <= 1e-4 * np.abs(y).max()
+
+
+def test_layers_not_named_keep_their_codes():
+    weight = RNG.standard_normal((K, N)).astype(np.float32)
+    fp32 = matmul_graph(weight)
+    quantized = quantize_4bit(fp32, block=BLOCK, accuracy_level=0)
+    codes = {i.name: i.raw_data for i in quantized.graph.initializer}
+    gptq_rounded(quantized, fp32, {"y": torch.eye(K, dtype=torch.float64)}, frozenset())
+    assert {i.name: i.raw_data for i in quantized.graph.initializer} == codes
