@@ -36,9 +36,9 @@ from compressor.budget import Point, allocate, tail_error
 from compressor.errors import CompressorError
 from compressor.lowrank import whitened_factors
 from converters.quantization.grid import offset_bytes, offset_residual
-from converters.quantization.half_scales import SCALE_BYTES, scale_values
+from converters.quantization.half_scales import SCALE_BYTES
 from converters.quantization.int4 import quiet_quantizer
-from converters.quantization.packed_codes import unpack
+from converters.quantization.packed_codes import nbits_grid
 from converters.quantization.smoothing import probe_activations
 
 __all__ = [
@@ -105,21 +105,11 @@ class Correction:
 
 
 def dequantize_nbits(graph: onnx.GraphProto, node: onnx.NodeProto) -> np.ndarray:
-    """The weight Q (K × N, float64) a MatMulNBits node multiplies by: codes B (N, blocks, block·bits/8),
-    one scale per block (either precision, half_scales), zero points packed like the codes (2^(bits−1)
-    when absent): scale · (q − z)."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
-    inits = {i.name: i for i in graph.initializer if i.name in node.input}
-    blocks = -(-k // block)
-    codes = unpack(numpy_helper.to_array(inits[node.input[1]]), bits).reshape(n, blocks, block)
-    scales = scale_values(graph, node.input[2]).astype(np.float64).reshape(n, blocks)
-    if len(node.input) > 3 and node.input[3]:
-        zero = unpack(numpy_helper.to_array(inits[node.input[3]]).reshape(n, -1), bits)[:, :blocks]
-    else:
-        zero = np.full((n, blocks), 1 << (bits - 1))
-    weight = (codes - zero[..., None]) * scales[..., None]
-    return weight.reshape(n, blocks * block)[:, :k].T
+    """The weight Q (K × N, float64) a MatMulNBits node multiplies by: scale · (q − z) a block (nbits_grid)."""
+    grid = nbits_grid(graph, node)
+    n, blocks = grid.scales.shape
+    weight = (grid.codes.reshape(n, blocks, grid.block) - grid.zero[..., None]) * grid.scales[..., None]
+    return weight.reshape(n, blocks * grid.block)[:, : grid.k].T
 
 
 def weight_names(graph: onnx.GraphProto) -> dict[str, str]:

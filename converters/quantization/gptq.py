@@ -10,11 +10,10 @@ output error is most of what the 4-bit SmolLM2 loses (BENCHMARKS.md, "GPTQ's rou
 import numpy as np
 import onnx
 import torch
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 
 from converters.quantization.correction import weight_names
-from converters.quantization.half_scales import scale_values
-from converters.quantization.packed_codes import pack, unpack
+from converters.quantization.packed_codes import nbits_grid, pack
 
 __all__ = ["DAMP", "gptq_codes", "gptq_rounded"]
 
@@ -60,18 +59,11 @@ def gptq_rounded(
     weights = {i.name: i for i in fp32.graph.initializer}
     names = weight_names(fp32.graph)
     for node in [n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] in outputs]:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
-        blocks = -(-k // block)
-        packed = numpy_helper.to_array(inits[node.input[1]])
-        codes = unpack(packed, bits).reshape(n, blocks * block)
-        scales = scale_values(graph, node.input[2]).astype(np.float64).reshape(n, blocks)
-        if len(node.input) > 3 and node.input[3]:
-            zero = unpack(numpy_helper.to_array(inits[node.input[3]]).reshape(n, -1), bits)[:, :blocks]
-        else:
-            zero = np.full((n, blocks), 1 << (bits - 1))
+        grid = nbits_grid(graph, node)
         weight = numpy_helper.to_array(weights[names[node.output[0]]])
-        spread = [np.repeat(v, block, axis=1)[:, :k] for v in (scales, zero)]
-        codes[:, :k] = gptq_codes(weight, grams[node.output[0]].numpy(), *spread, bits)
-        inits[node.input[1]].CopyFrom(numpy_helper.from_array(pack(codes, bits).reshape(packed.shape), node.input[1]))
+        spread = [np.repeat(v, grid.block, axis=1)[:, : grid.k] for v in (grid.scales, grid.zero)]
+        codes = grid.codes  # its own copy, unpacked
+        codes[:, : grid.k] = gptq_codes(weight, grams[node.output[0]].numpy(), *spread, grid.bits)
+        shape = inits[node.input[1]].dims
+        inits[node.input[1]].CopyFrom(numpy_helper.from_array(pack(codes, grid.bits).reshape(shape), node.input[1]))
     return quantized

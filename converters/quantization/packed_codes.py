@@ -1,13 +1,18 @@
 """Codes narrower than a byte, packed `8 // bits` to a byte low bits first (MatMulNBits' layout), and the
 ONNX nodes that build a subgraph over them: `Builder` (nodes and constants under one prefix) and `unpacked`
 (the codes back as one uint8 each, by masks and shifts on bytes). int8_products folds a layer's codes into int8
-weights with them; three_bit_table gathers a table's rows and unpacks only those."""
+weights with them; three_bit_table gathers a table's rows and unpacks only those. `nbits_grid` reads a
+MatMulNBits node's codes with their scales and zero points."""
+
+from typing import NamedTuple
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["Builder", "pack", "unpack", "unpacked", "default_opset"]
+from converters.quantization.half_scales import scale_values
+
+__all__ = ["Builder", "NBitsGrid", "nbits_grid", "pack", "unpack", "unpacked", "default_opset"]
 
 
 class Builder:
@@ -68,3 +73,31 @@ def unpacked(b: Builder, packed: str, rows: int, per_row: int, bits: int) -> str
 def default_opset(model: onnx.ModelProto) -> int:
     """The version of the default domain `model` imports."""
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+class NBitsGrid(NamedTuple):
+    """A MatMulNBits weight (K × N) as stored: `codes` (N × blocks · block), one scale and zero point a block
+    (`scales` float64, `zero` integers, N × blocks), `bits` wide in blocks of `block` along K."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+    zero: np.ndarray
+    k: int
+    bits: int
+    block: int
+
+
+def nbits_grid(graph: onnx.GraphProto, node: onnx.NodeProto) -> NBitsGrid:
+    """The codes, scales (either precision, half_scales) and zero points (2^(bits−1) when absent) of the
+    MatMulNBits `node`: codes B (N, blocks, block·bits/8), zero points packed like the codes."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
+    inits = {i.name: i for i in graph.initializer if i.name in node.input}
+    blocks = -(-k // block)
+    codes = unpack(numpy_helper.to_array(inits[node.input[1]]), bits).reshape(n, blocks * block)
+    scales = scale_values(graph, node.input[2]).astype(np.float64).reshape(n, blocks)
+    if len(node.input) > 3 and node.input[3]:
+        zero = unpack(numpy_helper.to_array(inits[node.input[3]]).reshape(n, -1), bits)[:, :blocks]
+    else:
+        zero = np.full((n, blocks), 1 << (bits - 1))
+    return NBitsGrid(codes, scales, zero, k, bits, block)
