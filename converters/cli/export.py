@@ -2,6 +2,7 @@
 whose ONNX graph is parity-checked; --out FILE.onnx writes the graph alone."""
 
 import contextlib
+import functools
 import tempfile
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from converters.cli.specs import quantize_spec, text_spec
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
-from converters.pipeline.calibrating import quantize_calibration, token_frequencies
+from converters.pipeline.calibrating import head_frequencies, quantize_calibration, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import correction_fit
 from converters.quantization.quantize import quantize_onnx
@@ -95,12 +96,13 @@ def run(args) -> None:
     fit_for = correction_fit(quantize.schemes, texts.data, kind, source)
     model, _ = load_model(source)
     vocab = model.get_input_embeddings().num_embeddings
-    model = in_export_form(
-        model, values, lambda: token_frequencies(texts.calib, args.freq_prior, args.prior_weight, source, vocab)
+    frequencies = functools.cache(
+        lambda: token_frequencies(texts.calib, args.freq_prior, args.prior_weight, source, vocab)
     )
+    model = in_export_form(model, values, frequencies)
     width = weight_width(args.quantize)
     with model_folder(out, source, width) if folder else contextlib.nullcontext(out) as path:
-        checked = _export(model, path, quantize, args.opset, vocab, fit_for, batches)
+        checked = _export(model, path, quantize, args.opset, vocab, fit_for, batches, frequencies)
     if not folder:
         say(f"wrote {out} ({checked})")
         return
@@ -113,8 +115,9 @@ def run(args) -> None:
         say(f"its graph uses ONNX Runtime's own operators ({', '.join(needs)}): only ONNX Runtime runs it")
 
 
-def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, fit_for, batches) -> str:
-    """The model's graph at `path`, quantized with the scheme asked if any; what its checks measured."""
+def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, fit_for, batches, frequencies) -> str:
+    """The model's graph at `path`, quantized with the scheme asked if any; what its checks measured;
+    `frequencies`: the token frequencies (a Calibration) that rank the word table's head rows."""
     if not quantize.schemes:
         result = export_onnx(model, path, opset=opset)
         return f"parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e}"
@@ -137,6 +140,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             table_bits=quantize.table_bits,
             linear_bits=quantize.linear_bits,
             scale_bits=quantize.scale_bits,
+            frequencies=head_frequencies(scheme, quantize.table_head, frequencies),
         )
     note = result.table_note(quantize.table_bits) if quantize.schemes[0] in HEAD_SCHEMES else None
     if note:

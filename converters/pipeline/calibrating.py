@@ -5,6 +5,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+import numpy as np
 from torch import nn
 
 from compressor.errors import CompressorError
@@ -19,12 +20,12 @@ from converters.kinds import kind_for_config, kind_of
 from converters.loading import available_memory
 from converters.pipeline.say import say
 from converters.quantization.quantize import CALIBRATION_PASSAGES
-from converters.quantization.schemes import CALIBRATED
+from converters.quantization.schemes import CALIBRATED, HEAD_SCHEMES
 from converters.spec import MethodSpec, TextSpec
 from texts.prior import prior_for, prior_said
 from texts.tokens import encode_passages, load_tokenizer
 
-__all__ = ["quantize_calibration", "calibration", "token_frequencies"]
+__all__ = ["quantize_calibration", "calibration", "token_frequencies", "head_frequencies"]
 
 
 def quantize_calibration(texts: TextSpec, schemes, kind_graph, source: Path) -> list[dict] | None:
@@ -114,3 +115,11 @@ def _check_statistics_fit(model: nn.Module, linear: list[str], sensitivity: bool
             f"the calibration statistics of {len(linear)} linear layer(s) need up to {need / 2**30:.1f} GiB and "
             f"{free / 2**30:.1f} GiB are available: use {lighter}fewer --targets or --fit plain"
         )
+
+
+def head_frequencies(scheme: str, table_head: int, frequencies) -> np.ndarray | None:
+    """What ranks the word table's `table_head` rows kept wider in `scheme`: the counts (V,) of `frequencies`
+    (a cached token_frequencies), the whole calibration text blended with the prior, so that a head of
+    thousands of rows is not ranked by the few passages the quantizers calibrate on (BENCHMARKS.md, "The tied
+    head by frequency"); None where the scheme keeps no head."""
+    return frequencies().counts.numpy() if table_head and scheme in HEAD_SCHEMES else None

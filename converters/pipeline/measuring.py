@@ -3,13 +3,14 @@ kind, texts and quantization calibration read once; then, in the output folder, 
 each variant made (compressed, fine-tuned), exported, quantized and benched side by side. `run` is
 a sweep of one variant; `sweep` one variant per recipe."""
 
+import functools
 from dataclasses import replace
 
 from compressor.errors import CompressorError
 from converters.export import check_export_forms
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
-from converters.pipeline.calibrating import quantize_calibration
+from converters.pipeline.calibrating import quantize_calibration, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import (
     check_kind_options,
@@ -24,6 +25,7 @@ from converters.pipeline.steps import (
 from converters.pipeline.variants import Variants, output_folder
 from converters.quantization.schemes import PLANNED, check_int8_products, check_linear_bits, check_table_bits
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
+from texts.prior import PRIOR_WEIGHT, PRIORS
 
 __all__ = ["check_run", "measure"]
 
@@ -94,7 +96,10 @@ def measure(run: RunSpec) -> None:
                 plans = check_plans(variant.method, original)
                 check_export_forms(dict(variant.export_forms), original, plans)
         vocab = original.get_input_embeddings().num_embeddings
-        made = Variants(run.out, source, vocab, batches, fit_for=fit_for)
+        frequencies = functools.cache(
+            lambda: token_frequencies(run.texts.calib, PRIORS[0], PRIOR_WEIGHT, source, vocab)
+        )
+        made = Variants(run.out, source, vocab, batches, fit_for=fit_for, frequencies=frequencies)
         made.add_original(original, original_quantize)
         for variant in run.variants:
             if variant.said:

@@ -16,7 +16,7 @@ from compressor.errors import CompressorError, ExportParityError, UnmatchedWeigh
 from converters.checkpoint import save_compressed
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.loading import DEFAULT_MODEL_NAME
-from converters.pipeline.calibrating import token_frequencies
+from converters.pipeline.calibrating import head_frequencies, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
 from converters.quantization.quantize import quantize_onnx
@@ -57,12 +57,13 @@ def output_folder(out: Path) -> Iterator[Path]:
 class Variants:
     """(name, ONNX path) of each graph to measure, and what made it, in order."""
 
-    def __init__(self, out: Path, source: Path, vocab: int, batches: list[dict] | None, fit_for=None):
+    def __init__(self, out: Path, source: Path, vocab: int, batches: list[dict] | None, fit_for=None, frequencies=None):
         """Each row is a ready model folder OUT/NAME (files.model_folder; a compressed variant's is its
         checkpoint's) holding `source`'s files; `batches`: calibration inputs of the aware schemes;
-        `fit_for`: int4-trained's fine-tune of a model's student (steps.correction_fit)."""
+        `fit_for`: int4-trained's fine-tune of a model's student (steps.correction_fit); `frequencies`: the
+        token frequencies (a cached token_frequencies) that rank the word table's head rows."""
         self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
-        self.fit_for = fit_for
+        self.fit_for, self.frequencies = fit_for, frequencies
         self.original: nn.Module | None = None  # add_original's model, which add_quantized rounds
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
@@ -110,6 +111,7 @@ class Variants:
                         table_bits=quantize.table_bits,
                         linear_bits=quantize.linear_bits,
                         scale_bits=quantize.scale_bits,
+                        frequencies=head_frequencies(scheme, quantize.table_head, self.frequencies),
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")

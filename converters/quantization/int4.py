@@ -192,11 +192,14 @@ def quantize_tables(
     only=None,
     head: np.ndarray | None = None,
     bits: int = 4,
+    eight_bit: tuple[str, ...] = (),
 ) -> onnx.ModelProto:
     """`model` (named nodes) with its tables (axis-0 Gathers of 2-D initializers), or `only` those
     Gather nodes among them, in GatherBlockQuantized, asymmetric when `aware`; with `head` (token ids),
-    the word table's rows of those ids in 8 bits (converters.quantization.table_head). With `bits` 3 the
-    word table (its tail, with a head: the head then in 4 bits) goes to 3 bits (three_bit_table). ONNX Runtime's
+    the word table's rows of those ids in 8 bits (converters.quantization.table_head); the Gathers named in
+    `eight_bit` left as they are (a tied head's 8-bit half, whose rows tied_codes reads from its logits' codes).
+    With `bits` 3 the word table (its tail, with a head: the head then in 4 bits) goes to 3 bits
+    (three_bit_table). ONNX Runtime's
     quantizer sets opset 21 (4-bit tensors) without converting the graph's operators (a Llama's RMSNorm
     ReduceMean takes its axes as an input from opset 18), so an older graph is converted to opset 21 first."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
@@ -207,6 +210,7 @@ def quantize_tables(
         model = version_converter.convert_version(model, TABLE_OPSET)
 
     tables = table_gathers(model.graph) if only is None else table_gathers(model.graph) & set(only)
+    tables -= set(eight_bit)
     with_head = head is not None and len(head)
     word = word_table(model.graph, tables, block) if with_head or bits == 3 else None
     eight, three = (), ()
@@ -245,7 +249,7 @@ def quantize_4bit(
 ) -> onnx.ModelProto:
     """A copy of `model` with 4-bit MatMul weights and tables (module docstring); `aware` picks the
     int4-aware rounding (k-quant and asymmetric tables) over symmetric round-to-nearest, and with
-    it the MatMul nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits,
+    it the MatMul (and Gather) nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits,
     and with `keep_grid` weights on a 4-bit grid keep it (grid.py); the tables in blocks of `table_block`
     (None: `block`), the word table (its tail, with a head) in `table_bits` (4, or 3: three_bit_table), the
     MatMul weights not in 8 bits in `linear_bits` (4, or 3: three_bit_linear)."""
@@ -257,7 +261,7 @@ def quantize_4bit(
     model = quantize_matmuls(
         model, block, accuracy_level, aware, eight_bit=eight_bit, keep_grid=keep_grid, bits=linear_bits
     )
-    return quantize_tables(model, table_block or block, aware, head=head, bits=table_bits)
+    return quantize_tables(model, table_block or block, aware, head=head, bits=table_bits, eight_bit=eight_bit)
 
 
 def layer_losses(

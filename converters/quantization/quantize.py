@@ -70,7 +70,8 @@ from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, s
 from converters.quantization.table_head import TABLE_HEAD, frequent_ids
 from converters.quantization.three_bit_linear import three_bit_storage
 from converters.quantization.three_bit_table import three_bit_outputs
-from converters.quantization.tied_codes import share_tied_codes, smoothing_of, tied_pairs
+from converters.quantization.tied_codes import TRANSPOSED, share_tied_codes, smoothing_of, tied_pairs
+from converters.quantization.tied_head import split_tied_head
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
@@ -212,6 +213,7 @@ def _corrected(
     int8=frozenset(),
     table_bits=4,
     linear_bits=4,
+    tied_head=(),
 ):
     """int4-aware's rounding of `proto` (the smoothed graph of `exported`; its linear layers in `linear_bits`)
     with the word table's `head` rows in 8 bits (but weights on a 4-bit grid keep it: grid.py) and an LM's head
@@ -219,16 +221,20 @@ def _corrected(
     codes) spent on each layer's rounding error, as a low-rank correction or as 8 bits instead
     (correction.plan_corrections); an LM's head (a tied one's 4-bit codes are its lookup's too) is offered a rank
     but not 8 bits (its corrected logits are two more (batch, sequence, V) tensors at the peak; a tied head is
-    never trained: training.student_of); `train` (None: the
+    never trained: training.student_of), and a tied head's 8-bit halves (`tied_head`, node names: tied_head.py)
+    kept so; `train` (None: the
     closed-form fit kept) then trains the corrections, the layers `int8` (output names) with their inputs rounded
     to 8 bits as they will be multiplied. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
     grams = input_grams(proto, calibration)
     rounding = {"aware": True, "head": head, "table_block": table_block, "keep_grid": True, "table_bits": table_bits}
-    rounding["linear_bits"] = linear_bits
+    rounding.update(linear_bits=linear_bits, eight_bit=tuple(tied_head))
     outputs = {node.name: node.output[0] for node in proto.graph.node}
     nodes = {out: name for name, out in outputs.items()}
-    logits = frozenset(outputs[name] for name, (_, n) in matmul_weights(proto.graph).items() if n == vocab)
+    tables = {node.name for node in proto.graph.node if node.input[1:2] and node.input[1].endswith(TRANSPOSED)}
+    logits = frozenset(
+        outputs[name] for name, (_, n) in matmul_weights(proto.graph).items() if n == vocab or name in tables
+    )
     quantized = gptq_rounded(quantize_4bit(proto, block, accuracy_level, **rounding), proto, grams, logits)
     losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized, True, linear_bits)
     budget = int(share * four_bit_codes(proto))
@@ -238,7 +244,7 @@ def _corrected(
     ranks, eight, offset = plan
     eight_bit = tuple(nodes[out] for out in eight)
     if eight_bit:
-        quantized = quantize_4bit(proto, block, accuracy_level, eight_bit=eight_bit, **rounding)
+        quantized = quantize_4bit(proto, block, accuracy_level, **{**rounding, "eight_bit": tied_head + eight_bit})
         quantized = gptq_rounded(quantized, proto, grams, logits)
     corrected = add_corrections(quantized, proto, grams, ranks)
     if train is not None:
@@ -281,6 +287,7 @@ def quantize_onnx(
     table_bits: int = 4,
     scale_bits: int = 16,
     linear_bits: int = 4,
+    frequencies: np.ndarray | None = None,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
     `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
@@ -290,7 +297,8 @@ def quantize_onnx(
     its smoothed graph, the corrected graph with fp32 factors) → that graph with trained factors
     (converters.quantization.training.trainer); `table_head`: for the data-aware 4-bit schemes, the word
     table's rows of the calibration text's `table_head` most frequent tokens in 8 bits (0: none;
-    converters.quantization.table_head); `table_block`: the 4-bit schemes' tables in blocks of this many
+    converters.quantization.table_head; a tied LM's in its logits too: tied_head), ranked by `frequencies` (V,)
+    when given, else by the batches' counts; `table_block`: the 4-bit schemes' tables in blocks of this many
     weights (None: `table_block_of`'s default); `table_bits`: the data-aware 4-bit schemes' word table (its
     tail, with a head, the head then in 4 bits) in 4 or 3 bits (converters.quantization.three_bit_table);
     `scale_bits`: the 4-bit linear layers' block scales in fp16 (16) or one byte (8: byte_scales); `linear_bits`: the
@@ -328,7 +336,9 @@ def quantize_onnx(
         if scheme in SMOOTHING:  # for the corrected, not an activation whose weights sit on a 4-bit grid (grid.py)
             absmax = activation_absmax(proto, calibration)
             proto = smooth(proto, off_grid(proto, absmax, block) if scheme in CORRECTED else absmax, SMOOTHING[scheme])
-        head = frequent_ids(calibration, vocab, table_head) if scheme in HEAD_SCHEMES else None
+        head = frequent_ids(calibration, vocab, table_head, frequencies) if scheme in HEAD_SCHEMES else None
+        tied_head = split_tied_head(proto, head) if head is not None and len(head) else ()
+        head = None if tied_head else head  # a tied table's head is in both its reads, not the lookup's alone
         if scheme == "int4-aware":
             losses = four_bit_losses(proto, calibration, graph_kind(src), block, accuracy_level)
             eight_bit = tuple(eight_bit_layers(proto, losses))
@@ -353,6 +363,7 @@ def quantize_onnx(
                 int8,
                 table_bits if scheme in HEAD_SCHEMES else 4,
                 linear_bits,
+                tied_head,
             )
             corrected = _stored_scales(share_tied_codes(corrected, tied), scale_bits)
             corrected = three_bit_storage(corrected) if linear_bits == 3 else corrected
@@ -363,7 +374,7 @@ def quantize_onnx(
             aware = scheme in CALIBRATED
             bits = table_bits if scheme in HEAD_SCHEMES else 4
             quantized = quantize_4bit(
-                proto, block, accuracy_level, aware, eight_bit, head, table_block, table_bits=bits
+                proto, block, accuracy_level, aware, tied_head + eight_bit, head, table_block, table_bits=bits
             )
             onnx.save_model(_stored_scales(share_tied_codes(quantized, tied), scale_bits), str(tmp))
         else:

@@ -150,10 +150,14 @@ def split_tables(graph: onnx.GraphProto) -> dict[str, tuple[onnx.NodeProto, onnx
     return found
 
 
-def frequent_ids(feeds: list[dict], rows: int, k: int = TABLE_HEAD) -> np.ndarray:
+def frequent_ids(
+    feeds: list[dict], rows: int, k: int = TABLE_HEAD, frequencies: np.ndarray | None = None
+) -> np.ndarray:
     """The (at most) `k` token ids most frequent in the batches `feeds` (input_ids where attention_mask
-    is 1), each seen at least once, most frequent first."""
-    ids = np.concatenate([f["input_ids"][f["attention_mask"].astype(bool)].ravel() for f in feeds])
-    counts = np.bincount(ids[(ids >= 0) & (ids < rows)], minlength=rows)
-    order = np.argsort(-counts, kind="stable")[: min(k, rows - 1)]
-    return order[counts[order] > 0]
+    is 1), or by `frequencies` (rows,) when given (the whole calibration text's counts blended with the
+    prior: converters.pipeline.calibrating.token_frequencies), each seen at least once, most frequent first."""
+    if frequencies is None:
+        ids = np.concatenate([f["input_ids"][f["attention_mask"].astype(bool)].ravel() for f in feeds])
+        frequencies = np.bincount(ids[(ids >= 0) & (ids < rows)], minlength=rows)
+    order = np.argsort(-frequencies[:rows], kind="stable")[: min(k, rows - 1)]
+    return order[frequencies[order] > 0]

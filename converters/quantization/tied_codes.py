@@ -3,13 +3,16 @@ rows, and the head's logits x Eᵀ, which the quantizers take as a MatMul on a t
 (quantize.tied_products_as_matmul). MatMulNBits holds that copy's codes as (V, D / block, block · bits
 / 8) bytes, each of the V rows cut into blocks along D: the table's rows, blocked as
 GatherBlockQuantized blocks them. So the Gather reads the head's codes, scales and zero points
-(GatherBlockQuantized along the last axis of that 3-D tensor, then a Reshape back to D), and the
+(GatherBlockQuantized along the last axis of that 3-D tensor, then a Reshape back to D; its zero points
+unpacked from the head's by a few byte operators ONNX Runtime folds at session start), and the
 table's own 4-bit copy (a sixth of SmolLM2's 4-bit file) is not written. Where SmoothQuant scaled the
 head's weight rows (W_s = diag(s) Eᵀ), the gathered row is s ⊙ e and is divided by s."""
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+from converters.quantization.packed_codes import Builder, default_opset, unpacked
 
 __all__ = ["tied_pairs", "smoothing_of", "share_tied_codes"]
 
@@ -41,14 +44,22 @@ def _attrs(node: onnx.NodeProto) -> dict:
 def share_tied_codes(model: onnx.ModelProto, smoothing: dict[str, np.ndarray | None]) -> onnx.ModelProto:
     """`model` (a quantized graph, changed in place) with each table of `smoothing` (table → s or None,
     from the graph before quantization) read from its head's MatMulNBits codes when the head has them
-    and the table's Gather is one GatherBlockQuantized (not split by frequency); its own codes dropped."""
+    and the table's Gather is one GatherBlockQuantized (not split by frequency) or one fp32 Gather; its own codes
+    (or weights) dropped."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     for table, s in smoothing.items():
         head = next(
             (n for n in graph.node if n.op_type == "MatMulNBits" and n.input[1].startswith(table + TRANSPOSED)), None
         )
-        gathers = [n for n in graph.node if n.op_type == "GatherBlockQuantized" and n.input[0].startswith(table + "_Q")]
+        gathers = [
+            n
+            for n in graph.node
+            if n.op_type == "GatherBlockQuantized"
+            and n.input[0].startswith(table + "_Q")
+            or n.op_type == "Gather"
+            and n.input[0] == table  # left in fp32 (a tied head's 8-bit half: tied_head)
+        ]
         if head is None or len(gathers) != 1 or len(head.input) > 4 and head.input[4]:  # g_idx: not plain blocks
             continue
         (gather,) = gathers
@@ -63,13 +74,14 @@ def share_tied_codes(model: onnx.ModelProto, smoothing: dict[str, np.ndarray | N
             name=f"{prefix}_scales_reshape",
         )
         inputs = [head.input[1], gather.input[1], f"{prefix}_scales"]
-        if len(head.input) > 3 and head.input[3]:  # asymmetric: one zero point a block, unpacked to a byte each
-            packed = numpy_helper.to_array(inits[head.input[3]]).reshape(vocab, -1)
-            points = np.stack([packed & 15, packed >> 4], -1).reshape(vocab, -1) if bits == 4 else packed
-            graph.initializer.append(
-                numpy_helper.from_array(points[:, :blocks, None].astype(np.uint8), f"{prefix}_zero_points")
-            )
-            inputs.append(f"{prefix}_zero_points")
+        zero = Builder(f"{prefix}_zp", default_opset(model))
+        if len(head.input) > 3 and head.input[3]:  # asymmetric: one zero point a block, a byte each at session start
+            per_row = int(np.prod(inits[head.input[3]].dims)) // vocab
+            points = unpacked(zero, head.input[3], vocab, per_row, bits)
+            if per_row * 8 // bits != blocks:  # the padding of an odd number of 4-bit zero points cut off
+                points = zero.op("Slice", [points, *(zero.const(v, np.int64) for v in ([0], [blocks], [1]))])
+            inputs.append(zero.op("Reshape", [points, zero.const([vocab, blocks, 1], np.int64)]))
+            graph.initializer.extend(zero.inits)
         rows = f"{prefix}_blocks"
         shared = helper.make_node(
             "GatherBlockQuantized",
@@ -91,7 +103,7 @@ def share_tied_codes(model: onnx.ModelProto, smoothing: dict[str, np.ndarray | N
             name=f"{prefix}_shape",
             axis=0,
         )
-        nodes = [scales, shared, ids_shape, shape]
+        nodes = [*zero.nodes, scales, shared, ids_shape, shape]
         steps = [("Reshape", [f"{prefix}_shape"])]
         if width != depth:  # the padding of the last block cut off
             cut = [_constant(graph, f"{prefix}_{k}", [v]) for k, v in (("start", 0), ("end", depth), ("axis", -1))]
