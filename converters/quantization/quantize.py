@@ -216,8 +216,9 @@ def _corrected(
     tied_head=(),
 ):
     """int4-aware's rounding of `proto` (the smoothed graph of `exported`; its linear layers in `linear_bits`)
-    with the word table's `head` rows in 8 bits (but weights on a 4-bit grid keep it: grid.py) and an LM's head
-    (a layer of `vocab` outputs) rounded by GPTQ on its grid (gptq.py), then one byte budget (`share` of the 4-bit
+    with the word table's `head` rows in 8 bits (but weights on a 4-bit grid keep it: grid.py) and every layer
+    not on such a grid, and an LM's head (a layer of `vocab` outputs), rounded by GPTQ on its grid (gptq.py),
+    then one byte budget (`share` of the 4-bit
     codes) spent on each layer's rounding error, as a low-rank correction or as 8 bits instead
     (correction.plan_corrections); an LM's head (a tied one's 4-bit codes are its lookup's too) is offered a rank
     but not 8 bits (its corrected logits are two more (batch, sequence, V) tensors at the peak; a tied head is
@@ -232,20 +233,20 @@ def _corrected(
     outputs = {node.name: node.output[0] for node in proto.graph.node}
     nodes = {out: name for name, out in outputs.items()}
     tables = {node.name for node in proto.graph.node if node.input[1:2] and node.input[1].endswith(TRANSPOSED)}
-    logits = frozenset(
-        outputs[name] for name, (_, n) in matmul_weights(proto.graph).items() if n == vocab or name in tables
-    )
-    quantized = gptq_rounded(quantize_4bit(proto, block, accuracy_level, **rounding), proto, grams, logits)
+    layers = matmul_weights(proto.graph)
+    logits = frozenset(outputs[name] for name, (_, n) in layers.items() if n == vocab or name in tables)
+    grid = frozenset(outputs[name] for name in grid_matmuls(proto, block))
+    gptq = (frozenset(outputs[name] for name in layers) - grid) | logits  # a grid's error is its offsets' (grid.py)
+    quantized = gptq_rounded(quantize_4bit(proto, block, accuracy_level, **rounding), proto, grams, gptq)
     losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized, True, linear_bits)
     budget = int(share * four_bit_codes(proto))
     layer_losses = {outputs[n]: loss for n, loss in losses.items()}
-    grid = frozenset(outputs[name] for name in grid_matmuls(proto, block))
     plan = plan_corrections(quantized, proto, grams, layer_losses, budget, logits, kind.factor_form, grid, block)
     ranks, eight, offset = plan
     eight_bit = tuple(nodes[out] for out in eight)
     if eight_bit:
         quantized = quantize_4bit(proto, block, accuracy_level, **{**rounding, "eight_bit": tied_head + eight_bit})
-        quantized = gptq_rounded(quantized, proto, grams, logits)
+        quantized = gptq_rounded(quantized, proto, grams, gptq)
     corrected = add_corrections(quantized, proto, grams, ranks)
     if train is not None:
         corrected = train(exported, proto, corrected, int8)
