@@ -46,8 +46,8 @@ PRIOR_DESTS = ("freq_prior", "prior_weight")  # a recipe may set them; alone the
 # rows in 4 bits and the rest in 3 (blocks of 128), the linear layers' block scales in one byte, corrections
 # of 0.5 % of the 4-bit bytes, all trained for 240 s against the fp32 model (at w4a8's learning rate, 3e-3):
 # 0.126× the file, recall@10 0.907 / 0.896 (pydoc / news; BENCHMARKS.md, "GPTQ on every layer off a grid":
-# the codes chosen by GPTQ, the head's rows ranked by the whole fit text and the prior). The factorized recipes that were the default before
-# (emb4: 0.160×, 0.810 / 0.756) never reach the front above it.
+# the codes chosen by GPTQ, the head's rows ranked by the whole fit text and the prior). The factorized recipes
+# that were the default before (emb4: 0.160×, 0.810 / 0.756) never reach the front above it.
 DEFAULT_RECIPE = {
     "name": "original-small",
     "method": QUANTIZE_ONLY,
