@@ -69,9 +69,12 @@ class Variants:
         self.details: list[dict] = []
         self.names: set[str] = set()
 
-    def add(self, name: str, model: nn.Module, detail: dict, quantize: QuantizeSpec, fp32: bool = True) -> None:
+    def add(
+        self, name: str, model: nn.Module, detail: dict, quantize: QuantizeSpec, fp32: bool = True, frequencies=None
+    ) -> None:
         """The model's fp32 graph (measured unless `fp32` is False), and its graph quantized with
-        each of `quantize`'s schemes, in its settings, as NAME-SCHEME."""
+        each of `quantize`'s schemes, in its settings, as NAME-SCHEME (its table's head rows ranked by
+        `frequencies`, a cached token_frequencies, when given: a method's own prior)."""
         if name in self.names:
             raise CompressorError(f"two variants are named {name!r}; give them different names")
         self.names.add(name)
@@ -81,10 +84,13 @@ class Variants:
         if fp32:
             self.graphs.append((name, path))
             self.details.append(detail)
-        self.add_rows(name, model, path, detail, quantize)
+        self.add_rows(name, model, path, detail, quantize, frequencies)
 
-    def add_rows(self, name: str, model: nn.Module, path: Path, detail: dict, quantize: QuantizeSpec) -> None:
-        """The fp32 graph at `path` of `model` quantized with each of `quantize`'s schemes as NAME-SCHEME."""
+    def add_rows(
+        self, name: str, model: nn.Module, path: Path, detail: dict, quantize: QuantizeSpec, frequencies=None
+    ) -> None:
+        """The fp32 graph at `path` of `model` quantized with each of `quantize`'s schemes as NAME-SCHEME, the
+        table's head rows ranked by `frequencies` (else the run's, the default prior's)."""
         rows = [f"{name}-{scheme}" for scheme in quantize.schemes]
         twice = sorted(self.names.intersection(rows))
         if twice:
@@ -111,7 +117,7 @@ class Variants:
                         table_bits=quantize.table_bits,
                         linear_bits=quantize.linear_bits,
                         scale_bits=quantize.scale_bits,
-                        frequencies=head_frequencies(scheme, quantize.table_head, self.frequencies),
+                        frequencies=head_frequencies(scheme, quantize.table_head, frequencies or self.frequencies),
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
@@ -171,7 +177,7 @@ class Variants:
             for suffix, values in forms:
                 form = {"export_form": {k: v for k, v in values.items() if v is not None}} if suffix else {}
                 graph = in_export_form(model, values, frequencies)
-                self.add(f"{name}{suffix}", graph, {**detail, **form}, variant.quantize, fp32)
+                self.add(f"{name}{suffix}", graph, {**detail, **form}, variant.quantize, fp32, frequencies)
 
         for plan in plans:
             label = plan.label() if prefix is None else prefix if len(plans) == 1 else f"{prefix}-{plan.label()}"

@@ -420,3 +420,31 @@ def test_run_a_trained_scheme_makes_a_compressed_variants_row_too(
     quantization = rows[f"original-{scheme}"]["quantization"]
     assert quantization["block"] == 32 and "eight_bit_layers" in quantization and quantization["corrections"]
     assert ("int8_layers" in quantization) == (scheme == "w4a8")
+
+
+def test_run_ranks_a_compressed_variants_table_head_by_its_own_prior(tmp_path, eval_text_file, capsys, monkeypatch):
+    import numpy as np
+
+    from converters.pipeline import variants
+    from converters.pipeline.calibrating import token_frequencies
+
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
+    ranked = []
+
+    def recorded(scheme, table_head, frequencies):
+        ranked.append(variants_head(scheme, table_head, frequencies))
+        return ranked[-1]
+
+    variants_head = variants.head_frequencies
+    monkeypatch.setattr(variants, "head_frequencies", recorded)
+    wide = write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256)
+    argv = ("run", wide, "--method", "lowrank", "--targets", "ffn", "--kind", "plain", "--freq-prior", "none")
+    texts = ("--calib", eval_text_file, "--data", eval_text_file, "--eval-text", eval_text_file)
+    options = ("--second-text", "none", "--runs", 2, "--quantize", "int4-aware", "--table-head", 8)
+    code, _, err = run_cli(capsys, *argv, *texts, *options, "--out", tmp_path / "run")
+    assert code == 0, err
+    original, compressed = (c for c in ranked if c is not None)  # original-int4-aware's, lowrank-…-int4-aware's
+    vocab = len(original)
+    assert np.array_equal(compressed, token_frequencies(eval_text_file, "none", 0, wide, vocab).counts.numpy())
+    assert np.array_equal(original, token_frequencies(eval_text_file, "wordfreq", 0.5, wide, vocab).counts.numpy())
+    assert not np.array_equal(original, compressed)
