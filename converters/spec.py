@@ -130,13 +130,17 @@ class VariantSpec:
 @dataclass(frozen=True)
 class RunSpec:
     """A side-by-side measurement: the model (None: the default one), the output folder, the texts,
-    the variants (each with the original) and the timed runs per latency setting."""
+    the variants (each with the original), the timed runs per latency setting, and the prior (`freq_prior` at
+    `prior_weight`) that ranks the table head of the rows no method made (the original's, quantized); a
+    compressed variant's rows take its method's."""
 
     model: str | Path | None
     out: Path
     texts: TextSpec
     variants: tuple[VariantSpec, ...]
     runs: int = 50
+    freq_prior: str = PRIORS[0]
+    prior_weight: float = PRIOR_WEIGHT
 
     def __post_init__(self):
         check_runs(self.runs)

@@ -10,7 +10,7 @@ from converters.finetune_config import FinetuneConfig
 from converters.kinds import KINDS
 from converters.registry import export_forms, methods
 from converters.spec import QUANTIZE_ONLY, MethodSpec, QuantizeSpec, RunSpec, TextSpec, VariantSpec
-from texts.prior import check_wordfreq
+from texts.prior import PRIOR_WEIGHT, PRIORS, check_wordfreq
 
 __all__ = ["text_spec", "method_spec", "quantize_spec", "finetune_config", "variant_spec", "run_spec"]
 
@@ -128,5 +128,13 @@ def variant_spec(values: Mapping[str, Any], name: str | None = None, fp32: bool 
 
 
 def run_spec(values: Mapping[str, Any], variants: list[VariantSpec], out: Path) -> RunSpec:
-    """A run or a sweep: the model, `out`, the texts, `variants` and the bench's runs."""
-    return RunSpec(values.get("model"), out, text_spec(values), tuple(variants), runs=values["runs"])
+    """A run or a sweep: the model, `out`, the texts, `variants`, the bench's runs and the prior (run's)."""
+    return RunSpec(
+        values.get("model"),
+        out,
+        text_spec(values),
+        tuple(variants),
+        runs=values["runs"],
+        freq_prior=_get(values, "freq_prior", PRIORS[0]),
+        prior_weight=_get(values, "prior_weight", PRIOR_WEIGHT),
+    )

@@ -25,17 +25,19 @@ from converters.pipeline.steps import (
 from converters.pipeline.variants import Variants, output_folder
 from converters.quantization.schemes import PLANNED, check_int8_products, check_linear_bits, check_table_bits
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
-from texts.prior import PRIOR_WEIGHT, PRIORS
+from texts.prior import check_prior
 
 __all__ = ["check_run", "measure"]
 
 
 def check_run(run: RunSpec) -> None:
     """What can be checked before the model loads: each variant's method options, plan file, budget,
-    calibration text and cache folder."""
+    calibration text and cache folder; the run's prior where a table head asks for it."""
     for variant in run.variants:
         if variant.method is not None:
             check_method_options(variant.method, run.texts)
+    if any(variant.quantize.table_head for variant in run.variants):
+        check_prior(run.freq_prior, run.prior_weight)
 
 
 def check_quantize_only(variant: VariantSpec) -> None:
@@ -97,7 +99,7 @@ def measure(run: RunSpec) -> None:
                 check_export_forms(dict(variant.export_forms), original, plans)
         vocab = original.get_input_embeddings().num_embeddings
         frequencies = functools.cache(
-            lambda: token_frequencies(run.texts.calib, PRIORS[0], PRIOR_WEIGHT, source, vocab)
+            lambda: token_frequencies(run.texts.calib, run.freq_prior, run.prior_weight, source, vocab)
         )
         made = Variants(run.out, source, vocab, batches, fit_for=fit_for, frequencies=frequencies)
         made.add_original(original, original_quantize)

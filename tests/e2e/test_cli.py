@@ -422,7 +422,8 @@ def test_run_a_trained_scheme_makes_a_compressed_variants_row_too(
     assert ("int8_layers" in quantization) == (scheme == "w4a8")
 
 
-def test_run_ranks_a_compressed_variants_table_head_by_its_own_prior(tmp_path, eval_text_file, capsys, monkeypatch):
+def test_each_rows_table_head_is_ranked_by_its_prior(tmp_path, eval_text_file, capsys, monkeypatch):
+    """A compressed variant's by its method's (a recipe's freq_prior), the original's by the run's (--freq-prior)."""
     import numpy as np
 
     from converters.pipeline import variants
@@ -430,21 +431,24 @@ def test_run_ranks_a_compressed_variants_table_head_by_its_own_prior(tmp_path, e
 
     monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
     ranked = []
-
-    def recorded(scheme, table_head, frequencies):
-        ranked.append(variants_head(scheme, table_head, frequencies))
-        return ranked[-1]
-
-    variants_head = variants.head_frequencies
-    monkeypatch.setattr(variants, "head_frequencies", recorded)
+    head_frequencies = variants.head_frequencies
+    monkeypatch.setattr(variants, "head_frequencies", lambda *a: ranked.append(head_frequencies(*a)) or ranked[-1])
     wide = write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256)
-    argv = ("run", wide, "--method", "lowrank", "--targets", "ffn", "--kind", "plain", "--freq-prior", "none")
     texts = ("--calib", eval_text_file, "--data", eval_text_file, "--eval-text", eval_text_file)
-    options = ("--second-text", "none", "--runs", 2, "--quantize", "int4-aware", "--table-head", 8)
-    code, _, err = run_cli(capsys, *argv, *texts, *options, "--out", tmp_path / "run")
+    options = ("--second-text", "none", "--runs", 2)
+    recipe = {"method": "lowrank", "targets": ["ffn"], "fit": "plain", "freq_prior": "none", "table_head": 8}
+    (tmp_path / "grid.json").write_text(json.dumps({"variants": [{**recipe, "quantize": ["int4-aware"]}]}))
+    grid = ("--recipes", tmp_path / "grid.json")
+    code, _, err = run_cli(capsys, "sweep", wide, *grid, *texts, *options, "--out", tmp_path / "s")
     assert code == 0, err
-    original, compressed = (c for c in ranked if c is not None)  # original-int4-aware's, lowrank-…-int4-aware's
-    vocab = len(original)
-    assert np.array_equal(compressed, token_frequencies(eval_text_file, "none", 0, wide, vocab).counts.numpy())
-    assert np.array_equal(original, token_frequencies(eval_text_file, "wordfreq", 0.5, wide, vocab).counts.numpy())
-    assert not np.array_equal(original, compressed)
+    original, compressed = (c for c in ranked if c is not None)  # original-int4-aware's, then the recipe's row's
+    priors = ("wordfreq", "none")
+    counts = {p: token_frequencies(eval_text_file, p, 0.5, wide, len(original)).counts.numpy() for p in priors}
+    assert not np.array_equal(counts["wordfreq"], counts["none"])
+    assert np.array_equal(original, counts["wordfreq"]) and np.array_equal(compressed, counts["none"])
+    ranked.clear()
+    quantized = ("--quantize", "int4-aware", "--table-head", 8, "--freq-prior", "none")
+    code, _, err = run_cli(capsys, "run", wide, *texts, *options, *quantized, "--out", tmp_path / "r")
+    assert code == 0, err
+    (original,) = (c for c in ranked if c is not None)
+    assert np.array_equal(original, counts["none"])
