@@ -222,7 +222,7 @@ def _corrected(
     codes) spent on each layer's rounding error, as a low-rank correction or as 8 bits instead
     (correction.plan_corrections); an LM's head (a tied one's 4-bit codes are its lookup's too) is offered a rank
     but not 8 bits (its corrected logits are two more (batch, sequence, V) tensors at the peak; a tied head is
-    never trained: training.student_of), and a tied head's 8-bit halves (`tied_head`, node names: tied_head.py)
+    never trained: tied_student), and a tied head's 8-bit halves (`tied_head`, node names: tied_head.py)
     kept so; `train` (None: the
     closed-form fit kept) then trains the corrections, the layers `int8` (output names) with their inputs rounded
     to 8 bits as they will be multiplied. (graph, corrections' report, 8-bit layers)."""

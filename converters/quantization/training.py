@@ -10,9 +10,10 @@ read from the smoothed and unsmoothed weights; a corrected layer becomes `Correc
 every other rounded nn.Linear or Conv1D one of rank 0, each with one gain a block of Q's scales (Q ⊙ G: the
 codes stay, the scales learn).
 Weights are found by value: the exported fp32 graph holds each weight as the module holds it (a
-Linear's Wᵀ, a Conv1D's W, an Embedding's table), or a compressed module's own factor as it is or
-transposed (LowRankLinear's up and down, a low-rank table's codes and basis, a dense head's rows); a
-weight two holders hold is refused. A compressed module's factor takes its rounded value frozen, and,
+Linear's Wᵀ, a Conv1D's W, an Embedding's table, the fused decoder's q, k and v side by side: fused_student), or
+a compressed module's own factor as it is or transposed (LowRankLinear's up and down, a low-rank table's codes
+and basis, a dense head's rows); a tied table as its head rounds it (tied_student); a weight two holders hold is
+refused. A compressed module's factor takes its rounded value frozen, and,
 corrected, Q + L R (its correction keeps its closed form: no nn.Linear to train it in). After the
 fine-tune (the corrections and gains of nn.Linear and Conv1D layers, their biases and the LayerNorms
 trained, all else frozen) the factors go back as L = s·A, R = B, each block's scale times its gain, the biases
@@ -36,9 +37,11 @@ from torch import nn
 from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import UnmatchedWeightError
 from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
+from converters.quantization.fused_student import fuse, put_side_by_side, side_by_side
 from converters.quantization.half_scales import constant_of, scale_values
 from converters.quantization.table_head import split_tables
 from converters.quantization.three_bit_table import three_bit_outputs, three_bit_rows
+from converters.quantization.tied_student import hold_tied
 
 __all__ = [
     "CORRECTION_SECONDS",
@@ -92,17 +95,21 @@ def _own_initializers(graph: onnx.GraphProto, node: onnx.NodeProto, positions: d
 
 @dataclass(frozen=True)
 class Holder:
-    """Who holds a weight of the graph: the module `name` (an nn.Linear, Conv1D or nn.Embedding), or, with
-    `factor`, the parameter `name` of a compressed module, which the graph holds transposed if `transposed`."""
+    """Who holds a weight of the graph: the module `name` (an nn.Linear, Conv1D or nn.Embedding; with `fused`, a
+    module whose projections the graph multiplies side by side: fused_student), or, with `factor`, the parameter
+    `name` of a compressed module, which the graph holds transposed if `transposed`."""
 
     name: str
     factor: bool = False
     transposed: bool = False
+    fused: bool = False
 
     def put(self, model: nn.Module, value: np.ndarray) -> None:
         """Set the weight to `value` (as the graph holds it)."""
         tensor = torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32))
-        if not self.factor:
+        if self.fused:
+            put_side_by_side(model, self.name, value)
+        elif not self.factor:
             module = model.get_submodule(self.name)
             module.weight.data = tensor.T.contiguous() if isinstance(module, nn.Linear) else tensor
         else:
@@ -147,6 +154,8 @@ def _held_weights(model: nn.Module) -> dict[bytes, Holder]:
             continue
         in_modules.add(id(module.weight))
         held.setdefault(_key(value), []).append(Holder(name))
+    for name, value in side_by_side(model).items():
+        held.setdefault(_key(value), []).append(Holder(name, fused=True))
     for name, param in model.named_parameters():
         if param.dim() == 2 and id(param) not in in_modules:
             for transposed in (False, True):
@@ -159,8 +168,8 @@ def _holder_of(held: dict[bytes, Holder], weight: np.ndarray, what: str) -> Hold
     holder = held.get(np.ascontiguousarray(weight, dtype=np.float32).tobytes())
     if holder is None:
         raise UnmatchedWeightError(
-            f"int4-trained needs each rounded weight held by one module or parameter; {what} is not (a table "
-            "shared with a tied head): use int4-corrected there"
+            f"int4-trained needs each rounded weight held by one module or parameter; {what} is not: use "
+            "int4-corrected there"
         )
     return holder
 
@@ -250,10 +259,11 @@ def student_of(
     rounded = {n.output[0].removesuffix("_rounded"): n for n in graph.node if n.op_type == "MatMulNBits"}
     corrected_outs = set(corrected_layers(corrected))
     links = Links(norms=_norms_of(model, graph))
+    tied_outs, tied_tables = hold_tied(model, partial(_holder_of, held), fp32, smoothed, corrected)
     rounded_inputs: dict[str, torch.Tensor] = {}  # module name → its smoothing s
     for out, node in rounded.items():
-        if out not in unsmoothed:
-            continue  # a correction's own factor
+        if out not in unsmoothed or out in tied_outs:
+            continue  # a correction's own factor, or a tied head (its table's: hold_tied)
         w, w_s = plain[unsmoothed[out]].astype(np.float64), scaled[smoothed_w[out]].astype(np.float64)
         holder = _holder_of(held, plain[unsmoothed[out]], f"the weight of {out!r}")
         s = (w_s * w).sum(1) / np.maximum((w * w).sum(1), 1e-30)  # (K,): W_s = diag(s) W
@@ -261,7 +271,7 @@ def student_of(
         q = dequantize_nbits(graph, node) / s[:, None]  # (K, N) as x q
         if out in int8_inputs and not holder.factor:
             rounded_inputs[holder.name] = torch.from_numpy(s.astype(np.float32))
-        gains = not holder.factor and _linear(model.get_submodule(holder.name))  # not a table read as a head
+        gains = holder.fused or not holder.factor and _linear(model.get_submodule(holder.name))  # not a table
         if out not in corrected_outs and not gains:
             holder.put(model, q)
             continue
@@ -283,7 +293,10 @@ def student_of(
         values = None if value is None else torch.from_numpy(value)
         parent, _, leaf = name.rpartition(".")
         layer = CorrectedLinear(q.T, left, right, values, block=block)
-        setattr(model.get_submodule(parent) if parent else model, leaf, layer)
+        if holder.fused:
+            name = fuse(model, name, layer)
+        else:
+            setattr(model.get_submodule(parent) if parent else model, leaf, layer)
         links.layers[out] = (name, s, bias)
         links.scales[out] = node.input[2]
     for name, s in rounded_inputs.items():
@@ -293,9 +306,12 @@ def student_of(
     three = three_bit_outputs(graph)
     tables.update({n.output[0]: (n,) for n in graph.node if n.output[0] in three})
     for out, (head, tail, perm) in split_tables(graph).items():  # the word table by frequency, 8-bit head
-        del tables[head.output[0]], tables[tail.output[0]]
+        for node in (head, tail):
+            tables.pop(node.output[0], None)
         tables[out] = (head, tail, perm)
     for out, nodes in tables.items():
+        if gathers.get(out) in tied_tables:
+            continue  # its rows are its tied head's: hold_tied
         table = plain.get(gathers.get(out, ""), np.zeros((0, 0), np.float32))
         _holder_of(held, table, f"the table of {out!r}").put(model, _rounded_table(corrected, nodes))
     return model, links

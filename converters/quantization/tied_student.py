@@ -1,0 +1,98 @@
+"""A tied LM's student for the trained schemes (training.student_of). The graph's lookup reads its tied head's
+codes (tied_codes), so the student's table is the head's rounding, E_q = (Q_s / s)ᵀ: Q_s the logits' MatMulNBits
+weight read back, s SmoothQuant's scaling of its rows. A head split by frequency (tied_head) is two such products,
+their columns the slots of its perm, put back in token order. A tied head's corrections are not trained: they stay
+as fitted, added to the tied logits by a forward hook, logits[…, ids] += x (L / s) R, the columns `ids` its half's
+tokens (all of them when the head is whole)."""
+
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+from torch import nn
+
+from compressor.errors import UnmatchedWeightError
+from compressor.tied_logits import TiedLogits
+from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
+from converters.quantization.tied_codes import TRANSPOSED
+
+__all__ = ["hold_tied"]
+
+_HALVES = ("_head_table", "_tail_table")  # table_head.split_table's names of a split table's halves
+
+
+def _tied_outputs(smoothed: onnx.GraphProto) -> dict[str, str]:
+    """Each MatMul output of `smoothed` whose weight is a table's transposed copy → that table's name."""
+    inits = {i.name for i in smoothed.initializer}
+    tables = {out: w.removesuffix(TRANSPOSED) for out, w in weight_names(smoothed).items() if w.endswith(TRANSPOSED)}
+    return {out: table for out, table in tables.items() if table in inits}
+
+
+def _add_corrections(corrections: list[tuple[torch.Tensor, torch.Tensor]], module, args, output):
+    for left, right in corrections:
+        output = output + (args[0] @ left.to(args[0].device)) @ right.to(args[0].device)
+    return output
+
+
+def hold_tied(
+    model: nn.Module,
+    holder_of: Callable,
+    fp32: onnx.ModelProto,
+    smoothed: onnx.ModelProto,
+    corrected: onnx.ModelProto,
+) -> tuple[frozenset[str], frozenset[str]]:
+    """`model` (in place) with its tied table as `corrected`'s tied head rounds it (put by its Holder,
+    `holder_of(fp32 value, what)`: training's) and the head's corrections hooked on its TiedLogits; (the logits
+    outputs, the fp32 table) so held, both empty when the graph has no tied head."""
+    tied = _tied_outputs(smoothed.graph)
+    if not tied:
+        return frozenset(), frozenset()
+    plain = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
+    scaled = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer}
+    graph = corrected.graph
+    inits = {i.name: i for i in graph.initializer}
+    rounded = {n.output[0].removesuffix("_rounded"): n for n in graph.node if n.op_type == "MatMulNBits"}
+    corrected_outs = set(corrected_layers(corrected))
+    (table,) = {w.removesuffix(TRANSPOSED) for w in weight_names(fp32.graph).values() if w.endswith(TRANSPOSED)}
+    rows, corrections = {}, []
+    perm = None
+    for out, name in tied.items():
+        prefix = next((name.removesuffix(h) for h in _HALVES if name.endswith(h)), None)
+        if prefix is not None:
+            perm = scaled[f"{prefix}_perm"].astype(np.int64)
+        w, w_s = scaled[name].T.astype(np.float64), scaled[name + TRANSPOSED].astype(np.float64)  # D × n
+        norms = (w * w).sum(1)
+        s = np.where(norms > 0, (w_s * w).sum(1) / np.maximum(norms, 1e-30), 1.0)  # W_s = diag(s) Eᵀ
+        rows[name] = (dequantize_nbits(graph, rounded[out]) / s[:, None]).T  # n × D
+        if out in corrected_outs:
+            left = (numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None]).astype(np.float32)
+            right = numpy_helper.to_array(inits[f"{out}_R"]).astype(np.float32)
+            corrections.append((name, left, right))
+    if perm is None:
+        value = rows[table]
+        ids = {table: np.arange(len(value))}
+    else:  # the halves' rows in slot order (head first), back to token order
+        head, tail = (next(n for n in rows if n.endswith(h)) for h in _HALVES)
+        value = np.concatenate([rows[head], rows[tail]])[perm]
+        order = np.argsort(perm)  # slot → token id
+        ids = {head: order[: len(rows[head])], tail: order[len(rows[head]) :]}
+    holder = holder_of(plain[table], f"the tied table {table!r}")
+    holder.put(model, value)
+    module = model.get_submodule(holder.name)
+    heads = [m for m in model.modules() if isinstance(m, TiedLogits) and m.embedding is module]
+    if corrections:
+        if len(heads) != 1 or heads[0].score != "dot":
+            raise UnmatchedWeightError(
+                "int4-trained needs a tied head that scores by the dot product to hold its corrections: use "
+                "int4-corrected there"
+            )
+        hooked = []
+        for name, left, right in corrections:
+            wide = np.zeros((right.shape[0], len(value)), np.float32)  # R's columns placed at its tokens' logits
+            wide[:, ids[name]] = right
+            hooked.append((torch.from_numpy(left), torch.from_numpy(wide)))
+        heads[0].register_forward_hook(partial(_add_corrections, hooked))
+    return frozenset(tied), frozenset({table})
