@@ -249,7 +249,7 @@ def _corrected(
         quantized = gptq_rounded(quantized, proto, grams, gptq)
     corrected = add_corrections(quantized, proto, grams, ranks)
     if train is not None:
-        corrected = train(exported, proto, corrected, int8)
+        corrected = train(exported, proto, corrected, int8, frozenset(offset))
     corrected, corrections = store_factors(corrected, proto, grams, kind.factor_form)
     report = {out: c.to_dict() for out, c in corrections.items()}
     offsets = {out: e for out, e in rounding_errors(corrected, proto).items() if out in offset}  # as trained

@@ -56,7 +56,12 @@ def hold_tied(
     inits = {i.name: i for i in graph.initializer}
     rounded = {n.output[0].removesuffix("_rounded"): n for n in graph.node if n.op_type == "MatMulNBits"}
     corrected_outs = set(corrected_layers(corrected))
-    (table,) = {w.removesuffix(TRANSPOSED) for w in weight_names(fp32.graph).values() if w.endswith(TRANSPOSED)}
+    tables = {w.removesuffix(TRANSPOSED) for w in weight_names(fp32.graph).values() if w.endswith(TRANSPOSED)}
+    if len(tables) != 1:
+        raise UnmatchedWeightError(
+            f"int4-trained holds one tied table, this graph has {len(tables)}: use int4-corrected there"
+        )
+    (table,) = tables
     rows, corrections = {}, []
     perm = None
     for out, name in tied.items():

@@ -38,6 +38,7 @@ from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import UnmatchedWeightError
 from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
 from converters.quantization.fused_student import fuse, put_side_by_side, side_by_side
+from converters.quantization.grid import block_offsets, stored_offsets
 from converters.quantization.half_scales import constant_of, scale_values
 from converters.quantization.table_head import split_tables
 from converters.quantization.three_bit_table import three_bit_outputs, three_bit_rows
@@ -245,11 +246,13 @@ def student_of(
     smoothed: onnx.ModelProto,
     corrected: onnx.ModelProto,
     int8_inputs: frozenset[str] = frozenset(),
+    offsets: frozenset[str] = frozenset(),
 ) -> tuple[nn.Module, Links]:
     """`model` (changed in place) holding every weight as `corrected` (add_corrections' graph of the
     smoothed `smoothed` of the exported `fp32`) holds it, its corrected layers CorrectedLinear, the input of
-    each layer of `int8_inputs` (output names) rounded to 8 bits (int8_rounded); each corrected layer's bias
-    gets an initializer of its own in `corrected` (in place)."""
+    each layer of `int8_inputs` (output names) rounded to 8 bits (int8_rounded), each layer of `offsets` (on a
+    4-bit grid, its error the graph's offsets take after training: grid.py) held frozen as Q + B O; each
+    corrected layer's bias gets an initializer of its own in `corrected` (in place)."""
     held = _held_weights(model)
     plain = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
     scaled = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer}
@@ -269,6 +272,11 @@ def student_of(
         s = (w_s * w).sum(1) / np.maximum((w * w).sum(1), 1e-30)  # (K,): W_s = diag(s) W
         s[(w * w).sum(1) == 0] = 1.0
         q = dequantize_nbits(graph, node) / s[:, None]  # (K, N) as x q
+        if out in offsets:  # the offsets add_offsets computes from this rounding, which stays (no gains)
+            block = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "block_size")
+            codes, scale = stored_offsets(block_offsets(w_s - q * s[:, None], block))
+            holder.put(model, q + np.repeat(codes * np.float64(scale), block, axis=0) / s[:, None])
+            continue
         if out in int8_inputs and not holder.factor:
             rounded_inputs[holder.name] = torch.from_numpy(s.astype(np.float32))
         gains = holder.fused or not holder.factor and _linear(model.get_submodule(holder.name))  # not a table
@@ -356,7 +364,8 @@ def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> 
 
 def trainer(model: nn.Module, fit: Callable[[nn.Module], None]):
     """The `train` argument of quantize_onnx for the fp32 graph of `model`: a copy of `model` made a
-    student of the corrected graph (the layers `int8_inputs` with their inputs rounded to 8 bits: student_of),
+    student of the corrected graph (the layers `int8_inputs` with their inputs rounded to 8 bits, those of
+    `offsets` offset: student_of),
     `fit` (a fine-tune of its CorrectedLinear modules) run on it, and its factors written back."""
 
     def train(
@@ -364,8 +373,9 @@ def trainer(model: nn.Module, fit: Callable[[nn.Module], None]):
         smoothed: onnx.ModelProto,
         corrected: onnx.ModelProto,
         int8_inputs: frozenset[str] = frozenset(),
+        offsets: frozenset[str] = frozenset(),
     ) -> onnx.ModelProto:
-        student, links = student_of(copy.deepcopy(model), fp32, smoothed, corrected, int8_inputs)
+        student, links = student_of(copy.deepcopy(model), fp32, smoothed, corrected, int8_inputs, offsets)
         fit(student)
         return write_back(corrected, student, links)
 

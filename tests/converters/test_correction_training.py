@@ -186,3 +186,26 @@ def test_int4_trained_end_to_end_and_its_refusals(wide, tmp_path):
     with pytest.raises(CompressorError, match="goes with int4-trained"):
         quantize_onnx(fp32, tmp_path / "x.onnx", vocab, "int4-trained", feeds)
     assert not (tmp_path / "x.onnx").exists()
+
+
+def test_a_grid_layers_student_holds_its_rounding_with_the_offsets_the_graph_adds(tmp_path):
+    from tests.converters.test_grid import BLOCK, q4_1
+
+    model, _ = load_model(write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256))
+    with torch.no_grad():  # every linear layer on a Q4_1 grid, as SmolLM2's: the budget buys their offsets
+        for linear in [m for m in model.modules() if isinstance(m, torch.nn.Linear)]:
+            n, k = linear.weight.shape
+            linear.weight.copy_(torch.from_numpy(q4_1(k, n).T.copy()))
+    fp32 = export_onnx(model, tmp_path / "m.onnx").path
+    vocab = model.get_input_embeddings().num_embeddings
+    feeds = [dict(zip(NAMES, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
+    seen = []
+    result = quantize_onnx(
+        fp32, tmp_path / "t.onnx", vocab, "int4-trained", feeds, BLOCK, 0, correction=0.2,
+        train=trainer(model, lambda student: seen.append(_torch(student, feeds[0]))),
+    )  # fmt: skip
+    assert sum("offsets" in c for c in result.corrections.values()) >= 3
+    graph, plain = make_session(result.path).run(None, feeds[0])[0], make_session(fp32).run(None, feeds[0])[0]
+    scale = np.abs(graph).max()
+    assert np.abs(seen[0] - graph).max() <= 2e-3 * scale  # Q + B O, as the graph adds the offsets after training
+    assert np.abs(plain - graph).max() >= 2e-3 * scale  # and the graph is still rounded (its table, its scales)
