@@ -348,7 +348,14 @@ def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
         cfg = FinetuneConfig(seconds=seconds, linear_lr=CORRECTION_LR[scheme])
 
         def fit(student: nn.Module) -> None:
-            report = finetune_(student, model, tokenizer, train, val, cfg, (CorrectedLinear, GraphLayerNorm))
+            trained = (CorrectedLinear, GraphLayerNorm)
+            if not any(isinstance(m, trained) for m in student.modules()):
+                say(
+                    f"{row}: nothing to train (each layer's rounding taken by its offsets or a tied head's codes, no "
+                    "LayerNorm): the corrections stay as fitted, the graph is int4-corrected's"
+                )
+                return
+            report = finetune_(student, model, tokenizer, train, val, cfg, trained)
             say(
                 f"{row}: the corrections trained on {where} for {report.steps} steps in {report.seconds:.0f} "
                 f"s; {kind.agreement_name} {report.start_val_cosine:.4f} → {report.best_val_cosine:.4f}"

@@ -209,3 +209,16 @@ def test_a_grid_layers_student_holds_its_rounding_with_the_offsets_the_graph_add
     scale = np.abs(graph).max()
     assert np.abs(seen[0] - graph).max() <= 2e-3 * scale  # Q + B O, as the graph adds the offsets after training
     assert np.abs(plain - graph).max() >= 2e-3 * scale  # and the graph is still rounded (its table, its scales)
+
+
+def test_a_student_with_nothing_to_train_is_left_as_fitted_and_said_so(tiny_llama_dir, eval_text_file, capsys):
+    from converters.kinds import kind_of
+    from converters.pipeline.steps import correction_fit
+
+    model, _ = load_model(tiny_llama_dir)
+    fit_for = correction_fit(["int4-trained"], eval_text_file, kind_of(model), tiny_llama_dir)
+    student = copy.deepcopy(model)  # no CorrectedLinear, no LayerNorm: SmolLM2's, its layers all offset
+    before = {name: value.clone() for name, value in student.state_dict().items()}
+    fit_for(model, 5.0, "int4-trained", "lm-int4-trained")(student)
+    assert all(torch.equal(before[name], value) for name, value in student.state_dict().items())
+    assert "lm-int4-trained: nothing to train" in capsys.readouterr().err
