@@ -17,7 +17,7 @@ from torch import nn
 from compressor.errors import UnmatchedWeightError
 from compressor.tied_logits import TiedLogits
 from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
-from converters.quantization.tied_codes import TRANSPOSED
+from converters.quantization.tied_codes import TRANSPOSED, smoothing_of
 
 __all__ = ["hold_tied"]
 
@@ -68,9 +68,8 @@ def hold_tied(
         prefix = next((name.removesuffix(h) for h in _HALVES if name.endswith(h)), None)
         if prefix is not None:
             perm = scaled[f"{prefix}_perm"].astype(np.int64)
-        w, w_s = scaled[name].T.astype(np.float64), scaled[name + TRANSPOSED].astype(np.float64)  # D × n
-        norms = (w * w).sum(1)
-        s = np.where(norms > 0, (w_s * w).sum(1) / np.maximum(norms, 1e-30), 1.0)  # W_s = diag(s) Eᵀ
+        s = smoothing_of(smoothed.graph, name)  # W_s = diag(s) Eᵀ
+        s = np.ones(scaled[name].shape[1]) if s is None else s
         rows[name] = (dequantize_nbits(graph, rounded[out]) / s[:, None]).T  # n × D
         if out in corrected_outs:
             left = (numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None]).astype(np.float32)
