@@ -352,7 +352,7 @@ def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
             if not any(isinstance(m, trained) for m in student.modules()):
                 say(
                     f"{row}: nothing to train (each layer's rounding taken by its offsets or a tied head's codes, no "
-                    "LayerNorm): the corrections stay as fitted, the graph is int4-corrected's"
+                    "LayerNorm): its corrections stay as int4-corrected fits them"
                 )
                 return
             report = finetune_(student, model, tokenizer, train, val, cfg, trained)
