@@ -6,6 +6,7 @@ whose gradient covariance is the Fisher of the output; quality is perplexity, to
 KL (eval.kinds). A model whose output head shares the input table gets a TiedLogits head, which
 computes the logits through whatever holds the table: stored once, never formed."""
 
+import inspect
 import warnings
 from pathlib import Path
 
@@ -38,6 +39,10 @@ class CausalLMGraph(nn.Module):
         self.layers = config.num_hidden_layers
         self.heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # transformers ≥ 5.2x takes the cache as `cache` (past_key_values deprecated); before, as past_key_values
+        # (an unknown `cache` would be swallowed by **kwargs and the pasts ignored)
+        takes = inspect.signature(model.forward).parameters
+        self.cache_name = "cache" if "cache" in takes else "past_key_values"
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, *past: Tensor):
         from transformers.cache_utils import DynamicCache
@@ -48,10 +53,10 @@ class CausalLMGraph(nn.Module):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             use_cache=True,
-        )
-        return (out.logits, *(t for layer in out.cache.layers for t in (layer.keys, layer.values)))
+            **{self.cache_name: cache},
+        )  # the cache grows in place: the presents are read from it, whatever the output names it
+        return (out.logits, *(t for layer in cache.layers for t in (layer.keys, layer.values)))
 
     def input_names(self) -> list[str]:
         kv = [f"{i}.{k}" for i in range(self.layers) for k in ("key", "value")]

@@ -195,7 +195,8 @@ def fused_decoder(model: nn.Module, opset: int = 17) -> onnx.ModelProto | None:
     ]
     graph = helper.make_graph(nodes, "fused_decoder", inputs, outputs, initializer=weights, value_info=typed)
     opsets = [helper.make_opsetid("", max(opset, TABLE_OPSET)), helper.make_opsetid(MS, 1)]
-    return helper.make_model(graph, opset_imports=opsets, producer_name="compressor")
+    ir = helper.find_min_ir_version_for(opsets, ignore_unknown=True)  # not the newest onnx's: older runtimes load it
+    return helper.make_model(graph, opset_imports=opsets, producer_name="compressor", ir_version=ir)
 
 
 _LAYER = re.compile(

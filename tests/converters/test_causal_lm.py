@@ -1,6 +1,7 @@
 """Causal language models on tiny Llama and GPT-2 models made in the test: the kind, the tied head
 through the compressed table's factors, checkpoints and ONNX holding the table once, KL distillation."""
 
+import inspect
 import json
 
 import numpy as np
@@ -22,7 +23,7 @@ from converters.export import export_onnx
 from converters.finetune import finetune_
 from converters.finetune_config import FinetuneConfig
 from converters.kinds import kind_of
-from converters.kinds.causal_lm import CAUSAL_LM
+from converters.kinds.causal_lm import CAUSAL_LM, CausalLMGraph
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan, match_plan
 from converters.registry import compact_modules
@@ -244,3 +245,42 @@ def test_a_model_no_kind_takes_is_named_with_the_kinds_there_are(tmp_path, confi
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CompressorError, match="no kind takes: the kinds are causal-lm .* and encoder"):
         kind_for_config(tmp_path)
+
+
+class _PastKeyValues(torch.nn.Module):
+    """`model` as transformers before 5.2x calls it: its cache passed as past_key_values."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.config = model, model.config
+        takes = inspect.signature(model.forward).parameters
+        self.name = "cache" if "cache" in takes else "past_key_values"  # the installed transformers' name
+
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=False):
+        cache = {self.name: past_key_values}
+        return self.inner(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=use_cache, **cache
+        )
+
+
+def test_the_cached_graph_passes_its_cache_by_the_name_the_model_takes(lm_dir):
+    """A prompt, then one more token fed the prompt's presents: the same logits and presents whether the model
+    takes its cache as `cache` (transformers now) or as past_key_values (before 5.2x), where `cache` would be
+    swallowed and the pasts ignored."""
+    model, _ = load_model(lm_dir)
+    model.eval()
+    graphs = [CausalLMGraph(model), CausalLMGraph(_PastKeyValues(model))]
+    assert graphs[1].cache_name == "past_key_values"
+    ids = ids_of(model, batch=1, seq=6)
+    empty = torch.zeros(1, graphs[0].heads, 0, graphs[0].head_dim)
+    results = []
+    with torch.no_grad():
+        for graph in graphs:
+            prompt = graph(
+                ids[:, :5], torch.ones(1, 5, dtype=torch.long), torch.arange(5)[None], *[empty] * (2 * graph.layers)
+            )
+            step = graph(ids[:, 5:], torch.ones(1, 6, dtype=torch.long), torch.tensor([[5]]), *prompt[1:])
+            results.append(step)
+    assert all(t.shape[2] == 6 for t in results[1][1:])  # the pasts were taken: 5 + 1 positions
+    for got, want in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

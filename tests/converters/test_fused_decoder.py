@@ -1,5 +1,6 @@
 """The fused decoder's graph (converters.kinds.fused_decoder): written for a plain Llama-style model whose
-heads GroupQueryAttention takes, with the table stored once under a tied head; not for a model with a
+heads GroupQueryAttention takes, with the table stored once under a tied head (at the IR version its opsets
+need: ONNX Runtime 1.30 refuses onnx 1.23's newest, 14); not for a model with a
 compressed layer or heads of another size (they are traced); int8 and int4 round its MatMuls and keep
 its fused operators. Its logits against PyTorch at every cached step: tests/eval/test_decode.py."""
 
@@ -43,6 +44,8 @@ def test_a_plain_llama_is_written_fused_with_its_table_once(fused_dir, tmp_path)
     stored = [i for i in graph.initializer if tuple(i.dims) in (tuple(table.shape), tuple(table.shape[::-1]))]
     assert len(stored) == 1  # the Gather's table is the FusedMatMul's, not a transposed copy
     assert result.parity_max_abs <= 1e-4
+    written = onnx.load(str(result.path), load_external_data=False)  # the IR its opsets need, not this onnx's newest:
+    assert written.ir_version == onnx.helper.find_min_ir_version_for(written.opset_import, ignore_unknown=True) == 10
 
 
 def test_other_models_are_traced(fused_dir, tiny_llama_dir):

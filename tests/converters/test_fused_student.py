@@ -9,6 +9,8 @@ import torch
 from compressor.corrected_linear import CorrectedLinear
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
+from converters.finetune import finetune_
+from converters.finetune_config import FinetuneConfig
 from converters.quantization.fused_student import SIDE_BY_SIDE, Slice
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.training import trainer
@@ -56,3 +58,32 @@ def test_int4_trained_holds_the_fused_projections_as_one_corrected_layer(fused_l
     scale = np.abs(graph).max()
     assert np.abs(seen["logits"] - graph).max() <= 1e-2 * scale  # the graph's factors rounded to 8 bits after
     assert np.abs(dense - graph).max() >= 5 * np.abs(seen["logits"] - graph).max()  # not the unrounded model's
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+def test_int4_trained_trains_an_lm_on_a_gpu_and_its_graph_computes_the_trained_student(fused_llama, tmp_path):
+    """Item 4's GPU path on an LM: the fused projections' shared layer and the tied head's hooked corrections train
+    on cuda, the student comes back to the CPU, and the graph written from it computes what it computes."""
+    path, model, fp32 = fused_llama
+    vocab = model.get_input_embeddings().num_embeddings
+    tokenizer = load_tokenizer(path)
+    cfg = FinetuneConfig(steps=20, seconds=None, linear_lr=1e-3, eval_every=10, batch_size=4, device="cuda")
+    reports, students = [], []
+
+    def fit(student):
+        reports.append(finetune_(student, model, tokenizer, PASSAGES[:9], PASSAGES[9:], cfg, (CorrectedLinear,)))
+        students.append(student)
+
+    text = encode_passages(tokenizer, PASSAGES)
+    result = quantize_onnx(
+        fp32, tmp_path / "t.onnx", vocab, "int4-trained", text, 16, 0, correction=0.3, train=trainer(model, fit)
+    )
+    (report,), (student,) = reports, students
+    assert report.device.startswith("cuda") and report.steps == 20 and next(student.parameters()).device.type == "cpu"
+    ids = sample_inputs(vocab, 1, 9, 0)[0]
+    mask = torch.ones_like(ids)
+    session = make_session(result.path)
+    graph = session.run(["logits"], full_feed(session, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}))[0]
+    with torch.no_grad():
+        trained = student(input_ids=ids, attention_mask=mask).logits.numpy()
+    assert np.abs(trained - graph).max() <= 1e-2 * np.abs(graph).max()
