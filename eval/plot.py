@@ -41,15 +41,15 @@ def plot_front(report: dict, path: Path, x: str = "file_bytes", quality: str | N
         ax.scatter(c * scale, q, marker=marker, color=colour, s=size, zorder=3, label=name if name in MARKS else None)
     ax.set_xscale("log")
     ax.autoscale_view()
-    _label(ax, [(rows[i]["name"], c * scale, q) for i, c, q in points])
     for axis_ticks in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
         axis_ticks(LogFormatter(labelOnlyBase=False))  # 20, 30, 50 rather than 2×10¹
     ax.set_xlabel(f"{label} (log scale)")
     ax.set_ylabel(quality)
     ax.set_title(f"{report.get('model', '')}: {quality} against {label}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")  # where it hides fewest points
     fig.tight_layout()
+    _label(ax, [(rows[i]["name"], c * scale, q) for i, c, q in points])
+    ax.legend(fontsize=8, loc="best")  # where it hides fewest points
     path = Path(path)
     with atomic_file(path) as tmp:
         fig.savefig(tmp, format="png")
@@ -57,20 +57,12 @@ def plot_front(report: dict, path: Path, x: str = "file_bytes", quality: str | N
 
 
 def _label(ax, points: list[tuple[str, float, float]], fontsize: int = 7) -> None:
-    """Each (name, x, y) labelled beside its point (left of it where the right edge would cut it); a label
-    that would overlap one placed before it goes one line lower, and again, up to four lines (boxes
-    estimated from the name's length)."""
-    placed: list[tuple[float, float, float, float]] = []  # display boxes: x0, y0, x1, y1
-    px = ax.figure.dpi / 72  # pixels a point
-    right = ax.transAxes.transform((1, 0))[0]
-    for name, x, y in sorted(points, key=lambda p: (p[1], -p[2])):
-        ax_x, ax_y = ax.transData.transform((x, y))
-        width, line = 0.6 * fontsize * len(name) * px, 1.3 * fontsize * px
-        dx = -5 - width / px if ax_x + 5 * px + width > right else 5
-        for shift in range(5):
-            dy = 4 - shift * 1.3 * fontsize
-            box = (ax_x + dx * px, ax_y + dy * px, ax_x + dx * px + width, ax_y + dy * px + line)
-            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in placed):
-                break
-        placed.append(box)
-        ax.annotate(name, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize)
+    """Each (name, x, y) labelled beside its point, the labels pushed off each other and off the points, inside
+    the axes, by adjustText (a thin line to the point where one had to move far); call it on the final layout."""
+    from adjustText import adjust_text
+
+    texts = [ax.text(x, y, name, fontsize=fontsize) for name, x, y in points]
+    xs, ys = [x for _, x, _ in points], [y for _, _, y in points]
+    adjust_text(
+        texts, x=xs, y=ys, ax=ax, ensure_inside_axes=True, arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "gray"}
+    )
