@@ -78,6 +78,33 @@ def test_a_tied_head_becomes_a_matmul_the_quantizer_takes(tiny_llama_dir, tmp_pa
     assert "MatMulInteger" in {n.op_type for n in onnx.load(str(result.path)).graph.node}
 
 
+def test_gpt2s_biased_products_become_matmuls_the_4_bit_quantizer_takes(tiny_gpt2_dir, tmp_path):
+    """GPT-2's Conv1D layers are Gemm(x, W, C) in fp32, which MatMulNBits' quantizer passes by: int4 left them
+    fp32. Rewritten MatMul(x, W) + C, the graph computes what it did, and int4 rounds every one of them."""
+    import onnxruntime as ort
+
+    from converters.export import sample_inputs
+    from converters.quantization.quantize import tied_products_as_matmul
+    from eval.probe import full_feed
+
+    model, _ = load_model(tiny_gpt2_dir)
+    fp32 = export_onnx(model, tmp_path / "lm.onnx").path
+    proto = onnx.load(str(fp32))
+    gemms = [n for n in proto.graph.node if n.op_type == "Gemm" and len(n.input) == 3]
+    assert len(gemms) == 4 * model.config.n_layer  # attention in and out, the MLP's two
+    rewritten = tied_products_as_matmul(onnx.load(str(fp32)))
+    assert "Gemm" not in {n.op_type for n in rewritten.graph.node}
+    vocab = model.get_input_embeddings().num_embeddings
+    ids, mask = sample_inputs(vocab, 2, 5, 0)
+    feed = {"input_ids": ids.numpy(), "attention_mask": mask.numpy()}
+    sessions = [ort.InferenceSession(p.SerializeToString()) for p in (proto, rewritten)]
+    before, after = (s.run(["logits"], full_feed(s, feed))[0] for s in sessions)
+    np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4 * np.abs(before).max())
+    result = quantize_onnx(fp32, tmp_path / "lm-int4.onnx", vocab, scheme="int4")
+    ops = [n.op_type for n in onnx.load(str(result.path)).graph.node]
+    assert ops.count("MatMulNBits") == len(gemms) + 1 and "Gemm" not in ops  # the layers and the tied head
+
+
 def test_the_gate_judges_on_text_when_the_caller_has_it(tiny_bert_dir, tmp_path):
     # random ids make activations no text makes: the gate reads the text's real tokens, padding left out
     from eval.graph import make_session
