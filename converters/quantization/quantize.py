@@ -84,7 +84,7 @@ __all__ = [
     "QuantizeResult",
     "quantize_onnx",
     "is_quantized",
-    "tied_products_as_matmul",
+    "products_as_matmul",
 ]
 
 # w4a8 at int4's α too: at int8-aware's 0.8 more layers hold their inputs in one int8 scale, but the 4-bit
@@ -167,7 +167,7 @@ def _parity(fp32: Path, quantized: Path, vocab: int, text: list[dict] | None) ->
     return worst, (diff2 / max(ref2, 1e-30)) ** 0.5, fed
 
 
-def tied_products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
+def products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
     """In place: each product by a stored weight W that is not a MatMul becomes one, which the quantizers take as
     they take any MatMul weight: x Wᵀ — FusedMatMul(x, W, transB=1) (a tied head: compressor.tied_logits) or
     Gemm(x, W, transB=1) — MatMul(x, Wᵀ) on a transposed copy of W (W itself stays for the Gathers that read
@@ -342,7 +342,7 @@ def quantize_onnx(
     check_linear_bits(linear_bits, CORRECTED, graph_kind(src))
     with atomic_file(dst, needed=file_bytes(src) // 3) as tmp, tempfile.TemporaryDirectory() as work:
         plain = Path(work) / "plain.onnx"  # without the fp32 parity of the metadata
-        proto = tied_products_as_matmul(onnx.load(str(src)))
+        proto = products_as_matmul(onnx.load(str(src)))
         del proto.metadata_props[:]
         exported = proto
         width, eight_bit = scheme.split("-")[0], ()

@@ -56,14 +56,14 @@ def test_a_tied_head_becomes_a_matmul_the_quantizer_takes(tiny_llama_dir, tmp_pa
     import onnxruntime as ort
 
     from converters.export import sample_inputs
-    from converters.quantization.quantize import tied_products_as_matmul
+    from converters.quantization.quantize import products_as_matmul
     from eval.probe import full_feed
 
     model, _ = load_model(tiny_llama_dir)
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
     proto = onnx.load(str(fp32))
     assert [n.op_type for n in proto.graph.node].count("FusedMatMul") == 1
-    rewritten = tied_products_as_matmul(onnx.load(str(fp32)))
+    rewritten = products_as_matmul(onnx.load(str(fp32)))
     assert "FusedMatMul" not in {n.op_type for n in rewritten.graph.node}
     vocab, dim = model.get_input_embeddings().weight.shape
     shapes = sorted(tuple(i.dims) for i in rewritten.graph.initializer if vocab in i.dims)
@@ -84,7 +84,7 @@ def test_gpt2s_biased_products_become_matmuls_the_4_bit_quantizer_takes(tiny_gpt
     import onnxruntime as ort
 
     from converters.export import sample_inputs
-    from converters.quantization.quantize import tied_products_as_matmul
+    from converters.quantization.quantize import products_as_matmul
     from eval.probe import full_feed
 
     model, _ = load_model(tiny_gpt2_dir)
@@ -92,7 +92,7 @@ def test_gpt2s_biased_products_become_matmuls_the_4_bit_quantizer_takes(tiny_gpt
     proto = onnx.load(str(fp32))
     gemms = [n for n in proto.graph.node if n.op_type == "Gemm" and len(n.input) == 3]
     assert len(gemms) == 4 * model.config.n_layer  # attention in and out, the MLP's two
-    rewritten = tied_products_as_matmul(onnx.load(str(fp32)))
+    rewritten = products_as_matmul(onnx.load(str(fp32)))
     assert "Gemm" not in {n.op_type for n in rewritten.graph.node}
     vocab = model.get_input_embeddings().num_embeddings
     ids, mask = sample_inputs(vocab, 2, 5, 0)

@@ -7,7 +7,7 @@ import pytest
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.quantize import REL_TOL, quantize_onnx, tied_products_as_matmul
+from converters.quantization.quantize import REL_TOL, products_as_matmul, quantize_onnx
 from converters.quantization.table_head import frequent_ids
 from converters.quantization.tied_codes import tied_pairs
 from converters.quantization.tied_head import split_tied_head
@@ -29,7 +29,7 @@ def test_the_split_tied_head_is_exact(tiny_llama_dir, tmp_path):
     model, _ = load_model(tiny_llama_dir)
     vocab = model.get_input_embeddings().num_embeddings
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
-    proto = tied_products_as_matmul(onnx.load(str(fp32)))
+    proto = products_as_matmul(onnx.load(str(fp32)))
     (table,) = tied_pairs(proto.graph)
     gather, matmul = split_tied_head(proto, HEAD)
     assert len(tied_pairs(proto.graph)) == 2 and table not in tied_pairs(proto.graph)  # two halves, each a pair

@@ -13,7 +13,7 @@ from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.correction import add_corrections, corrected_layers, input_grams
 from converters.quantization.int4 import name_nodes, quantize_4bit
-from converters.quantization.quantize import tied_products_as_matmul
+from converters.quantization.quantize import products_as_matmul
 from converters.quantization.smoothing import activation_absmax, smooth
 from converters.quantization.tied_codes import share_tied_codes, smoothing_of, tied_pairs
 from converters.quantization.tied_head import split_tied_head
@@ -33,7 +33,7 @@ def _logits_of(path, ids, mask) -> np.ndarray:
 def test_the_student_of_a_tied_lm_computes_what_its_graph_computes(tiny_gpt2_dir, tmp_path, split):
     model, _ = load_model(tiny_gpt2_dir)
     vocab = model.get_input_embeddings().num_embeddings
-    exported = tied_products_as_matmul(onnx.load(str(export_onnx(model, tmp_path / "lm.onnx").path)))
+    exported = products_as_matmul(onnx.load(str(export_onnx(model, tmp_path / "lm.onnx").path)))
     ids = sample_inputs(vocab, 1, 9, 0)[0]
     mask = torch.ones_like(ids)  # no padding: a GPT-2's logits there are not comparable
     feeds = [full_feed(make_session(tmp_path / "lm.onnx"), {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})]
