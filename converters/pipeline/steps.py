@@ -9,7 +9,6 @@ from pathlib import Path
 
 from torch import nn
 
-from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import CompressorError
 from converters.budget import check_budget_fits, parse_budget, plan_for_budget
 from converters.calibration import Calibration, default_cache_dir, statistics_bytes
@@ -23,7 +22,7 @@ from converters.pipeline.calibrating import calibration
 from converters.pipeline.say import say
 from converters.plan import WIDTHS, Plan, match_plan
 from converters.quantization.schemes import TRAINED
-from converters.quantization.training import CORRECTION_LR, GraphLayerNorm
+from converters.quantization.training import CORRECTION_LR, TRAINED_MODULES
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from converters.spec import MethodSpec, TextSpec
 from files.atomic import check_writable
@@ -332,7 +331,7 @@ def finetune_and_say(
 
 def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
     """For int4-trained and w4a8: (model, seconds, scheme, row) → the fine-tune of a student of its rounded graph
-    (its CorrectedLinear modules, against `model`) on the fine-tune text `data`, for `seconds` at `scheme`'s
+    (its TRAINED_MODULES, against `model`) on the fine-tune text `data`, for `seconds` at `scheme`'s
     learning rate, said as `row`'s; None when none of `schemes` trains corrections."""
     named = " and ".join(s for s in dict.fromkeys(schemes) if s in TRAINED)
     if not named:
@@ -348,14 +347,13 @@ def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
         cfg = FinetuneConfig(seconds=seconds, linear_lr=CORRECTION_LR[scheme])
 
         def fit(student: nn.Module) -> None:
-            trained = (CorrectedLinear, GraphLayerNorm)
-            if not any(isinstance(m, trained) for m in student.modules()):
+            if not any(isinstance(m, TRAINED_MODULES) for m in student.modules()):
                 say(
                     f"{row}: nothing to train (each layer's rounding taken by its offsets or a tied head's codes, no "
-                    "LayerNorm): its corrections stay as int4-corrected fits them"
+                    "correction, no LayerNorm): it stays as int4-corrected fits it"
                 )
                 return
-            report = finetune_(student, model, tokenizer, train, val, cfg, trained)
+            report = finetune_(student, model, tokenizer, train, val, cfg, TRAINED_MODULES)
             say(
                 f"{row}: the corrections trained on {where} for {report.steps} steps in {report.seconds:.0f} "
                 f"s; {kind.agreement_name} {report.start_val_cosine:.4f} → {report.best_val_cosine:.4f}"

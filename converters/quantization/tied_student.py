@@ -1,12 +1,11 @@
 """A tied LM's student for the trained schemes (training.student_of). The graph's lookup reads its tied head's
 codes (tied_codes), so the student's table is the head's rounding, E_q = (Q_s / s)ᵀ: Q_s the logits' MatMulNBits
 weight read back, s SmoothQuant's scaling of its rows. A head split by frequency (tied_head) is two such products,
-their columns the slots of its perm, put back in token order. A tied head's corrections are not trained: they stay
-as fitted, added to the tied logits by a forward hook, logits[…, ids] += x (L / s) R, the columns `ids` its half's
-tokens (all of them when the head is whole)."""
+their columns the slots of its perm, put back in token order. A tied head's corrections are HeadCorrection modules
+of its TiedLogits, trained with the others and added to its logits by a forward hook, logits[…, ids] += x (L / s) R,
+the columns `ids` its half's tokens (all of them when the head is whole); they go back as L = s·A, R = B."""
 
 from collections.abc import Callable
-from functools import partial
 
 import numpy as np
 import onnx
@@ -19,7 +18,7 @@ from compressor.tied_logits import TiedLogits
 from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
 from converters.quantization.tied_codes import TRANSPOSED, smoothing_of
 
-__all__ = ["hold_tied"]
+__all__ = ["HeadCorrection", "hold_tied"]
 
 _HALVES = ("_head_table", "_tail_table")  # table_head.split_table's names of a split table's halves
 
@@ -31,9 +30,27 @@ def _tied_outputs(smoothed: onnx.GraphProto) -> dict[str, str]:
     return {out: table for out, table in tables.items() if table in inits}
 
 
-def _add_corrections(corrections: list[tuple[torch.Tensor, torch.Tensor]], module, args, output):
-    for left, right in corrections:
-        output = output + (args[0] @ left.to(args[0].device)) @ right.to(args[0].device)
+class HeadCorrection(nn.Module):
+    """A tied head's low-rank correction of its logits `ids` (one half's tokens, or all): (x A) B, A (D × r) and
+    B (r × n) trainable."""
+
+    def __init__(self, left: np.ndarray, right: np.ndarray, ids: np.ndarray):
+        super().__init__()
+        self.left = nn.Parameter(torch.from_numpy(left))
+        self.right = nn.Parameter(torch.from_numpy(right))
+        self.register_buffer("ids", torch.from_numpy(np.asarray(ids, dtype=np.int64)))
+        self.in_order = bool(np.array_equal(ids, np.arange(len(ids))))
+
+    def forward(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        correction = ((x @ self.left) @ self.right).to(logits.dtype)
+        if self.in_order and len(self.ids) == logits.shape[-1]:
+            return logits + correction  # the whole head
+        return logits.index_add(-1, self.ids, correction)
+
+
+def _add_corrections(module, args, output):
+    for correction in module.corrections:
+        output = correction(args[0], output)
     return output
 
 
@@ -43,13 +60,14 @@ def hold_tied(
     fp32: onnx.ModelProto,
     smoothed: onnx.ModelProto,
     corrected: onnx.ModelProto,
-) -> tuple[frozenset[str], frozenset[str]]:
+) -> tuple[frozenset[str], frozenset[str], dict[str, tuple[str, np.ndarray]]]:
     """`model` (in place) with its tied table as `corrected`'s tied head rounds it (put by its Holder,
-    `holder_of(fp32 value, what)`: training's) and the head's corrections hooked on its TiedLogits; (the logits
-    outputs, the fp32 table) so held, both empty when the graph has no tied head."""
+    `holder_of(fp32 value, what)`: training's) and the head's corrections HeadCorrection modules of its
+    TiedLogits; (the logits outputs, the fp32 table) so held, both empty when the graph has no tied head, and each
+    corrected output → (its HeadCorrection's name, s), for write_back."""
     tied = _tied_outputs(smoothed.graph)
     if not tied:
-        return frozenset(), frozenset()
+        return frozenset(), frozenset(), {}
     plain = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
     scaled = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer}
     graph = corrected.graph
@@ -74,7 +92,7 @@ def hold_tied(
         if out in corrected_outs:
             left = (numpy_helper.to_array(inits[f"{out}_L"]) / s[:, None]).astype(np.float32)
             right = numpy_helper.to_array(inits[f"{out}_R"]).astype(np.float32)
-            corrections.append((name, left, right))
+            corrections.append((out, name, left, right, s))
     if perm is None:
         value = rows[table]
         ids = {table: np.arange(len(value))}
@@ -87,16 +105,17 @@ def hold_tied(
     holder.put(model, value)
     module = model.get_submodule(holder.name)
     heads = [m for m in model.modules() if isinstance(m, TiedLogits) and m.embedding is module]
-    if corrections:
-        if len(heads) != 1 or heads[0].score != "dot":
-            raise UnmatchedWeightError(
-                "int4-trained needs a tied head that scores by the dot product to hold its corrections: use "
-                "int4-corrected there"
-            )
-        hooked = []
-        for name, left, right in corrections:
-            wide = np.zeros((right.shape[0], len(value)), np.float32)  # R's columns placed at its tokens' logits
-            wide[:, ids[name]] = right
-            hooked.append((torch.from_numpy(left), torch.from_numpy(wide)))
-        heads[0].register_forward_hook(partial(_add_corrections, hooked))
-    return frozenset(tied), frozenset({table})
+    if not corrections:
+        return frozenset(tied), frozenset({table}), {}
+    if len(heads) != 1 or heads[0].score != "dot":
+        raise UnmatchedWeightError(
+            "int4-trained needs a tied head that scores by the dot product to hold its corrections: use "
+            "int4-corrected there"
+        )
+    heads[0].corrections = nn.ModuleList(
+        HeadCorrection(left, right, ids[name]) for _, name, left, right, _ in corrections
+    )
+    heads[0].register_forward_hook(_add_corrections)
+    prefix = next(n for n, m in model.named_modules() if m is heads[0])
+    links = {out: (f"{prefix}.corrections.{i}", s) for i, (out, *_, s) in enumerate(corrections)}
+    return frozenset(tied), frozenset({table}), links

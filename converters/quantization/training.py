@@ -15,10 +15,10 @@ a compressed module's own factor as it is or transposed (LowRankLinear's up and 
 and basis, a dense head's rows); a tied table as its head rounds it (tied_student); a weight two holders hold is
 refused. A compressed module's factor takes its rounded value frozen, and,
 corrected, Q + L R (its correction keeps its closed form: no nn.Linear to train it in). After the
-fine-tune (the corrections and gains of nn.Linear and Conv1D layers, their biases and the LayerNorms
-trained, all else frozen) the factors go back as L = s·A, R = B, each block's scale times its gain, the biases
-into their Add and the LayerNorms into their LayerNormalization (each in an initializer of its own), and
-`correction.store_factors` rounds the factors to 8 bits. For the layers a graph multiplies in int8 (w4a8:
+fine-tune (the corrections and gains of nn.Linear and Conv1D layers, their biases, the LayerNorms and a tied
+head's corrections trained, all else frozen) the factors go back as L = s·A, R = B, each block's scale times
+its gain, the biases into their Add and the LayerNorms into their LayerNormalization (each in an initializer of
+its own), and `correction.store_factors` rounds the factors to 8 bits. For the layers a graph multiplies in int8 (w4a8:
 converters.quantization.int8_products) the input is rounded too, as DynamicQuantizeLinear rounds it
 (`int8_rounded`)."""
 
@@ -42,13 +42,14 @@ from converters.quantization.grid import block_offsets, stored_offsets
 from converters.quantization.half_scales import constant_of, scale_values
 from converters.quantization.table_head import split_tables
 from converters.quantization.three_bit_table import three_bit_outputs, three_bit_rows
-from converters.quantization.tied_student import hold_tied
+from converters.quantization.tied_student import HeadCorrection, hold_tied
 
 __all__ = [
     "CORRECTION_SECONDS",
     "CORRECTION_LR",
     "Links",
     "GraphLayerNorm",
+    "TRAINED_MODULES",
     "student_of",
     "write_back",
     "dequantize_table",
@@ -67,15 +68,19 @@ CORRECTION_LR = {"int4-trained": 2e-4, "w4a8": 3e-3}
 class Links:
     """What goes back into the graph: output name of each trained MatMul → (module name, s (K,), bias
     initializer or None) and → its MatMulNBits' scales initializer; module name of each LayerNorm → (scale
-    initializer, bias initializer)."""
+    initializer, bias initializer); output name of each corrected tied head → (its HeadCorrection's name, s)."""
 
     layers: dict[str, tuple[str, np.ndarray, str | None]] = field(default_factory=dict)
     norms: dict[str, tuple[str, str]] = field(default_factory=dict)
     scales: dict[str, str] = field(default_factory=dict)
+    heads: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
 
 
 class GraphLayerNorm(nn.LayerNorm):
     """A LayerNorm of the student whose weight and bias go back into the graph's LayerNormalization."""
+
+
+TRAINED_MODULES = (CorrectedLinear, GraphLayerNorm, HeadCorrection)  # what the fine-tune of a student trains
 
 
 def _own_initializers(graph: onnx.GraphProto, node: onnx.NodeProto, positions: dict[int, str]) -> list[np.ndarray]:
@@ -261,8 +266,8 @@ def student_of(
     inits = {i.name: i for i in graph.initializer}
     rounded = {n.output[0].removesuffix("_rounded"): n for n in graph.node if n.op_type == "MatMulNBits"}
     corrected_outs = set(corrected_layers(corrected))
-    links = Links(norms=_norms_of(model, graph))
-    tied_outs, tied_tables = hold_tied(model, partial(_holder_of, held), fp32, smoothed, corrected)
+    tied_outs, tied_tables, heads = hold_tied(model, partial(_holder_of, held), fp32, smoothed, corrected)
+    links = Links(norms=_norms_of(model, graph), heads=heads)
     rounded_inputs: dict[str, torch.Tensor] = {}  # module name → its smoothing s
     for out, node in rounded.items():
         if out not in unsmoothed or out in tied_outs:
@@ -339,8 +344,8 @@ def _rounded_table(model: onnx.ModelProto, nodes: tuple) -> np.ndarray:
 
 
 def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> onnx.ModelProto:
-    """`corrected` (in place) with the trained factors L = s·A, R = B, biases, LayerNorms and block scales (times
-    their gains) of `student`."""
+    """`corrected` (in place) with the trained factors L = s·A, R = B (a tied head's too), biases, LayerNorms and
+    block scales (times their gains) of `student`."""
     values = {}
     inits = {i.name: i for i in corrected.graph.initializer}
     for out, (name, s, bias) in links.layers.items():
@@ -354,6 +359,10 @@ def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> 
         values[links.scales[out]] = (scales.reshape(module.gain.shape) * module.gain.detach().numpy()).reshape(
             scales.shape
         )
+    for out, (name, s) in links.heads.items():
+        module = student.get_submodule(name)
+        values[f"{out}_L"] = module.left.detach().double().numpy() * s[:, None]
+        values[f"{out}_R"] = module.right.detach().numpy()
     for name, (scale, bias) in links.norms.items():
         module = student.get_submodule(name)
         values.update({scale: module.weight.detach().numpy(), bias: module.bias.detach().numpy()})

@@ -1,6 +1,6 @@
 """A tied LM's student for int4-trained (converters/quantization/tied_student.py): its table is the one the graph's
 lookup and logits read (the tied head's codes), and the head's corrections, whole or split by frequency, add to its
-logits as they do in the graph."""
+logits as they do in the graph, and go back into it trained."""
 
 import copy
 
@@ -17,7 +17,8 @@ from converters.quantization.quantize import products_as_matmul
 from converters.quantization.smoothing import activation_absmax, smooth
 from converters.quantization.tied_codes import share_tied_codes, smoothing_of, tied_pairs
 from converters.quantization.tied_head import split_tied_head
-from converters.quantization.training import student_of
+from converters.quantization.tied_student import HeadCorrection
+from converters.quantization.training import student_of, write_back
 from eval.graph import make_session
 from eval.probe import full_feed
 
@@ -46,7 +47,7 @@ def test_the_student_of_a_tied_lm_computes_what_its_graph_computes(tiny_gpt2_dir
     assert len(logits) == (2 if split else 1)
     corrected = add_corrections(quantized, smoothed, input_grams(smoothed, feeds), dict.fromkeys(logits, 4))
     assert sorted(corrected_layers(corrected)) == sorted(logits)  # the tied head corrected, whole or both halves
-    student, _ = student_of(copy.deepcopy(model), exported, smoothed, corrected)
+    student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
     onnx.save_model(share_tied_codes(copy.deepcopy(corrected), tied), str(tmp_path / "q.onnx"))
     graph = _logits_of(tmp_path / "q.onnx", ids, mask)
     with torch.no_grad():
@@ -57,3 +58,15 @@ def test_the_student_of_a_tied_lm_computes_what_its_graph_computes(tiny_gpt2_dir
     onnx.save_model(share_tied_codes(copy.deepcopy(quantized), tied), str(tmp_path / "plain.onnx"))
     uncorrected = _logits_of(tmp_path / "plain.onnx", ids, mask)
     assert np.abs(ours - uncorrected).max() >= 10 * np.abs(ours - graph).max()  # the corrections are in the student
+    heads = [m for m in student.modules() if isinstance(m, HeadCorrection)]
+    assert len(heads) == len(logits) and sorted(links.heads) == sorted(logits)
+    assert all(p.requires_grad for m in heads for p in (m.left, m.right))  # trained with the layers' corrections
+    with torch.no_grad():  # as a fine-tune would leave them: the trained factors go back into the graph
+        for k, m in enumerate(heads):
+            m.right.mul_(1.5).add_(0.05 * torch.randn(m.right.shape, generator=torch.Generator().manual_seed(k)))
+        trained = student(input_ids=ids, attention_mask=mask).logits.numpy()
+    written = write_back(copy.deepcopy(corrected), student, links)
+    onnx.save_model(share_tied_codes(written, tied), str(tmp_path / "t.onnx"))
+    after = _logits_of(tmp_path / "t.onnx", ids, mask)
+    assert np.abs(trained - after).max() <= 1e-3 * scale
+    assert np.abs(trained - graph).max() >= 10 * np.abs(trained - after).max()  # the change is the factors'
