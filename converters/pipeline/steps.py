@@ -350,7 +350,7 @@ def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
             if not any(isinstance(m, TRAINED_MODULES) for m in student.modules()):
                 say(
                     f"{row}: nothing to train (each layer's rounding taken by its offsets or a tied head's codes, no "
-                    "correction, no LayerNorm): it stays as int4-corrected fits it"
+                    "correction, no norm held by one node): it stays as int4-corrected fits it"
                 )
                 return
             report = finetune_(student, model, tokenizer, train, val, cfg, TRAINED_MODULES)

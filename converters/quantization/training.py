@@ -15,9 +15,9 @@ a compressed module's own factor as it is or transposed (LowRankLinear's up and 
 and basis, a dense head's rows); a tied table as its head rounds it (tied_student); a weight two holders hold is
 refused. A compressed module's factor takes its rounded value frozen, and,
 corrected, Q + L R (its correction keeps its closed form: no nn.Linear to train it in). After the
-fine-tune (the corrections and gains of nn.Linear and Conv1D layers, their biases, the LayerNorms and a tied
-head's corrections trained, all else frozen) the factors go back as L = s·A, R = B, each block's scale times
-its gain, the biases into their Add and the LayerNorms into their LayerNormalization (each in an initializer of
+fine-tune (the corrections and gains of nn.Linear and Conv1D layers, their biases, the LayerNorms and RMS norms
+(graph_norms) and a tied head's corrections trained, all else frozen) the factors go back as L = s·A, R = B, each
+block's scale times its gain, the biases into their Add and the norms into their nodes (each in an initializer of
 its own), and `correction.store_factors` rounds the factors to 8 bits. For the layers a graph multiplies in int8 (w4a8:
 converters.quantization.int8_products) the input is rounded too, as DynamicQuantizeLinear rounds it
 (`int8_rounded`)."""
@@ -38,6 +38,7 @@ from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import UnmatchedWeightError
 from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
 from converters.quantization.fused_student import fuse, put_side_by_side, side_by_side
+from converters.quantization.graph_norms import GraphLayerNorm, GraphRMSNorm, norms_of, own_initializers
 from converters.quantization.grid import block_offsets, stored_offsets
 from converters.quantization.half_scales import constant_of, scale_values
 from converters.quantization.table_head import split_tables
@@ -48,7 +49,6 @@ __all__ = [
     "CORRECTION_SECONDS",
     "CORRECTION_LR",
     "Links",
-    "GraphLayerNorm",
     "TRAINED_MODULES",
     "student_of",
     "write_back",
@@ -67,36 +67,17 @@ CORRECTION_LR = {"int4-trained": 2e-4, "w4a8": 3e-3}
 @dataclass
 class Links:
     """What goes back into the graph: output name of each trained MatMul → (module name, s (K,), bias
-    initializer or None) and → its MatMulNBits' scales initializer; module name of each LayerNorm → (scale
-    initializer, bias initializer); output name of each corrected tied head → (its HeadCorrection's name, s)."""
+    initializer or None) and → its MatMulNBits' scales initializer; module name of each norm → (scale
+    initializer, bias initializer), an RMS norm's (scale initializer,); output name of each corrected tied head →
+    (its HeadCorrection's name, s)."""
 
     layers: dict[str, tuple[str, np.ndarray, str | None]] = field(default_factory=dict)
-    norms: dict[str, tuple[str, str]] = field(default_factory=dict)
+    norms: dict[str, tuple[str, ...]] = field(default_factory=dict)
     scales: dict[str, str] = field(default_factory=dict)
     heads: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
 
 
-class GraphLayerNorm(nn.LayerNorm):
-    """A LayerNorm of the student whose weight and bias go back into the graph's LayerNormalization."""
-
-
-TRAINED_MODULES = (CorrectedLinear, GraphLayerNorm, HeadCorrection)  # what the fine-tune of a student trains
-
-
-def _own_initializers(graph: onnx.GraphProto, node: onnx.NodeProto, positions: dict[int, str]) -> list[np.ndarray]:
-    """The constant inputs of `node` at `positions` (index → new name), each moved (in place) into an
-    initializer of its own under the new name (the exporter may share one initializer between equal
-    values, through Identity nodes); their values, or [] when one of them is no constant."""
-    inits = {i.name: i for i in graph.initializer}
-    sources = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in inits}
-    found = {k: sources.get(node.input[k], node.input[k]) for k in positions}
-    if not all(name in inits for name in found.values()):
-        return []
-    values = [numpy_helper.to_array(inits[found[k]]).copy() for k in positions]
-    for (k, name), value in zip(positions.items(), values):
-        graph.initializer.append(numpy_helper.from_array(value, name))
-        node.input[k] = name
-    return values
+TRAINED_MODULES = (CorrectedLinear, GraphLayerNorm, GraphRMSNorm, HeadCorrection)  # what a student's fine-tune trains
 
 
 @dataclass(frozen=True)
@@ -207,42 +188,10 @@ def _own_bias(graph: onnx.GraphProto, out: str) -> tuple[str | None, np.ndarray 
     for node in graph.node:
         if node.op_type == "Add" and out in node.input and len(node.input) == 2:
             k = 1 - list(node.input).index(out)
-            values = _own_initializers(graph, node, {k: f"{out}_bias"})
+            values = own_initializers(graph, node, {k: f"{out}_bias"})
             if values:
                 return f"{out}_bias", values[0]
     return None, None
-
-
-def _norms_of(model: nn.Module, graph: onnx.GraphProto) -> dict[str, tuple[str, str]]:
-    """Each LayerNorm of `model` that one LayerNormalization node of `graph` computes, made a
-    GraphLayerNorm (in place), its scale and bias moved into initializers of their own."""
-    held: dict[bytes, list[str]] = {}
-    for name, m in model.named_modules():
-        if type(m) is nn.LayerNorm and m.weight is not None and m.bias is not None:
-            key = torch.cat([m.weight.detach(), m.bias.detach()]).numpy().astype(np.float32).tobytes()
-            held.setdefault(key, []).append(name)
-    norms = {}
-    for k, node in enumerate(graph.node):
-        if node.op_type != "LayerNormalization" or len(node.input) < 3:
-            continue
-        positions = {1: f"layer_norm_{k}_scale", 2: f"layer_norm_{k}_bias"}
-        inits = {i.name: i for i in graph.initializer}
-        sources = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity"}
-        names = [sources.get(node.input[i], node.input[i]) for i in (1, 2)]
-        if not all(n in inits for n in names):
-            continue
-        key = np.concatenate([numpy_helper.to_array(inits[n]) for n in names]).astype(np.float32).tobytes()
-        if len(held.get(key, [])) != 1:
-            continue  # no single LayerNorm of the model holds these values: left as it is
-        (name,) = held.pop(key)
-        _own_initializers(graph, node, positions)
-        old = model.get_submodule(name)
-        norm = GraphLayerNorm(old.normalized_shape, eps=old.eps)
-        norm.load_state_dict(old.state_dict())
-        parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, norm)
-        norms[name] = (positions[1], positions[2])
-    return norms
 
 
 def student_of(
@@ -267,7 +216,7 @@ def student_of(
     rounded = {n.output[0].removesuffix("_rounded"): n for n in graph.node if n.op_type == "MatMulNBits"}
     corrected_outs = set(corrected_layers(corrected))
     tied_outs, tied_tables, heads = hold_tied(model, partial(_holder_of, held), fp32, smoothed, corrected)
-    links = Links(norms=_norms_of(model, graph), heads=heads)
+    links = Links(norms=norms_of(model, graph), heads=heads)
     rounded_inputs: dict[str, torch.Tensor] = {}  # module name → its smoothing s
     for out, node in rounded.items():
         if out not in unsmoothed or out in tied_outs:
@@ -363,9 +312,9 @@ def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> 
         module = student.get_submodule(name)
         values[f"{out}_L"] = module.left.detach().double().numpy() * s[:, None]
         values[f"{out}_R"] = module.right.detach().numpy()
-    for name, (scale, bias) in links.norms.items():
+    for name, inits_of in links.norms.items():
         module = student.get_submodule(name)
-        values.update({scale: module.weight.detach().numpy(), bias: module.bias.detach().numpy()})
+        values.update(zip(inits_of, (p.detach().numpy() for p in (module.weight, getattr(module, "bias", None)))))
     for key, value in values.items():
         inits[key].CopyFrom(numpy_helper.from_array(np.asarray(value, dtype=np.float32), key))
     return corrected

@@ -25,11 +25,12 @@ from converters.quantization.correction import (
     input_grams,
     plan_corrections,
 )
+from converters.quantization.graph_norms import GraphLayerNorm
 from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.smoothing import activation_absmax, smooth
 from converters.quantization.three_bit_table import three_bit_outputs
-from converters.quantization.training import GraphLayerNorm, student_of, trainer, write_back
+from converters.quantization.training import student_of, trainer, write_back
 from eval.graph import make_session
 from tests.conftest import WORDS, write_tiny_bert
 from texts.tokens import load_tokenizer
