@@ -35,7 +35,8 @@ class GraphRMSNorm(nn.Module):
 def own_initializers(graph: onnx.GraphProto, node: onnx.NodeProto, positions: dict[int, str]) -> list[np.ndarray]:
     """The constant inputs of `node` at `positions` (index → new name), each moved (in place) into an
     initializer of its own under the new name (the exporter may share one initializer between equal
-    values, through Identity nodes); their values, or [] when one of them is no constant."""
+    values, through Identity nodes), the old one removed where no node reads it any more; their values, or []
+    when one of them is no constant."""
     inits = {i.name: i for i in graph.initializer}
     sources = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Identity" and n.input[0] in inits}
     found = {k: sources.get(node.input[k], node.input[k]) for k in positions}
@@ -45,6 +46,9 @@ def own_initializers(graph: onnx.GraphProto, node: onnx.NodeProto, positions: di
     for (k, name), value in zip(positions.items(), values):
         graph.initializer.append(numpy_helper.from_array(value, name))
         node.input[k] = name
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    for old in set(found.values()) - used:  # no node reads it any more: not stored twice
+        graph.initializer.remove(inits[old])
     return values
 
 

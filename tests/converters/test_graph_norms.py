@@ -64,3 +64,18 @@ def test_the_rms_norms_are_held_and_written_back(llama, tmp_path, changed):
     assert np.abs(seen["after"] - graph).max() <= 1e-2 * scale  # the graph's factors rounded to 8 bits after
     if changed:
         assert np.abs(seen["before"] - graph).max() >= 5 * np.abs(seen["after"] - graph).max()  # the new scales
+
+
+def test_a_constant_moved_into_its_own_initializer_is_not_stored_twice():
+    """SmolLM2's 61 RMS scales were stored twice (0.14 MB) before the old initializer went where no node read it."""
+    from onnx import helper, numpy_helper
+
+    from converters.quantization.graph_norms import own_initializers
+
+    scale = numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")
+    nodes = [helper.make_node("Mul", ["x", "w"], [f"y{k}"]) for k in range(2)]
+    graph = helper.make_graph(nodes, "g", [], [], [scale])
+    assert own_initializers(graph, graph.node[0], {1: "first"})[0].tolist() == [0, 1, 2, 3]
+    assert sorted(i.name for i in graph.initializer) == ["first", "w"]  # the second Mul still reads w
+    own_initializers(graph, graph.node[1], {1: "second"})
+    assert sorted(i.name for i in graph.initializer) == ["first", "second"]
