@@ -293,8 +293,8 @@ def _rounded_table(model: onnx.ModelProto, nodes: tuple) -> np.ndarray:
 
 
 def write_back(corrected: onnx.ModelProto, student: nn.Module, links: Links) -> onnx.ModelProto:
-    """`corrected` (in place) with the trained factors L = s·A, R = B (a tied head's too), biases, LayerNorms and
-    block scales (times their gains) of `student`."""
+    """`corrected` (in place) with the trained factors L = s·A, R = B (a tied head's too), biases, norms (LayerNorms'
+    scales and biases, RMS norms' scales) and block scales (times their gains) of `student`."""
     values = {}
     inits = {i.name: i for i in corrected.graph.initializer}
     for out, (name, s, bias) in links.layers.items():
