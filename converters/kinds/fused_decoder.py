@@ -202,7 +202,7 @@ def fused_decoder(model: nn.Module, opset: int = 17) -> onnx.ModelProto | None:
 _LAYER = re.compile(
     r"model\.layers\.(\d+)\.(attn\.qkv_proj|attn\.o_proj|mlp\.gate_proj|mlp\.up_proj|mlp\.down_proj)\.weight"
 )
-_TIED = "model.embed_tokens.weight_transposed"  # quantize.products_as_matmul's copy of the tied table
+_TIED = "model.embed_tokens.weight_transposed"  # products.products_as_matmul's copy of the tied table
 
 
 def rounded_twin(model: nn.Module, graph: onnx.GraphProto) -> nn.Module:

@@ -1,6 +1,6 @@
 """A tied table's codes stored once. A tied LM reads its table E (V × D) twice: a Gather of the token
 rows, and the head's logits x Eᵀ, which the quantizers take as a MatMul on a transposed copy
-(quantize.products_as_matmul). MatMulNBits holds that copy's codes as (V, D / block, block · bits
+(products.products_as_matmul). MatMulNBits holds that copy's codes as (V, D / block, block · bits
 / 8) bytes, each of the V rows cut into blocks along D: the table's rows, blocked as
 GatherBlockQuantized blocks them. So the Gather reads the head's codes, scales and zero points
 (GatherBlockQuantized along the last axis of that 3-D tensor, then a Reshape back to D; its zero points
@@ -16,7 +16,7 @@ from converters.quantization.packed_codes import Builder, default_opset, unpacke
 
 __all__ = ["tied_pairs", "smoothing_of", "share_tied_codes"]
 
-TRANSPOSED = "_transposed"  # quantize.products_as_matmul's name of a table's transposed copy
+TRANSPOSED = "_transposed"  # products.products_as_matmul's name of a table's transposed copy
 
 
 def tied_pairs(graph: onnx.GraphProto) -> list[str]:

@@ -7,7 +7,8 @@ import pytest
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.quantize import REL_TOL, products_as_matmul, quantize_onnx
+from converters.quantization.products import products_as_matmul
+from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.table_head import frequent_ids
 from converters.quantization.tied_codes import tied_pairs
 from converters.quantization.tied_head import split_tied_head

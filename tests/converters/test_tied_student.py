@@ -13,7 +13,7 @@ from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.correction import add_corrections, corrected_layers, input_grams
 from converters.quantization.int4 import name_nodes, quantize_4bit
-from converters.quantization.quantize import products_as_matmul
+from converters.quantization.products import products_as_matmul
 from converters.quantization.smoothing import activation_absmax, smooth
 from converters.quantization.tied_codes import share_tied_codes, smoothing_of, tied_pairs
 from converters.quantization.tied_head import split_tied_head
