@@ -82,7 +82,7 @@ class QuantizeSpec:
     """The quantization schemes a graph is measured in and their settings: the 4-bit `block_size` and
     `accuracy_level`; the corrected schemes' `correction_share` of the 4-bit bytes; int4-trained's
     `correction_time` seconds of training; `table_head` rows of the table in 8 bits; `table_block`: the
-    tables' own 4-bit block (None: `block_size`); `table_bits`: the word table's (its tail's) width, 4 or 3;
+    tables' own 4-bit block (None: `block_size`); `table_bits`: the word table's (its tail's) width, TABLE_BITS;
     `linear_bits`: the corrected schemes' linear layers' width, 4 or 3; `scale_bits`: the 4-bit linear layers'
     block scales in 16 or 8 bits."""
 
@@ -93,7 +93,7 @@ class QuantizeSpec:
     correction_time: float = CORRECTION_SECONDS
     table_head: int = TABLE_HEAD
     table_block: int | None = None
-    table_bits: int = 4
+    table_bits: float = 4
     linear_bits: int = 4
     scale_bits: int = 16
 

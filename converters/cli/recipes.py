@@ -69,6 +69,16 @@ THREE_BIT_RECIPE = {
     "linear_bits": 3,
     "correction_share": 0.03,
 }
+# The 3-bit recipe with the table's 2,048 most frequent rows in 4 bits and the rest in codebooks, a one-byte code for
+# each 6 weights (1.33 bits a weight: codebook_table), trained 480 s: 0.0887× the file, recall@10 0.836 / 0.800
+# (BENCHMARKS.md, "The word table's tail in codebooks"; trained 240 s, 0.833 / 0.798).
+TINY_RECIPE = {
+    **THREE_BIT_RECIPE,
+    "name": "original-tiny",
+    "table_bits": 1.33,
+    "table_head": 2048,
+    "correction_time": 480,
+}
 # The original in w4a8 at original-int4-aware's bytes: corrections of 22 % of the 4-bit bytes, the block scales in
 # one byte, trained 480 s: 0.168× the file, recall@10 0.931 / 0.925, p50 (1,16) t1 0.46×, (8,128) t2 0.82×
 # (BENCHMARKS.md, "w4a8 at int4-aware's bytes"; trained 240 s, 0.930 / 0.921 and 0.925 / 0.921).
@@ -84,8 +94,8 @@ MEDIUM_RECIPE = {
 # and after): emb4, the 2,048 most frequent tokens' rows exact and the rest of the table low-rank at a quarter
 # of its parameters (its int4-trained row, 0.111×, a size-front point; the original's int4-trained and w4a8
 # rows, 0.168×, come with its schemes), original-medium (0.168×), the default recipe (0.127×), the 3-bit one
-# (0.117×), and the factorized recipes before them. About an hour on 2 cores, 40 minutes of it the seven trained
-# rows (about 5 minutes each, original-medium 9).
+# (0.117×), the tiny one (0.089×), and the factorized recipes before them. About 75 minutes on 2 cores, 50 of them
+# the eight trained rows (about 5 minutes each, original-medium and original-tiny 10).
 DEFAULT_RECIPES = {
     "variants": [
         {
@@ -100,6 +110,7 @@ DEFAULT_RECIPES = {
         MEDIUM_RECIPE,
         DEFAULT_RECIPE,
         THREE_BIT_RECIPE,
+        TINY_RECIPE,
         {
             "name": "emb8",
             "method": "tt",

@@ -23,6 +23,7 @@ import contextlib
 import copy
 import io
 import logging
+import math
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +34,7 @@ from onnx import numpy_helper, version_converter
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
+from converters.quantization.codebook_table import CODEBOOK_BITS, codebook_gather, piece_of
 from converters.quantization.grid import grid_matmuls
 from converters.quantization.table_head import eight_bit_gather, split_table, word_table
 from converters.quantization.three_bit_linear import three_bit_matmuls
@@ -191,7 +193,7 @@ def quantize_tables(
     aware: bool,
     only=None,
     head: np.ndarray | None = None,
-    bits: int = 4,
+    bits: float = 4,
     eight_bit: tuple[str, ...] = (),
 ) -> onnx.ModelProto:
     """`model` (named nodes) with its tables (axis-0 Gathers of 2-D initializers), or `only` those
@@ -199,7 +201,7 @@ def quantize_tables(
     the word table's rows of those ids in 8 bits (converters.quantization.table_head); the Gathers named in
     `eight_bit` left as they are (a tied head's 8-bit half, whose rows tied_codes reads from its logits' codes).
     With `bits` 3 the word table (its tail, with a head: the head then in 4 bits) goes to 3 bits
-    (three_bit_table). ONNX Runtime's
+    (three_bit_table), with 2, 1.33 or 1 to codes of codebooks (codebook_table). ONNX Runtime's
     quantizer sets opset 21 (4-bit tensors) without converting the graph's operators (a Llama's RMSNorm
     ReduceMean takes its axes as an input from opset 18), so an older graph is converted to opset 21 first."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
@@ -212,14 +214,15 @@ def quantize_tables(
     tables = table_gathers(model.graph) if only is None else table_gathers(model.graph) & set(only)
     tables -= set(eight_bit)
     with_head = head is not None and len(head)
-    word = word_table(model.graph, tables, block) if with_head or bits == 3 else None
-    eight, three = (), ()
+    whole = math.lcm(block, piece_of(bits)) if bits in CODEBOOK_BITS else block  # its rows in blocks (and pieces)
+    word = word_table(model.graph, tables, whole) if with_head or bits < 4 else None
+    eight, narrow = (), ()
     if word is not None and with_head:
         head_name, tail_name = split_table(model, word, head)
-        tables = (tables - {word.name}) | {head_name if bits == 3 else tail_name}
-        eight, three = ((), (tail_name,)) if bits == 3 else ((head_name,), ())
+        tables = (tables - {word.name}) | {head_name if bits < 4 else tail_name}
+        eight, narrow = ((), (tail_name,)) if bits < 4 else ((head_name,), ())
     elif word is not None:
-        tables, three = tables - {word.name}, (word.name,)
+        tables, narrow = tables - {word.name}, (word.name,)
     config = DefaultWeightOnlyQuantConfig(
         block_size=block, is_symmetric=not aware, op_types_to_quantize=("Gather",), quant_axes=(("Gather", 1),)
     )
@@ -230,8 +233,11 @@ def quantize_tables(
     model = quantizer.model.model
     for name in eight:
         eight_bit_gather(model, name, block)
-    for name in three:
-        three_bit_gather(model, name, block)
+    for name in narrow:
+        if bits == 3:
+            three_bit_gather(model, name, block)
+        else:
+            codebook_gather(model, name, bits)
     return model
 
 
@@ -244,15 +250,15 @@ def quantize_4bit(
     head: np.ndarray | None = None,
     table_block: int | None = None,
     keep_grid: bool = False,
-    table_bits: int = 4,
+    table_bits: float = 4,
     linear_bits: int = 4,
 ) -> onnx.ModelProto:
     """A copy of `model` with 4-bit MatMul weights and tables (module docstring); `aware` picks the
     int4-aware rounding (k-quant and asymmetric tables) over symmetric round-to-nearest, and with
     it the MatMul (and Gather) nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits,
     and with `keep_grid` weights on a 4-bit grid keep it (grid.py); the tables in blocks of `table_block`
-    (None: `block`), the word table (its tail, with a head) in `table_bits` (4, or 3: three_bit_table), the
-    MatMul weights not in 8 bits in `linear_bits` (4, or 3: three_bit_linear)."""
+    (None: `block`), the word table (its tail, with a head) in `table_bits` (4; 3: three_bit_table; 2, 1.33, 1:
+    codebook_table), the MatMul weights not in 8 bits in `linear_bits` (4, or 3: three_bit_linear)."""
     check_int4_options(block, accuracy_level)
     if (eight_bit or head is not None) and not aware:
         raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")

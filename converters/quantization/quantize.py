@@ -22,6 +22,7 @@ import onnx
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
 from converters.quantization.byte_scales import byte_scales
+from converters.quantization.codebook_table import codebook_bits
 from converters.quantization.correction import (
     CORRECTION_SHARE,
     add_corrections,
@@ -122,15 +123,18 @@ class QuantizeResult:
     eight_bit: tuple[str, ...] = ()  # int4-aware and the corrected schemes: the MatMul nodes kept in 8 bits
     corrections: dict | None = None  # int4-corrected: MatMul output → its rank and errors (correction.Correction)
     int8_layers: tuple[str, ...] = ()  # w4a8: the MatMul outputs multiplied in int8 (int8_products.int8_layers)
-    table_bits: int = 4  # the word table's (tail's) width as written: 3 only where a lookup went to 3 bits
+    table_bits: float = 4  # the word table's (tail's) width as written: below 4 only where a lookup went narrower
     linear_bits: int = 4  # the corrected schemes' linear layers (those not in 8 bits): 4, or 3 (three_bit_linear)
 
-    def table_note(self, asked: int) -> str | None:
+    def table_note(self, asked: float) -> str | None:
         """What to say when `asked` (--table-bits) is not what the graph holds: a table not in whole blocks (a
         compressed table's factors) stays in 4 bits."""
         if asked == self.table_bits:
             return None
-        return f"--table-bits {asked} found no word table of whole blocks: {self.path}'s tables stay in 4 bits"
+        return (
+            f"--table-bits {asked:g} found no word table of whole blocks (and codebook pieces): {self.path}'s tables "
+            "stay in 4 bits"
+        )
 
 
 def is_quantized(path: Path) -> bool:
@@ -254,7 +258,7 @@ def quantize_onnx(
     train=None,
     table_head: int = TABLE_HEAD,
     table_block: int | None = None,
-    table_bits: int = 4,
+    table_bits: float = 4,
     scale_bits: int = 16,
     linear_bits: int = 4,
     frequencies: np.ndarray | None = None,
@@ -361,5 +365,5 @@ def quantize_onnx(
         props = {PARITY_KEY: repr(worst), "compressor.parity_rel": repr(rel), "compressor.parity_input": fed}
         onnx.helper.set_model_props(proto, props)
         onnx.save_model(proto, str(tmp))
-    bits = 3 if three_bit_outputs(proto.graph) else 4
+    bits = 3 if three_bit_outputs(proto.graph) else codebook_bits(proto.graph) or 4
     return QuantizeResult(dst, worst, rel, fed, eight_bit, corrections, tuple(sorted(int8)), bits, linear_bits)

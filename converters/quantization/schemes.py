@@ -59,13 +59,15 @@ def check_table_head(rows: int, schemes) -> None:
         raise CompressorError(f"--table-head goes with --quantize {' or '.join(HEAD_SCHEMES)}")
 
 
-def check_table_bits(bits: int, schemes, kind=None) -> None:
+def check_table_bits(bits: float, schemes, kind=None) -> None:
     """--table-bits: one of TABLE_BITS, below 4 asked with a scheme that takes it, for an encoder's table (a
     `kind` whose products are int8: an LM's tied head shares the table's 4-bit codes, tied_codes)."""
     if bits not in TABLE_BITS:
-        raise CompressorError(f"--table-bits is one of {', '.join(map(str, TABLE_BITS))}, got {bits}")
+        raise CompressorError(f"--table-bits is one of {', '.join(map(str, TABLE_BITS))}, got {bits:g}")
     if bits != 4 and kind is not None and kind.factor_form != "int8":
-        raise CompressorError("--table-bits 3 is for an encoder's word table; an LM's tied head reads its 4-bit codes")
+        raise CompressorError(
+            f"--table-bits {bits:g} is for an encoder's word table; an LM's tied head reads its 4-bit codes"
+        )
     if bits != 4 and not set(schemes or ()) & set(HEAD_SCHEMES):
         raise CompressorError(f"--table-bits goes with --quantize {' or '.join(HEAD_SCHEMES)}")
 

@@ -22,7 +22,8 @@ __all__ = [
     "three_bit_outputs",
 ]
 
-TABLE_BITS = (4, 3)  # the word table's widths (its tail's, with a head): ONNX Runtime's 4 bits, or 3 here
+TABLE_BITS = (4, 3, 2, 1.33, 1)  # the word table's (its tail's, with a head) widths: ONNX Runtime's 4, 3 here, and
+# codebook_table's
 THREE_BIT_PARTS = ("Q3lo", "Q3hi", "scales3", "zero_points3")  # initializers OUT_part of a 3-bit lookup
 _LEVELS = 7
 

@@ -4,11 +4,11 @@ distillation against the fp32 model with every weight held as the graph rounds i
 The student is the PyTorch model with each rounded weight replaced by what ONNX Runtime multiplies by
 or gathers: a MatMulNBits weight Q_s read back from its codes (correction.dequantize_nbits), a
 GatherBlockQuantized table read back by running that node over every row, a 3-bit table read from its codes
-(three_bit_table; a table split by frequency: its head's and tail's rows put back in token order). SmoothQuant
-scaled each weight row k by s_k (and divided the activation by it), so the unsmoothed Q = Q_s / s row-wise, s
-read from the smoothed and unsmoothed weights; a corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`, and
-every other rounded nn.Linear or Conv1D one of rank 0, each with one gain a block of Q's scales (Q ⊙ G: the
-codes stay, the scales learn).
+(three_bit_table), a codebook table from its codes and codebooks (codebook_table; a table split by frequency: its
+head's and tail's rows put back in token order). SmoothQuant scaled each weight row k by s_k (and divided the
+activation by it), so the unsmoothed Q = Q_s / s row-wise, s read from the smoothed and unsmoothed weights; a
+corrected layer becomes `CorrectedLinear(Q, L/s, R, b)`, and every other rounded nn.Linear or Conv1D one of rank 0,
+each with one gain a block of Q's scales (Q ⊙ G: the codes stay, the scales learn).
 Weights are found by value: the exported fp32 graph holds each weight as the module holds it (a
 Linear's Wᵀ, a Conv1D's W, an Embedding's table, the fused decoder's q, k and v side by side: fused_student), or
 a compressed module's own factor as it is or transposed (LowRankLinear's up and down, a low-rank table's codes
@@ -16,9 +16,10 @@ and basis, a dense head's rows); a tied table as its head rounds it (tied_studen
 refused. A compressed module's factor takes its rounded value frozen, and,
 corrected, Q + L R (its correction keeps its closed form: no nn.Linear to train it in). After the
 fine-tune (the corrections and gains of nn.Linear and Conv1D layers, their biases, the LayerNorms and RMS norms
-(graph_norms) and a tied head's corrections trained, all else frozen) the factors go back as L = s·A, R = B, each
-block's scale times its gain, the biases into their Add and the norms into their nodes (each in an initializer of
-its own), and `correction.store_factors` rounds the factors to 8 bits. For the layers a graph multiplies in int8 (w4a8:
+(graph_norms) and a tied head's corrections trained, all else frozen; a codebook table's codebooks stay as k-means
+left them, BENCHMARKS.md, "The word table's tail in codebooks") the factors go back as L = s·A, R = B, each block's
+scale times its gain, the biases into their Add and the norms into their nodes (each in an initializer of its own),
+and `correction.store_factors` rounds the factors to 8 bits. For the layers a graph multiplies in int8 (w4a8:
 converters.quantization.int8_products) the input is rounded too, as DynamicQuantizeLinear rounds it
 (`int8_rounded`)."""
 
@@ -36,6 +37,7 @@ from torch import nn
 
 from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import UnmatchedWeightError
+from converters.quantization.codebook_table import codebook_outputs, codebook_rows
 from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
 from converters.quantization.fused_student import fuse, put_side_by_side, side_by_side
 from converters.quantization.graph_norms import GraphLayerNorm, GraphRMSNorm, norms_of, own_initializers
@@ -265,8 +267,8 @@ def student_of(
         model.get_submodule(name).register_forward_pre_hook(partial(_round_input, s))
     gathers = {n.output[0]: n.input[0] for n in fp32.graph.node if n.op_type == "Gather"}  # output → table
     tables = {n.output[0]: (n,) for n in graph.node if n.op_type == "GatherBlockQuantized"}
-    three = three_bit_outputs(graph)
-    tables.update({n.output[0]: (n,) for n in graph.node if n.output[0] in three})
+    narrow = three_bit_outputs(graph) | codebook_outputs(graph)
+    tables.update({n.output[0]: (n,) for n in graph.node if n.output[0] in narrow})
     for out, (head, tail, perm) in split_tables(graph).items():  # the word table by frequency, 8-bit head
         for node in (head, tail):
             tables.pop(node.output[0], None)
@@ -280,13 +282,16 @@ def student_of(
 
 
 def _rounded_table(model: onnx.ModelProto, nodes: tuple) -> np.ndarray:
-    """The table one lookup (a GatherBlockQuantized node, or a 3-bit lookup's last node) gathers from, or a split
-    table's (head, tail, perm): its head and tail rows in the token order of perm."""
+    """The table one lookup (a GatherBlockQuantized node, or a 3-bit or codebook lookup's last node) gathers from,
+    or a split table's (head, tail, perm): its head and tail rows in the token order of perm."""
     rows = {i.name: i.dims for i in model.graph.initializer}
 
     def table(node: onnx.NodeProto) -> np.ndarray:
-        three = three_bit_rows(model.graph, node.output[0])
-        return dequantize_table(model, node, rows[node.input[0]][0]) if three is None else three
+        for read in (three_bit_rows, codebook_rows):
+            narrow = read(model.graph, node.output[0])
+            if narrow is not None:
+                return narrow
+        return dequantize_table(model, node, rows[node.input[0]][0])
 
     parts = [table(node) for node in nodes[:2]]
     return parts[0] if len(nodes) == 1 else np.concatenate(parts)[nodes[2]]

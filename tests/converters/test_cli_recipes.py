@@ -86,6 +86,9 @@ def test_the_default_recipes_are_valid():
     assert small.quantize.linear_bits == 4
     three = next(r.variant() for r in recipes if r.name == "original-3bit-linear")
     assert (three.method, three.quantize.linear_bits, three.quantize.table_bits) == (None, 3, 3)
+    tiny = next(r.variant() for r in recipes if r.name == "original-tiny")
+    assert (tiny.quantize.linear_bits, tiny.quantize.table_bits, tiny.quantize.table_head) == (3, 1.33, 2048)
+    assert tiny.quantize.correction_time == 480
 
 
 def test_a_recipe_of_no_method_is_the_original_in_its_own_settings():
@@ -134,7 +137,10 @@ def test_a_recipe_of_no_method_is_the_original_in_its_own_settings():
         ),
         (one({"method": "none", "quantize": ["fp32"]}), "method 'none' needs a scheme in 'quantize' beside fp32"),
         (one({"method": "none"}), "'quantize' is a list of schemes"),
-        (one({"method": "none", "quantize": ["w4a8"], "table_bits": 2}), "'table_bits' is one of 4, 3, got 2"),
+        (
+            one({"method": "none", "quantize": ["w4a8"], "table_bits": 5}),
+            "'table_bits' is one of 4, 3, 2, 1.33, 1, got 5",
+        ),
         (one({"method": "none", "quantize": ["int8"], "table_bits": 3}), "--table-bits goes with --quantize"),
     ],
 )

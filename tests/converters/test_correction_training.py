@@ -18,6 +18,7 @@ from converters.finetune import finetune_
 from converters.finetune_config import FinetuneConfig
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan
+from converters.quantization.codebook_table import codebook_outputs
 from converters.quantization.correction import (
     add_corrections,
     bias_before_correction,
@@ -57,7 +58,7 @@ def wide(tmp_path_factory):
 def _corrected(fp32, feeds, table_bits=4):
     """(exported, smoothed, corrected with fp32 factors), MatMulNBits in fp32 compute (accuracy level 0)
     so that PyTorch and ONNX Runtime multiply the same numbers; the word table split, some rows in 8 bits (or,
-    `table_bits` 3, in 4 and the rest in 3)."""
+    `table_bits` 3 or 2, in 4 and the rest in 3 or codebook codes)."""
     exported = onnx.load(str(fp32))
     smoothed = smooth(exported, activation_absmax(exported, feeds), 0.5)
     name_nodes(smoothed.graph)
@@ -82,11 +83,12 @@ def _torch(model, feed):
         return model(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
 
 
-@pytest.mark.parametrize("table_bits", [4, 3])
+@pytest.mark.parametrize("table_bits", [4, 3, 2])
 def test_the_student_computes_what_the_rounded_graph_computes(wide, tmp_path, table_bits):
     _, model, fp32, feeds = wide
     exported, smoothed, corrected = _corrected(fp32, feeds, table_bits)
     assert bool(three_bit_outputs(corrected.graph)) == (table_bits == 3)  # the tail's 3-bit lookup
+    assert bool(codebook_outputs(corrected.graph)) == (table_bits == 2)  # or its codebook lookup
     student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
     assert links.layers and all(
         isinstance(student.get_submodule(n), CorrectedLinear) for n, _, _ in links.layers.values()
