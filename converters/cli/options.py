@@ -331,10 +331,9 @@ def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -
         choices=TABLE_BITS,
         default=4,
         metavar="BITS",
-        help="int4-aware, int4-corrected, int4-trained, w4a8: the word table's width in bits a weight (an encoder's; "
-        "3: a lookup of two bit planes that unpacks only the rows it gathers; 2, 1.33, 1: a one-byte code for each 4, "
-        "6, 8 weights, looked up in 256-entry codebooks); with --table-head the head then in 4 bits, the rest so "
-        "(default: 4)",
+        help="int4-aware, int4-corrected, int4-trained, w4a8: an encoder's word table in BITS a weight (3: two bit "
+        "planes; 2, 1.33, 1: a one-byte code for 4, 6, 8 weights in 256-entry codebooks); with --table-head the head "
+        "then in 4 bits, the rest in BITS (default: 4)",
     )
     p.add_argument(
         "--linear-bits",

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
-from converters.quantization.packed_codes import Builder, default_opset
+from converters.quantization.packed_codes import Builder, default_opset, replace_gather
 
 __all__ = [
     "CODEBOOK_BITS",
@@ -88,7 +88,7 @@ def codebook_gather(model: onnx.ModelProto, name: str, bits: float) -> None:
     rows, cols = weight.shape
     piece = piece_of(bits)
     if cols % piece:
-        raise CompressorError(f"a {bits}-bit codebook table's rows split into pieces of {piece} weights; {cols} do not")
+        raise CompressorError(f"a codebook table's rows split into pieces of {piece} weights; {cols} do not")
     codes, books = _coded(weight, piece)
     out = node.output[0]
     b = Builder(out, default_opset(model))
@@ -96,16 +96,7 @@ def codebook_gather(model: onnx.ModelProto, name: str, bits: float) -> None:
     picked = b.op("Cast", [b.op("Gather", [f"{out}_{CODEBOOK_PARTS[0]}", flat])], to=onnx.TensorProto.INT64)
     index = b.op("Add", [picked, b.const(np.arange(cols // piece) * (len(books) * piece // cols), np.int64)])
     values = b.op("Cast", [b.op("Gather", [f"{out}_{CODEBOOK_PARTS[1]}", index])], to=onnx.TensorProto.FLOAT)
-    shape = b.op("Concat", [b.op("Shape", [node.input[1]]), b.const([cols], np.int64)], axis=0)
-    b.op("Reshape", [values, shape], out=out)
-    at = list(graph.node).index(node)
-    graph.node.remove(node)
-    for k, new in enumerate(b.nodes):
-        graph.node.insert(at + k, new)
-    stored = dict(zip(CODEBOOK_PARTS, (codes, books)))
-    graph.initializer.extend([*b.inits, *(numpy_helper.from_array(v, f"{out}_{p}") for p, v in stored.items())])
-    if not any(node.input[0] in n.input for n in graph.node):
-        graph.initializer.remove(inits[node.input[0]])
+    replace_gather(graph, node, b, values, dict(zip(CODEBOOK_PARTS, (codes, books))))
 
 
 def codebook_rows(graph: onnx.GraphProto, out: str) -> np.ndarray | None:

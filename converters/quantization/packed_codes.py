@@ -12,7 +12,7 @@ from onnx import helper, numpy_helper
 
 from converters.quantization.half_scales import scale_values
 
-__all__ = ["Builder", "NBitsGrid", "nbits_grid", "pack", "unpack", "unpacked", "default_opset"]
+__all__ = ["Builder", "NBitsGrid", "nbits_grid", "pack", "unpack", "unpacked", "default_opset", "replace_gather"]
 
 
 class Builder:
@@ -38,6 +38,22 @@ class Builder:
         if self.opset >= 18:
             return self.op(op_type, [x, self.const([1, 2], np.int64)], keepdims=0)
         return self.op(op_type, [x], axes=[1, 2], keepdims=0)
+
+
+def replace_gather(graph: onnx.GraphProto, node: onnx.NodeProto, b: Builder, values: str, stored: dict) -> None:
+    """The Gather `node` (of a 2-D table, ids of any shape) replaced in `graph` by `b`'s nodes, whose `values`
+    (n, …) become its output reshaped to (ids' shape, D), and the arrays `stored` as initializers OUT_part; its
+    table removed when no other node reads it."""
+    out, cols = node.output[0], next(i.dims[1] for i in graph.initializer if i.name == node.input[0])
+    shape = b.op("Concat", [b.op("Shape", [node.input[1]]), b.const([cols], np.int64)], axis=0)
+    b.op("Reshape", [values, shape], out=out)
+    at = list(graph.node).index(node)
+    graph.node.remove(node)
+    for k, new in enumerate(b.nodes):
+        graph.node.insert(at + k, new)
+    graph.initializer.extend([*b.inits, *(numpy_helper.from_array(v, f"{out}_{p}") for p, v in stored.items())])
+    if not any(node.input[0] in n.input for n in graph.node):
+        graph.initializer.remove(next(i for i in graph.initializer if i.name == node.input[0]))
 
 
 def pack(codes: np.ndarray, bits: int) -> np.ndarray:

@@ -12,7 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from compressor.errors import CompressorError
-from converters.quantization.packed_codes import Builder, default_opset, pack
+from converters.quantization.packed_codes import Builder, default_opset, pack, replace_gather
 
 __all__ = [
     "TABLE_BITS",
@@ -74,16 +74,7 @@ def three_bit_gather(model: onnx.ModelProto, name: str, block: int) -> None:
         b.op("Unsqueeze", [b.op("Cast", [gathered[part]], to=onnx.TensorProto.FLOAT), axis])
         for part in THREE_BIT_PARTS[2:]
     )
-    values = b.op("Mul", [b.op("Sub", [q, z]), s])
-    shape = b.op("Concat", [b.op("Shape", [node.input[1]]), b.const([cols], np.int64)], axis=0)
-    b.op("Reshape", [values, shape], out=out)
-    at = list(graph.node).index(node)
-    graph.node.remove(node)
-    for k, new in enumerate(b.nodes):
-        graph.node.insert(at + k, new)
-    graph.initializer.extend([*b.inits, *(numpy_helper.from_array(v, f"{out}_{p}") for p, v in stored.items())])
-    if not any(node.input[0] in n.input for n in graph.node):
-        graph.initializer.remove(inits[node.input[0]])
+    replace_gather(graph, node, b, b.op("Mul", [b.op("Sub", [q, z]), s]), stored)
 
 
 def three_bit_rows(graph: onnx.GraphProto, out: str) -> np.ndarray | None:
