@@ -11,10 +11,9 @@ from converters.quantization.byte_scales import SCALE_BITS
 from converters.quantization.correction import CORRECTION_SHARE
 from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.quantization.quantize import CALIBRATION_PASSAGES
-from converters.quantization.schemes import CORRECTED_TABLE_BLOCK, SCHEMES
+from converters.quantization.schemes import CORRECTED_TABLE_BLOCK, SCHEMES, TABLE_BITS
 from converters.quantization.table_head import TABLE_HEAD
 from converters.quantization.three_bit_linear import LINEAR_BITS
-from converters.quantization.three_bit_table import TABLE_BITS
 from converters.quantization.training import CORRECTION_SECONDS
 from converters.registry import Option, default_method, export_forms, methods
 from converters.spec import CALIB_PASSAGES

@@ -5,11 +5,12 @@ products), made before any expensive work; `weight_width` and `table_block_of` n
 
 from compressor.errors import CompressorError
 from converters.quantization.byte_scales import SCALE_BITS
+from converters.quantization.codebook_table import CODEBOOK_BITS
 from converters.quantization.three_bit_linear import LINEAR_BITS
-from converters.quantization.three_bit_table import TABLE_BITS
 
 __all__ = [
     "SCHEMES",
+    "TABLE_BITS",
     "PLANNED",
     "CORRECTED",
     "TRAINED",
@@ -27,6 +28,8 @@ __all__ = [
 ]
 
 SCHEMES = ("int8", "int8-aware", "int4", "int4-aware", "int4-corrected", "int4-trained", "w4a8", "mixed")
+# The word table's (its tail's, with a head) widths: ONNX Runtime's 4 bits, 3 (three_bit_table), codebooks
+TABLE_BITS = (4, 3, *CODEBOOK_BITS)
 PLANNED = ("mixed",)  # the schemes whose widths a compressed model's plan chose (converters.quantization.mixed)
 CORRECTED = ("int4-corrected", "int4-trained", "w4a8")  # low rank on the rounding error (quantization.correction)
 TRAINED = ("int4-trained", "w4a8")  # the schemes whose corrections a fine-tune trains (quantization.training)

@@ -15,15 +15,12 @@ from compressor.errors import CompressorError
 from converters.quantization.packed_codes import Builder, default_opset, pack, replace_gather
 
 __all__ = [
-    "TABLE_BITS",
     "THREE_BIT_PARTS",
     "three_bit_gather",
     "three_bit_rows",
     "three_bit_outputs",
 ]
 
-TABLE_BITS = (4, 3, 2, 1.33, 1)  # the word table's (its tail's, with a head) widths: ONNX Runtime's 4, 3 here, and
-# codebook_table's
 THREE_BIT_PARTS = ("Q3lo", "Q3hi", "scales3", "zero_points3")  # initializers OUT_part of a 3-bit lookup
 _LEVELS = 7
 
