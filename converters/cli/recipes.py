@@ -70,8 +70,9 @@ THREE_BIT_RECIPE = {
     "correction_share": 0.03,
 }
 # The 3-bit recipe with the table's 2,048 most frequent rows in 4 bits and the rest in codebooks, a one-byte code for
-# each 6 weights (1.33 bits a weight: codebook_table), trained 480 s: 0.0887× the file, recall@10 0.836 / 0.800
-# (BENCHMARKS.md, "The word table's tail in codebooks"; trained 240 s, 0.833 / 0.798).
+# each 6 weights (1.33 bits a weight: codebook_table), trained 480 s: 0.0887× the file, recall@10 0.836 / 0.800,
+# 0.841 / 0.803 and, in the built-in sweep, 0.837 / 0.799 (BENCHMARKS.md, "The word table's tail in codebooks";
+# trained 240 s, 0.833 / 0.798).
 TINY_RECIPE = {
     **THREE_BIT_RECIPE,
     "name": "original-tiny",
@@ -94,8 +95,8 @@ MEDIUM_RECIPE = {
 # and after): emb4, the 2,048 most frequent tokens' rows exact and the rest of the table low-rank at a quarter
 # of its parameters (its int4-trained row, 0.111×, a size-front point; the original's int4-trained and w4a8
 # rows, 0.168×, come with its schemes), original-medium (0.168×), the default recipe (0.127×), the 3-bit one
-# (0.117×), the tiny one (0.089×), and the factorized recipes before them. About 75 minutes on 2 cores, 50 of them
-# the eight trained rows (about 5 minutes each, original-medium and original-tiny 10).
+# (0.117×), the tiny one (0.089×), and the factorized recipes before them. About 90 minutes on 2 cores (88 on a
+# fresh clone of 3251a19), 50 of them the eight trained rows (about 5 minutes each, original-medium and -tiny 10).
 DEFAULT_RECIPES = {
     "variants": [
         {
