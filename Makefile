@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/compressor run --out runs/demo
+	$(BIN)/compressor run --out runs/demo --runs 20
 
 test: install
 	$(BIN)/ruff check .

@@ -9,18 +9,8 @@ measured again after L and R are rounded. The factors' form (FACTOR_FORMS, the g
 scale a factor; x quantized to 8 bits per call), which ONNX Runtime's CPU kernels run fastest for a
 short input and a long batch alike; or "nbits", 8-bit MatMulNBits in blocks at accuracy level 4, the
 faster for an LM's one-token decode step, whose activations one scale a tensor would not hold
-(BENCHMARKS.md, "The corrections' factors as dynamic int8").
-
-Ranks and widths come from one byte budget over the layers (`correction_ranks`): a layer's loss at
-rank r is its loss in 4 bits (`sensitivity.four_bit_losses`: the whole graph's output with that layer
-alone rounded, or for large graphs its own output error) times the share of its output error energy
-the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²; held in 8 bits instead (K·N/2 more bytes) it is that loss
-times 2⁻⁸ (four more bits quarter the rounding error's energy four times). The greedy of
-`compressor.budget.allocate` walks each layer's lower hull of those points and buys the largest drop
-in loss per byte first, so a layer whose error is spread over many directions goes to 8 bits and one
-whose error a few directions hold gets a rank. Layers on a 4-bit grid get their offsets (grid.py) first if the budget
-holds them all (losses measured a layer at a time undervalue a hundred small ones: BENCHMARKS.md, "The head's
-rank"), else each as one more point; an LM's head gets ranks alone."""
+(BENCHMARKS.md, "The corrections' factors as dynamic int8"). The ranks and widths are planned by
+correction_plan."""
 
 import copy
 import tempfile
@@ -32,10 +22,8 @@ import onnx
 import torch
 from onnx import helper, numpy_helper
 
-from compressor.budget import Point, allocate, tail_error
 from compressor.errors import CompressorError
 from compressor.lowrank import whitened_factors
-from converters.quantization.grid import offset_bytes, offset_residual
 from converters.quantization.half_scales import SCALE_BYTES
 from converters.quantization.int4 import quiet_quantizer
 from converters.quantization.packed_codes import nbits_grid
@@ -44,7 +32,6 @@ from converters.quantization.smoothing import probe_activations
 __all__ = [
     "CORRECTION_SHARE",
     "GRAM_BATCHES",
-    "RANK_STEP",
     "check_correction_share",
     "Correction",
     "dequantize_nbits",
@@ -53,9 +40,8 @@ __all__ = [
     "error_factors",
     "FACTOR_FORMS",
     "correction_bytes",
-    "correction_ranks",
+    "output_energy",
     "rounding_errors",
-    "plan_corrections",
     "add_corrections",
     "corrected_layers",
     "bias_before_correction",
@@ -67,15 +53,11 @@ __all__ = [
 # precision").
 CORRECTION_SHARE = 0.2
 GRAM_BATCHES = 8  # calibration batches the input Grams sum over (256 passages at the default batch)
-RANK_STEP = 16  # ranks offered: multiples of 16, the smallest block ONNX Runtime's 8-bit kernels take
 FACTOR_FORMS = ("int8", "nbits")
 FACTOR_BITS = 8
 FACTOR_BLOCK = {"left": 64, "right": 16}  # "nbits": L (K × r) blocks along K; R (r × N) along r, a multiple of 16
 FACTOR_ACCURACY = 4  # "nbits": MatMulNBits' int8 compute ("The corrections' factors at accuracy level 4")
 INT8_SCALE_BYTES = 5  # "int8": a factor's fp32 scale and int8 zero point
-EIGHT_BITS = "8-bit"  # the tag of a layer's point held in 8 bits, uncorrected
-OFFSETS = "offsets"  # the tag of a layer's point on a 4-bit grid with its blocks' offsets (grid.add_offsets)
-EIGHT_BIT_LOSS = 2.0**-8  # a layer's loss in 8 bits, relative to its loss in 4
 
 
 def check_correction_share(share: float) -> None:
@@ -154,52 +136,14 @@ def correction_bytes(k: int, n: int, rank: int, form: str = "int8") -> int:
     return left + right
 
 
-def _max_rank(k: int, n: int, form: str) -> int:
-    """The largest rank offered: its factors cost less than the 4 more bits a weight would take."""
-    rank = 0
-    while rank + RANK_STEP <= min(k, n) and correction_bytes(k, n, rank + RANK_STEP, form) < k * n // 2:
-        rank += RANK_STEP
-    return rank
-
-
-def correction_ranks(
-    spectra: dict[str, torch.Tensor],
-    losses: dict[str, float],
-    shapes: dict[str, tuple[int, int]],
-    budget: int,
-    form: str = "int8",
-    offsets: dict[str, tuple[int, float]] | None = None,
-    ranks_only: frozenset[str] = frozenset(),
-) -> tuple[dict[str, int], tuple[str, ...], tuple[str, ...]]:
-    """(layer → rank, the layers held in 8 bits instead, the layers given their offsets instead) under
-    `budget` bytes (module docstring), the factors in `form`, `offsets` offered as layer → (their bytes, the
-    share of the loss they leave) (grid.py; all bought first when the budget holds them), the layers `ranks_only`
-    offered no 8 bits; rank 0 where none pays."""
-    offered = {name: Point(None, size, losses[name] * left, OFFSETS) for name, (size, left) in (offsets or {}).items()}
-    held = sum(p.params for p in offered.values())
-    more = {name: shapes[name][0] * shapes[name][1] // 2 for name in spectra if name not in ranks_only}  # 8 bits
-    eight_bit = {name: Point(None, size, losses[name] * EIGHT_BIT_LOSS, EIGHT_BITS) for name, size in more.items()}
-    points = {
-        name: [
-            *(
-                Point(r, correction_bytes(*shapes[name], r, form), losses[name] * tail_error(spectrum, r))
-                for r in range(0, _max_rank(*shapes[name], form) + 1, RANK_STEP)
-            ),
-            *([eight_bit[name]] if name in eight_bit else []),
-            *([offered[name]] if name in offered else []),
-        ]
-        for name, spectrum in spectra.items()
-    }
-    first = offered if held <= budget else {}  # every offset bought first, else each one point among the rest
-    rest = {name: ps for name, ps in points.items() if name not in first}
-    chosen = {**allocate(rest, budget - (held if first else 0), unit="bytes").points, **first}
-    eight, offset = (tuple(name for name, p in chosen.items() if p.tag == tag) for tag in (EIGHT_BITS, OFFSETS))
-    return {name: p.size or 0 for name, p in chosen.items() if p.tag not in (EIGHT_BITS, OFFSETS)}, eight, offset
+def output_energy(delta: np.ndarray, gram: np.ndarray) -> float:
+    """tr(Δᵀ G Δ): the output error energy of Δ (K × N) on inputs of Gram G."""
+    return float(np.sum((gram @ delta) * delta))
 
 
 def _relative_error(delta: np.ndarray, weight: np.ndarray, gram: np.ndarray) -> float:
     """√(tr(Δᵀ G Δ) / tr(Wᵀ G W)): the output error Δ leaves, relative to the output."""
-    return float(np.sqrt(np.sum((gram @ delta) * delta) / np.sum((gram @ weight) * weight)))
+    return float(np.sqrt(output_energy(delta, gram) / output_energy(weight, gram)))
 
 
 def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]], form: str) -> onnx.ModelProto:
@@ -249,35 +193,6 @@ def rounding_errors(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> dict[s
     weights = _float64_weights(fp32)
     rounded = {n.output[0]: n for n in quantized.graph.node if n.op_type == "MatMulNBits" and n.output[0] in weights}
     return {out: weights[out] - dequantize_nbits(quantized.graph, node) for out, node in rounded.items()}
-
-
-def plan_corrections(
-    quantized: onnx.ModelProto,
-    fp32: onnx.ModelProto,
-    grams: dict[str, torch.Tensor],
-    losses: dict[str, float],
-    budget: int,
-    ranks_only: frozenset[str] = frozenset(),
-    form: str = "int8",
-    grid: frozenset[str] = frozenset(),
-    block: int = 32,
-) -> tuple[dict[str, int], tuple[str, ...], tuple[str, ...]]:
-    """For `quantized` (the graph `fp32` with every MatMul in 4-bit MatMulNBits): each layer's rank, the
-    layers to hold in 8 bits instead and the layers of `grid` (on a 4-bit grid of `block`) to give their
-    offsets instead, under `budget` bytes (correction_ranks, factors in `form`), all keyed by output name as
-    `grams` and `losses` are; the layers `ranks_only` (output names) offered a rank but not 8 bits."""
-    errors = rounding_errors(quantized, fp32)
-    missing = sorted(set(errors) - set(grams))
-    if missing:
-        raise CompressorError(f"no calibration statistics for the layers {', '.join(missing[:3])}")
-    spectra = {out: error_factors(error, grams[out], 1)[2] for out, error in errors.items()}
-    shapes = {out: error.shape for out, error in errors.items()}
-    offsets = {
-        out: (offset_bytes(*errors[out].shape, block), offset_residual(errors[out], grams[out].numpy(), block))
-        for out in grid & set(errors)
-    }
-    layer_losses = {out: losses.get(out, 0.0) for out in errors}
-    return correction_ranks(spectra, layer_losses, shapes, budget, form, offsets, ranks_only)
 
 
 def add_corrections(

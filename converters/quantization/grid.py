@@ -10,7 +10,7 @@ every block of SmolLM2's holds both.
 The offsets themselves are the correction a grid needs: E = B O, B the K × K / block 0/1 matrix of the blocks,
 so x E = (x B) O, the block sums of x times O (K / block × N, int8): a 16th of the 4-bit codes' bytes,
 against (K + N)·K / block for a rank-K / block correction (`add_offsets`; the budget buys them first when it
-holds them all, else offers them beside the ranks: correction.correction_ranks). On SmolLM2, its table in 4
+holds them all, else offers them beside the ranks: correction_plan.correction_ranks). On SmolLM2, its table in 4
 bits, the linear layers so rounded and offset keep the perplexity of exact ones within 0.2% (BENCHMARKS.md,
 "Offsets for weights on a 4-bit grid").
 So the corrected schemes neither smooth an activation that feeds such a weight nor search its scale;

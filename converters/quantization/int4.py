@@ -141,12 +141,14 @@ def quantize_matmuls(
     eight_bit=(),
     keep_grid=False,
     bits: int = 4,
+    four_bit=(),
 ) -> onnx.ModelProto:
     """`model` (named nodes, changed in place) with its MatMul weights in MatMulNBits: all of them,
     or `only` those; `eight_bit` of them (aware only) in 8 bits. ONNX Runtime 1.32's k-quant packs
     the 4-bit zero points of a weight with an odd number of blocks along K wrongly (it fails), so
     those take asymmetric round-to-nearest instead, as do, with `keep_grid` (for the corrected schemes),
-    weights already on a 4-bit grid (grid.py). `bits` 3: the 4-bit layers rounded again in 3 (three_bit_linear)."""
+    weights already on a 4-bit grid (grid.py). `bits` 3: the 4-bit layers but `four_bit` rounded again in 3
+    (three_bit_linear)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         KQuantWeightOnlyQuantConfig,
@@ -155,7 +157,8 @@ def quantize_matmuls(
 
     shapes = matmul_weights(model.graph)
     names = set(shapes) if only is None else set(only)
-    weights = matmul_arrays(model.graph) if bits == 3 else {}
+    wide = {node.output[0] for node in model.graph.node if node.name in set(four_bit)}
+    weights = {out: w for out, w in matmul_arrays(model.graph).items() if out not in wide} if bits == 3 else {}
 
     def rtn(bits: int) -> DefaultWeightOnlyQuantConfig:
         return DefaultWeightOnlyQuantConfig(
@@ -252,20 +255,29 @@ def quantize_4bit(
     keep_grid: bool = False,
     table_bits: float = 4,
     linear_bits: int = 4,
+    four_bit: tuple[str, ...] = (),
 ) -> onnx.ModelProto:
     """A copy of `model` with 4-bit MatMul weights and tables (module docstring); `aware` picks the
     int4-aware rounding (k-quant and asymmetric tables) over symmetric round-to-nearest, and with
     it the MatMul (and Gather) nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits,
     and with `keep_grid` weights on a 4-bit grid keep it (grid.py); the tables in blocks of `table_block`
     (None: `block`), the word table (its tail, with a head) in `table_bits` (4; 3: three_bit_table; 2, 1.33, 1:
-    codebook_table), the MatMul weights not in 8 bits in `linear_bits` (4, or 3: three_bit_linear)."""
+    codebook_table), the MatMul weights not in 8 bits in `linear_bits` (4, or 3: three_bit_linear; those named
+    in `four_bit` then in 4)."""
     check_int4_options(block, accuracy_level)
     if (eight_bit or head is not None) and not aware:
         raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")
     model = copy.deepcopy(model)
     name_nodes(model.graph)
     model = quantize_matmuls(
-        model, block, accuracy_level, aware, eight_bit=eight_bit, keep_grid=keep_grid, bits=linear_bits
+        model,
+        block,
+        accuracy_level,
+        aware,
+        eight_bit=eight_bit,
+        keep_grid=keep_grid,
+        bits=linear_bits,
+        four_bit=four_bit,
     )
     return quantize_tables(model, table_block or block, aware, head=head, bits=table_bits, eight_bit=eight_bit)
 

@@ -12,6 +12,7 @@ quantized graph is checked against its own fp32 graph: the relative error ‖y_q
 output on inputs the exporter never saw must stay under REL_TOL of its width. The schemes' names, groups and
 option checks are converters.quantization.schemes'."""
 
+import copy
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +30,10 @@ from converters.quantization.correction import (
     bias_before_correction,
     check_correction_share,
     input_grams,
-    plan_corrections,
     rounding_errors,
     store_factors,
 )
+from converters.quantization.correction_plan import plan_corrections
 from converters.quantization.gptq import gptq_rounded
 from converters.quantization.grid import add_offsets, grid_matmuls, off_grid, offset_residual
 from converters.quantization.half_scales import half_scales
@@ -46,6 +47,7 @@ from converters.quantization.int4 import (
     matmul_weights,
     name_nodes,
     quantize_4bit,
+    quantize_matmuls,
     quiet_quantizer,
 )
 from converters.quantization.int8_products import int8_layers, int8_products
@@ -191,9 +193,8 @@ def _corrected(
     """int4-aware's rounding of `proto` (the smoothed graph of `exported`; its linear layers in `linear_bits`)
     with the word table's `head` rows in 8 bits (but weights on a 4-bit grid keep it: grid.py) and every layer
     not on such a grid, and an LM's head (a layer of `vocab` outputs), rounded by GPTQ on its grid (gptq.py),
-    then one byte budget (`share` of the 4-bit
-    codes) spent on each layer's rounding error, as a low-rank correction or as 8 bits instead
-    (correction.plan_corrections); an LM's head (a tied one's 4-bit codes are its lookup's too) is offered a rank
+    then one byte budget (`share` of the 4-bit codes) spent on each layer's rounding error, as a low-rank
+    correction or as 8 bits instead, or 4 for a layer in 3 (correction_plan.plan_corrections); an LM's head (a tied one's 4-bit codes are its lookup's too) is offered a rank
     but not 8 bits (its corrected logits are two more (batch, sequence, V) tensors at the peak; a tied head is
     never trained: tied_student), and a tied head's 8-bit halves (`tied_head`, node names: tied_head.py)
     kept so; `train` (None: the
@@ -214,12 +215,18 @@ def _corrected(
     losses = four_bit_losses(proto, calibration, kind, block, accuracy_level, grams, quantized, True, linear_bits)
     budget = int(share * four_bit_codes(proto))
     layer_losses = {outputs[n]: loss for n, loss in losses.items()}
-    plan = plan_corrections(quantized, proto, grams, layer_losses, budget, logits, kind.factor_form, grid, block)
-    ranks, eight, offset = plan
-    eight_bit = tuple(nodes[out] for out in eight)
-    if eight_bit:
-        quantized = quantize_4bit(proto, block, accuracy_level, **{**rounding, "eight_bit": tied_head + eight_bit})
-        quantized = gptq_rounded(quantized, proto, grams, gptq)
+    wider = None  # the 3-bit layers in 4, each offered so
+    if linear_bits == 3:
+        wider = quantize_matmuls(copy.deepcopy(proto), block, accuracy_level, True, eight_bit=tied_head, keep_grid=True)
+        wider = gptq_rounded(wider, proto, grams, gptq)
+    plan = plan_corrections(quantized, proto, grams, layer_losses, budget, logits, kind.factor_form, grid, block, wider)
+    ranks, eight, offset, four = plan
+    eight_bit, four_bit = (tuple(nodes[out] for out in chosen) for chosen in (eight, four))
+    if eight_bit or four_bit:
+        widths = {"eight_bit": tied_head + eight_bit, "four_bit": four_bit}
+        quantized = gptq_rounded(
+            quantize_4bit(proto, block, accuracy_level, **{**rounding, **widths}), proto, grams, gptq
+        )
     corrected = add_corrections(quantized, proto, grams, ranks)
     if train is not None:
         corrected = train(exported, proto, corrected, int8, frozenset(offset))
@@ -229,6 +236,7 @@ def _corrected(
     for out, error in offsets.items():
         left = offset_residual(error, grams[out].numpy(), block)
         report[out] = {"offsets": error.shape[0] // block, "loss_share_left": left}
+    report.update({out: {"bits": 4} for out in four})  # 3-bit layers held in 4 bits
     return add_offsets(bias_before_correction(corrected), offsets, block), report, eight_bit
 
 

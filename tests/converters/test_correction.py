@@ -1,7 +1,10 @@
 """Low rank on the rounding error (int4-corrected): the reader of MatMulNBits' codes gives the weight
 ONNX Runtime multiplies by; the output-metric fit restores the error at full rank and beats a plain
-SVD of it at equal rank; the budget is never overspent; the corrected graph holds 8-bit factors and
-every corrected layer's output error falls, also after the factors are rounded."""
+SVD of it at equal rank; the budget is never overspent, and offers a 3-bit layer 4 bits for what its own
+4-bit rounding leaves; the corrected graph holds 8-bit factors and every corrected layer's output error falls,
+also after the factors are rounded."""
+
+import copy
 
 import numpy as np
 import onnx
@@ -12,13 +15,9 @@ from onnx import TensorProto, helper
 from compressor.budget import tail_error
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.correction import (
-    correction_bytes,
-    correction_ranks,
-    dequantize_nbits,
-    error_factors,
-)
-from converters.quantization.int4 import four_bit_codes, quantize_4bit
+from converters.quantization.correction import correction_bytes, dequantize_nbits, error_factors
+from converters.quantization.correction_plan import correction_ranks, plan_corrections
+from converters.quantization.int4 import four_bit_codes, quantize_4bit, quantize_matmuls
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.schemes import CORRECTED_TABLE_BLOCK
 from eval.graph import make_session
@@ -75,11 +74,14 @@ def test_the_ranks_and_widths_never_spend_more_than_the_budget():
     shapes = {"a": (384, 384), "b": (384, 1536), "c": (1536, 384)}
     spectra = {n: torch.linspace(1, 0.01, min(s)) ** (i + 1) for i, (n, s) in enumerate(shapes.items())}
     losses = {"a": 1.0, "b": 0.3, "c": 3.0}
+    wider = {"b": 0.2}  # b in 3 bits: 8 bits cost 5 more a weight, 4 bits one
     for budget in (0, 20_000, 50_000, 200_000, 500_000):
-        ranks, eight, _ = correction_ranks(spectra, losses, shapes, budget)
-        widened = sum(shapes[n][0] * shapes[n][1] // 2 for n in eight)
+        ranks, eight, _, four = correction_ranks(spectra, losses, shapes, budget, wider=wider)
+        widened = sum(shapes[n][0] * shapes[n][1] * (5 if n in wider else 4) // 8 for n in eight)
+        widened += sum(shapes[n][0] * shapes[n][1] // 8 for n in four)
         assert sum(correction_bytes(*shapes[n], r) for n, r in ranks.items() if r) + widened <= budget
-        assert not set(ranks) & set(eight) and set(ranks) | set(eight) == set(shapes)
+        assert not set(ranks) & set(eight) & set(four) and set(ranks) | set(eight) | set(four) == set(shapes)
+        assert set(four) <= set(wider)
         assert all(
             r % 16 == 0 and correction_bytes(*shapes[n], r) < shapes[n][0] * shapes[n][1] // 2 for n, r in ranks.items()
         )
@@ -90,12 +92,38 @@ def test_one_budget_holds_a_spread_error_in_8_bits_and_a_concentrated_one_in_a_r
     shapes = {"spread": (256, 256), "concentrated": (256, 256)}
     spectra = {"spread": torch.ones(256), "concentrated": 0.5 ** torch.arange(256.0)}
     budget = 256 * 256 // 2 + correction_bytes(256, 256, 16)
-    ranks, eight, _ = correction_ranks(spectra, {"spread": 1.0, "concentrated": 1.0}, shapes, budget)
+    ranks, eight, _, _ = correction_ranks(spectra, {"spread": 1.0, "concentrated": 1.0}, shapes, budget)
     assert eight == ("spread",) and ranks == {"concentrated": 16}
-    ranks, eight, _ = correction_ranks(
+    ranks, eight, _, _ = correction_ranks(
         spectra, {"spread": 1.0, "concentrated": 1.0}, shapes, budget, ranks_only={"spread"}
     )
     assert eight == () and ranks["concentrated"] >= 16 and ranks["spread"] > 0  # a rank, where 8 bits is not offered
+
+
+def test_a_3_bit_layer_is_offered_4_bits_for_one_more_bit_a_weight_and_8_for_five():
+    shapes, spectra, losses = {"spread": (256, 256)}, {"spread": torch.ones(256)}, {"spread": 1.0}
+    weights = 256 * 256
+    for budget, eight_bits, four_bits in ((weights // 8, (), ("spread",)), (weights // 2, (), ("spread",))):
+        plan = correction_ranks(spectra, losses, shapes, budget, wider={"spread": 0.25})
+        assert (plan.eight_bit, plan.four_bit) == (eight_bits, four_bits)  # 8 bits cost 5/8 of a byte a weight
+    plan = correction_ranks(spectra, losses, shapes, weights * 5 // 8, wider={"spread": 0.25})
+    assert plan.eight_bit == ("spread",) and plan.four_bit == ()
+    plan = correction_ranks(spectra, losses, shapes, weights // 2)  # in 4 bits already: 8 bits cost 4 more
+    assert plan.eight_bit == ("spread",) and plan.four_bit == ()
+
+
+def test_the_plan_measures_what_4_bits_leave_of_a_3_bit_layer_error():
+    k, n, block = 128, 64, 32
+    model = matmul_graph(RNG.standard_normal((k, n)).astype(np.float32))
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    _, gram = _anisotropic_gram(k)
+    out = model.graph.node[0].output[0]
+    three, four = (quantize_matmuls(copy.deepcopy(model), block, 0, True, bits=bits) for bits in (3, 4))
+    plan = plan_corrections(three, model, {out: gram}, {out: 1.0}, k * n // 8, block=block, wider=four)
+    assert plan.four_bit == (out,) and not plan.ranks.get(out)  # 4 bits leave about a quarter: worth an eighth
+    assert plan_corrections(three, model, {out: gram}, {out: 1.0}, k * n // 8, block=block).four_bit == ()
+    kept = quantize_matmuls(copy.deepcopy(model), block, 0, True, bits=3, four_bit=("mm",))
+    assert kept.SerializeToString() == four.SerializeToString()  # the layer so named not rounded again in 3 bits
 
 
 def test_a_corrected_graph_holds_8_bit_factors_and_lowers_each_layer_error(tmp_path):

@@ -24,8 +24,8 @@ from converters.quantization.correction import (
     bias_before_correction,
     corrected_layers,
     input_grams,
-    plan_corrections,
 )
+from converters.quantization.correction_plan import plan_corrections
 from converters.quantization.graph_norms import GraphLayerNorm
 from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
 from converters.quantization.quantize import REL_TOL, quantize_onnx
@@ -67,7 +67,7 @@ def _corrected(fp32, feeds, table_bits=4):
     quantized = quantize_4bit(smoothed, 16, 0, aware=True, eight_bit=eight, head=head, table_bits=table_bits)
     losses = {n.output[0]: 1.0 for n in smoothed.graph.node if n.op_type == "MatMul"}
     grams = input_grams(smoothed, feeds)
-    ranks, _, _ = plan_corrections(quantized, smoothed, grams, losses, int(0.3 * four_bit_codes(smoothed)))
+    ranks, *_ = plan_corrections(quantized, smoothed, grams, losses, int(0.3 * four_bit_codes(smoothed)))
     return exported, smoothed, add_corrections(quantized, smoothed, grams, ranks)
 
 

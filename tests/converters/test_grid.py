@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.correction import correction_bytes, correction_ranks, dequantize_nbits, error_factors
+from converters.quantization.correction import correction_bytes, dequantize_nbits, error_factors
+from converters.quantization.correction_plan import correction_ranks
 from converters.quantization.grid import add_offsets, grid_matmuls, off_grid, offset_bytes, offset_residual, on_grid
 from converters.quantization.int4 import quantize_4bit
 from converters.quantization.quantize import REL_TOL, quantize_onnx
@@ -108,7 +109,9 @@ def test_the_budget_buys_a_grid_layers_offsets_before_a_rank_and_never_spends_mo
     spectra = {name: torch.linspace(1, 0.01, 576) for name in shapes}
     offsets = {"grid": (offset_bytes(576, 576, 32), 1e-3)}
     for budget in (offsets["grid"][0], correction_bytes(576, 576, 16) + offsets["grid"][0]):
-        ranks, eight, offset = correction_ranks(spectra, {"grid": 1.0, "trained": 1.0}, shapes, budget, offsets=offsets)
+        ranks, eight, offset, _ = correction_ranks(
+            spectra, {"grid": 1.0, "trained": 1.0}, shapes, budget, offsets=offsets
+        )
         assert offset == ("grid",) and not eight and ranks.get("grid", 0) == 0
         assert offsets["grid"][0] + sum(correction_bytes(576, 576, r) for r in ranks.values() if r) <= budget
 
@@ -123,7 +126,9 @@ def test_every_grid_layers_offsets_come_first_when_the_budget_holds_them_all():
     offsets = {g: (size, 1e-3) for g in ("g1", "g2")}
     head = correction_bytes(576, 256, 16)
     for budget, all_offsets in ((2 * size + head, True), (2 * size - 1, False)):
-        ranks, eight, offset = correction_ranks(spectra, losses, shapes, budget, offsets=offsets, ranks_only={"head"})
+        ranks, eight, offset, _ = correction_ranks(
+            spectra, losses, shapes, budget, offsets=offsets, ranks_only={"head"}
+        )
         assert (offset == ("g1", "g2")) == all_offsets and ranks["head"] == 16 and not eight
         assert len(offset) * size + sum(correction_bytes(*shapes[n], r) for n, r in ranks.items() if r) <= budget
 
