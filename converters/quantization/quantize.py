@@ -194,11 +194,11 @@ def _corrected(
     with the word table's `head` rows in 8 bits (but weights on a 4-bit grid keep it: grid.py) and every layer
     not on such a grid, and an LM's head (a layer of `vocab` outputs), rounded by GPTQ on its grid (gptq.py),
     then one byte budget (`share` of the 4-bit codes) spent on each layer's rounding error, as a low-rank
-    correction or as 8 bits instead, or 4 for a layer in 3 (correction_plan.plan_corrections); an LM's head (a tied one's 4-bit codes are its lookup's too) is offered a rank
-    but not 8 bits (its corrected logits are two more (batch, sequence, V) tensors at the peak; a tied head is
-    never trained: tied_student), and a tied head's 8-bit halves (`tied_head`, node names: tied_head.py)
-    kept so; `train` (None: the
-    closed-form fit kept) then trains the corrections, the layers `int8` (output names) with their inputs rounded
+    correction or as 8 bits instead, or 4 for a layer in 3 (correction_plan.plan_corrections); an LM's head (a
+    tied one's 4-bit codes are its lookup's too) is offered a rank but not 8 bits (its corrected logits are two
+    more (batch, sequence, V) tensors at the peak; a tied head is never trained: tied_student), and a tied
+    head's 8-bit halves (`tied_head`, node names: tied_head.py) kept so; `train` (None: the closed-form fit
+    kept) then trains the corrections, the layers `int8` (output names) with their inputs rounded
     to 8 bits as they will be multiplied. (graph, corrections' report, 8-bit layers)."""
     name_nodes(proto.graph)
     grams = input_grams(proto, calibration)
