@@ -70,9 +70,10 @@ THREE_BIT_RECIPE = {
     "correction_share": 0.03,
 }
 # The 3-bit recipe with the table's 2,048 most frequent rows in 4 bits and the rest in codebooks, a one-byte code for
-# each 6 weights (1.33 bits a weight: codebook_table), corrections of 4.5 % of the 4-bit bytes (the budget holding
-# some 3-bit layers in 4 bits: correction_plan), trained 480 s: 0.0898× the file, recall@10 0.843 / 0.812
-# (BENCHMARKS.md, "A 3-bit layer offered 4 bits"; at 3 % before the 4-bit offer, 0.0887×, 0.836–0.841 / 0.799–0.803).
+# each 6 weights (1.33 bits a weight: codebook_table), a correction budget of 4.5 % of the 4-bit bytes (spent on 12
+# of the 36 linear layers in 4 bits, no rank: correction_plan), trained 480 s: 0.0898× the file, recall@10
+# 0.843–0.848 / 0.810–0.812 in three runs (BENCHMARKS.md, "A 3-bit layer offered 4 bits"; at 3 % before the 4-bit
+# offer, 0.0887×, 0.836–0.841 / 0.799–0.803).
 TINY_RECIPE = {
     **THREE_BIT_RECIPE,
     "name": "original-tiny",
