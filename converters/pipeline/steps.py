@@ -339,8 +339,8 @@ def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
     train, val, where = finetune_texts(data, kind)
     tokenizer = load_tokenizer(source)
     say(
-        f"{named}: each graph so quantized takes int4-corrected's time (each linear layer's 4-bit loss, about "
-        "2.5 s a layer for MiniLM on 2 cores) and then its --correction-time of training"
+        f"{named}: each graph so quantized takes int4-corrected's time (each linear layer's loss at its width, "
+        "about 2 s a layer for MiniLM on 2 cores) and then its --correction-time of training"
     )
 
     def fit_for(model: nn.Module, seconds: float, scheme: str, row: str):
