@@ -1,7 +1,7 @@
 """The corrections' ranks and widths (correction), from one byte budget over the layers (`correction_ranks`): a
-layer's loss at rank r is its loss in 4 bits (`sensitivity.four_bit_losses`: the whole graph's output with that layer
-alone rounded, or for large graphs its own output error) times the share of its output error energy
-the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²; held in 8 bits instead (K·N/2 more bytes) it is that loss
+layer's loss at rank r is its loss at its width, 4 bits or 3 (`sensitivity.four_bit_losses`: the whole graph's
+output with that layer alone rounded, or for large graphs its own output error) times the share of its output
+error energy the rank leaves, Σ_{j>r} σ_j² / Σ_j σ_j²; held in 8 bits instead (K·N/2 more bytes) it is that loss
 times 2⁻⁸ (four more bits quarter the rounding error's energy four times). A layer in 3 bits
 (three_bit_linear) is offered 4 bits too, K·N/8 more bytes for its loss times tr(E₄ᵀ G E₄) / tr(E₃ᵀ G E₃),
 its two roundings' output errors measured (and 8 bits at K·N·5/8). The greedy of
@@ -32,7 +32,7 @@ RANK_STEP = 16  # ranks offered: multiples of 16, the smallest block ONNX Runtim
 
 
 def _max_rank(k: int, n: int, form: str) -> int:
-    """The largest rank offered: its factors cost less than the 4 more bits a weight would take."""
+    """The largest rank offered: its factors cost less than the 4 more bits a weight would take (8 bits over 4)."""
     rank = 0
     while rank + RANK_STEP <= min(k, n) and correction_bytes(k, n, rank + RANK_STEP, form) < k * n // 2:
         rank += RANK_STEP
