@@ -10,6 +10,8 @@ from converters.cli.recipes import (
     DEFAULT_RECIPE,
     DEFAULT_RECIPES,
     QUANTIZE_CHOICES,
+    THREE_BIT_RECIPE,
+    TINY_RECIPE,
     Recipe,
     load_recipes,
     parse_recipes,
@@ -89,6 +91,9 @@ def test_the_default_recipes_are_valid():
     tiny = next(r.variant() for r in recipes if r.name == "original-tiny")
     assert (tiny.quantize.linear_bits, tiny.quantize.table_bits, tiny.quantize.table_head) == (3, 1.33, 2048)
     assert tiny.quantize.correction_time == 480
+    # each 3-bit recipe plans with its own budget (tiny's 4.5 % over the 3-bit recipe's 3 % it spreads), not the first's
+    shares = (three.quantize.correction_share, tiny.quantize.correction_share)
+    assert shares == (THREE_BIT_RECIPE["correction_share"], TINY_RECIPE["correction_share"]) == (0.03, 0.045)
 
 
 def test_a_recipe_of_no_method_is_the_original_in_its_own_settings():
