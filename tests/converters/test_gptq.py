@@ -9,7 +9,8 @@ import torch
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization import quantize
-from converters.quantization.correction import dequantize_nbits
+from converters.quantization.correction import dequantize_nbits, rounding_errors
+from converters.quantization.correction_plan import Plan
 from converters.quantization.gptq import gptq_codes, gptq_rounded
 from converters.quantization.int4 import quantize_4bit
 from converters.quantization.quantize import quantize_onnx
@@ -94,9 +95,16 @@ def _outputs(node) -> int:
     return next(a.i for a in node.attribute if a.name == "N")
 
 
+def _every_layer_ranked(quantized, fp32, *_, **__) -> Plan:
+    """A plan that gives every 4-bit layer a rank of 1 and none 8 bits: the budget's own pick follows the losses
+    the CPU's kernels measure (on an AVX2 machine it left one linear layer in 4 bits), and this test is of the
+    rounding, not of that pick."""
+    return Plan({out: 1 for out in rounding_errors(quantized, fp32)}, (), ())
+
+
 def _rounded_errors(tmp_path, fp32, vocab: int, name: str) -> dict[str, float]:
-    """Each layer's relative output error in the int4-corrected graph as rounded, before its rank; "logits": the
-    head's."""
+    """Each layer's relative output error in the int4-corrected graph as rounded, before its rank (every layer
+    ranked: _every_layer_ranked); "logits": the head's."""
     names = ("input_ids", "attention_mask")
     feeds = [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 4, 12, seed)))) for seed in range(4)]
     result = quantize_onnx(fp32, tmp_path / name, vocab, "int4-corrected", feeds, block=16, correction=0.5)
@@ -113,11 +121,12 @@ def _rounded_errors(tmp_path, fp32, vocab: int, name: str) -> dict[str, float]:
 def test_every_layer_of_the_corrected_schemes_is_rounded_by_gptq(tmp_path, monkeypatch):
     model, _ = load_model(write_tiny_lm(tmp_path / "llama", hidden=128))
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
+    monkeypatch.setattr(quantize, "plan_corrections", _every_layer_ranked)
     vocab = model.get_input_embeddings().num_embeddings
     gptq = _rounded_errors(tmp_path, fp32, vocab, "gptq.onnx")
     monkeypatch.setattr(quantize, "gptq_rounded", lambda quantized, *_: quantized)  # round to nearest
     nearest = _rounded_errors(tmp_path, fp32, vocab, "nearest.onnx")
     assert gptq["logits"] < 0.9 * nearest["logits"]  # the tied head: 0.032 against 0.065 here
     linear = sorted(set(gptq) - {"logits"})
-    assert len(linear) >= 3  # the layers the budget left in 4 bits (random weights: none on a 4-bit grid)
-    assert np.mean([gptq[o] for o in linear]) < 0.9 * np.mean([nearest[o] for o in linear])  # 0.042 against 0.072
+    assert len(linear) >= 10  # every linear layer of the tiny LM (random weights: none on a 4-bit grid)
+    assert np.mean([gptq[o] for o in linear]) < 0.9 * np.mean([nearest[o] for o in linear])  # 0.037 against 0.071
