@@ -7,6 +7,7 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from eval.decode import DECODE_CONTEXTS, DECODE_TOKENS, context_length, measure_decode
+from eval.environment import file_sha256, machine, run_record, texts_sha256
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.kinds import graph_kind
 from eval.latency import SETTINGS, measure_latency
@@ -40,7 +41,8 @@ def bench(
     rss_repeats: int = 1,
     progress: bool = True,
 ) -> dict:
-    """The report dict (DESIGN §5): size, optimised initializer bytes, latency, peak RSS,
+    """The report dict (DESIGN §5): what it ran on and with ("environment", "run": eval.environment), size and
+    sha256, optimised initializer bytes, latency, peak RSS,
     quality against variants[0] (the metrics of the graphs' kind) on `eval_texts` and, when
     given, on `second_texts` (named `second_text`), parity, the Pareto fronts it is on
     (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch,
@@ -77,6 +79,7 @@ def bench(
                 "onnx_path": str(path),
                 "params": params,
                 "file_bytes": file_bytes(path),
+                "sha256": file_sha256(path),
                 "optimized_initializer_bytes": optimized_initializer_bytes(path),
                 **peak_rss(path, vocab, *rss_shape, repeats=rss_repeats),
                 **quality,
@@ -96,6 +99,10 @@ def bench(
     report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages", "latency_input": fed}
     if second_texts is not None:
         report["second_text"] = f"{second_text}, {len(second_texts)} passages"
+    report["run"], report["environment"] = run_record(), machine()
+    report["environment"]["texts"] = {"eval": texts_sha256(eval_texts)}
+    if second_texts is not None:
+        report["environment"]["texts"]["second"] = texts_sha256(second_texts)
     report = {**report, "variants": rows}
     mark_pareto_(report, kind.front)
     return report

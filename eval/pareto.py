@@ -24,6 +24,7 @@ LATENCY = latency_key(8, 128, 2)
 COSTS = {  # the front's name in a row's "pareto" → where its cost is in a row (keys, outermost first)
     "file_bytes": ("file_bytes",),
     "latency": ("latency_ms", LATENCY, "p50"),
+    "memory": ("peak_rss_bytes",),  # of a fresh process after one batch (eval.memory)
 }
 
 

@@ -10,7 +10,11 @@ from files.atomic import atomic_file
 
 __all__ = ["plot_front"]
 
-AXES = {"file_bytes": ("file size, MB", 1e-6), "latency": (f"p50 latency at {LATENCY}, ms", 1.0)}  # label, scale
+AXES = {  # label, scale
+    "file_bytes": ("file size, MB", 1e-6),
+    "latency": (f"p50 latency at {LATENCY}, ms", 1.0),
+    "memory": ("peak RSS of a fresh process after one batch, MiB", 2**-20),
+}
 MARKS = {"original": ("*", "black", 220), "original-int8": ("D", "dimgray", 80)}  # marker, colour, size
 
 

@@ -10,7 +10,11 @@ __all__ = ["write_report", "markdown_table"]
 
 MIB = 2**20
 # each Pareto front (eval.pareto.COSTS): (its name in the front column, what its cost is)
-FRONTS = {"file_bytes": ("size", "file size"), "latency": ("p50", f"p50 latency at {LATENCY}")}
+FRONTS = {
+    "file_bytes": ("size", "file size"),
+    "latency": ("p50", f"p50 latency at {LATENCY}"),
+    "memory": ("RSS", "peak RSS"),
+}
 
 
 def _ratio(value, base) -> str:
@@ -62,9 +66,22 @@ def markdown_table(report: dict) -> str:
         title += f"  \nand (2nd) on: {report['second_text']}"
     if "latency_input" in report:
         title += f"  \nlatency on: {report['latency_input']}"
+    title += _measured_on(report)
     fronts = " or ".join(f"{what} ({label})" for label, what in FRONTS.values())
     title += f"  \nfront: no other variant is as good in {front_quality(report)} and in {fronts}, and better in one\n\n"
     return title + _headline(report) + "\n".join(rows) + "\n"
+
+
+def _measured_on(report: dict) -> str:
+    """The line that ties the report's figures to their machine, libraries and command (eval.environment)."""
+    env, run = report.get("environment"), report.get("run")
+    if not env:
+        return ""
+    line = f"  \nmeasured on: {env['cpu']}, {env['cores']} cores, integer path {env['integer_path']}; ONNX Runtime "
+    line += f"{env['onnxruntime']}, torch {env['torch']}, transformers {env['transformers']}, Python {env['python']}"
+    if run:
+        line += f"  \nby: `{run['command']}` at {run['commit'] or 'no git commit'}, {run['date']}"
+    return line
 
 
 def _headline(report: dict) -> str:

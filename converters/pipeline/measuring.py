@@ -25,6 +25,7 @@ from converters.pipeline.steps import (
 from converters.pipeline.variants import Variants, output_folder
 from converters.quantization.schemes import PLANNED, check_int8_products, check_linear_bits, check_table_bits
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
+from eval.environment import batches_sha256, texts_sha256
 from texts.prior import check_prior
 
 __all__ = ["check_run", "measure"]
@@ -90,7 +91,10 @@ def measure(run: RunSpec) -> None:
     batches = quantize_calibration(run.texts, schemes, kind.graph, source)
     fit_for = correction_fit(schemes, run.texts.data, kind, source)
     tuned = any(variant.finetune is not None for variant in run.variants)
-    ft_texts = finetune_texts(run.texts.data, kind) if tuned else None
+    ft_texts = finetune_texts(run.texts.data, kind) if tuned or fit_for is not None else None
+    hashes = {"calibration": batches_sha256(batches)} if batches else {}
+    if ft_texts is not None:
+        hashes["fit"] = texts_sha256([*ft_texts[0], *ft_texts[1]])
     with output_folder(run.out):
         original, source = load_original(run.model)
         for variant in run.variants:  # every plan against the model's modules, before the original is exported
@@ -110,4 +114,4 @@ def measure(run: RunSpec) -> None:
                 made.add_quantized(variant)
             else:
                 made.add_compressed(variant, run, original, source, ft_texts)
-        made.bench_and_report(run, source, texts, second)
+        made.bench_and_report(run, source, texts, second, hashes)

@@ -39,7 +39,7 @@ from files.model_folder import graph_file, model_folder
 
 __all__ = ["Variants", "output_folder"]
 
-PLOTS = {"file_bytes": "front-size.png", "latency": "front-latency.png"}  # Pareto front → its plot
+PLOTS = {"file_bytes": "front-size.png", "latency": "front-latency.png", "memory": "front-memory.png"}  # front → plot
 
 
 @contextmanager
@@ -192,9 +192,10 @@ class Variants:
                 save_compressed(model, plan, report, source, self.out / f"{name}-ft", finetune=result)
                 add(f"{name}-ft", model, {**detail, "finetune": result})
 
-    def bench_and_report(self, run: RunSpec, source: Path, texts, second) -> dict:
+    def bench_and_report(self, run: RunSpec, source: Path, texts, second, hashes=None) -> dict:
         """One bench of every graph side by side; report.json and report.md in the output folder,
-        the table printed. `texts`, `second`: (passages, where) of the eval and second texts."""
+        the table printed. `texts`, `second`: (passages, where) of the eval and second texts; `hashes`: the
+        calibration's and fit text's sha256 (eval.environment), recorded beside the eval texts'."""
         model_name = DEFAULT_MODEL_NAME if run.model is None else str(source)
         report = bench(
             self.graphs,
@@ -207,6 +208,7 @@ class Variants:
         )
         for row, extra in zip(report["variants"], self.details):
             row.update(extra)
+        report["environment"]["texts"].update(hashes or {})
         json_path, md_path = write_report(report, self.out / "report.json")
         print(markdown_table(report))
         say(f"wrote {json_path} and {md_path}")

@@ -2,6 +2,7 @@ import json
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 import torch
 
@@ -9,6 +10,7 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx
 from eval.benchmark import bench, parity_of
+from eval.environment import file_sha256, integer_path, texts_sha256
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.latency import latency_key, measure_latency
 from eval.memory import peak_rss
@@ -156,7 +158,14 @@ def test_bench_report_follows_the_contract(tiny_onnx, other_onnx, tiny_bert_dir,
     assert report["second_text"] == f"{second_where}, 40 passages" and "Lee corpus" in second_where
     assert set(other["quality_second_text"]) == set(other["quality"])
     assert other["quality_second_text"] != other["quality"]  # measured on the other text
-    assert first["pareto"] == second["pareto"] == {"file_bytes": True, "latency": False}  # a tie; (8, 128) not timed
+    fronts = [{cost: row["pareto"][cost] for cost in ("file_bytes", "latency")} for row in (first, second)]
+    assert fronts[0] == fronts[1] == {"file_bytes": True, "latency": False}  # a tie; (8, 128) not timed
+    assert set(first["pareto"]) == {"file_bytes", "latency", "memory"}  # memory's: two measures of one graph
+    assert first["sha256"] == second["sha256"] == file_sha256(tiny_onnx) != other["sha256"]
+    env = report["environment"]
+    assert env["integer_path"] == integer_path() and env["onnxruntime"] == onnxruntime.__version__
+    assert env["texts"] == {"eval": texts_sha256(texts), "second": texts_sha256(second_texts[:40])}
+    assert report["run"]["date"][:4].isdigit() and "command" in report["run"]
     json_path, md_path = write_report(report, tmp_path / "report.json")
     assert json.loads(json_path.read_text()) == report
     table = md_path.read_text()

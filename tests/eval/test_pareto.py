@@ -30,11 +30,13 @@ def test_pareto_front(points, front):
     assert pareto_front(points) == front
 
 
-def row(name, size, p50, recall):
+def row(name, size, p50, recall, rss):
     return {
         "name": name,
         "params": size // 4,
         "file_bytes": size,
+        "peak_rss_bytes": rss,
+        "baseline_rss_bytes": 40_000_000,
         "optimized_initializer_bytes": size,
         "latency_ms": {"b8_s128_t2": {"p50": p50, "p90": p50 * 1.1}},
         "quality": {"cosine_mean": 0.9, "recall_at_10": recall},
@@ -47,37 +49,38 @@ def report():
         "model": "hand-made",
         "eval_text": "none",
         "variants": [
-            row("original", 90_000_000, 68.0, 1.0),
-            row("original-int8", 23_000_000, 35.0, 0.9),
-            row("tt-r64", 50_000_000, 75.0, 0.95),  # smaller than the original, slower
-            row("fast", 95_000_000, 30.0, 0.92),  # larger than the original, fastest
-            row("tt-r16", 46_000_000, 70.0, 0.6),  # beaten by int8 on both
-            row("lowrank", 20_000_000, 34.0, 0.5),  # smallest
-            row("nan", 10_000_000, 10.0, math.nan),  # quality not measured: on no front
+            row("original", 90_000_000, 68.0, 1.0, 200_000_000),
+            row("original-int8", 23_000_000, 35.0, 0.9, 120_000_000),
+            row("tt-r64", 50_000_000, 75.0, 0.95, 150_000_000),  # smaller than the original, slower
+            row("fast", 95_000_000, 30.0, 0.92, 250_000_000),  # larger than the original, fastest
+            row("tt-r16", 46_000_000, 70.0, 0.6, 140_000_000),  # beaten by int8 on both
+            row("lowrank", 20_000_000, 34.0, 0.5, 100_000_000),  # smallest
+            row("nan", 10_000_000, 10.0, math.nan, 50_000_000),  # quality not measured: on no front
         ],
     }
 
 
 def test_report_rows_are_marked_on_each_front(report):
     mark_pareto_(report)
-    marks = {r["name"]: (r["pareto"]["file_bytes"], r["pareto"]["latency"]) for r in report["variants"]}
+    marks = {r["name"]: tuple(r["pareto"][c] for c in ("file_bytes", "latency", "memory")) for r in report["variants"]}
     assert marks == {
-        "original": (True, True),
-        "original-int8": (True, False),
-        "tt-r64": (True, False),
-        "fast": (False, True),
-        "tt-r16": (False, False),
-        "lowrank": (True, False),
-        "nan": (False, False),
+        "original": (True, True, True),
+        "original-int8": (True, False, True),
+        "tt-r64": (True, False, True),
+        "fast": (False, True, False),  # the original holds less memory at a better recall
+        "tt-r16": (False, False, False),
+        "lowrank": (True, False, True),
+        "nan": (False, False, False),
     }
+    assert report["pareto_axes"]["memory"] == "peak_rss_bytes (minimised)"
     assert "b8_s128_t2" in report["pareto_axes"]["latency"]
 
 
 def test_a_row_without_a_measure_is_on_no_front_of_it_and_dominates_nothing(report):
     del report["variants"][3]["latency_ms"]  # fast: no latency
     flags = pareto_flags(report)
-    assert flags[3] == {"file_bytes": False, "latency": False}
-    assert flags[1] == {"file_bytes": True, "latency": True}  # int8, no longer beaten by fast
+    assert flags[3] == {"file_bytes": False, "latency": False, "memory": False}
+    assert flags[1] == {"file_bytes": True, "latency": True, "memory": True}  # int8, no longer beaten by fast
 
 
 def test_the_table_names_the_fronts_of_each_row(report):
@@ -86,17 +89,17 @@ def test_the_table_names_the_fronts_of_each_row(report):
     assert head[:2] == ["variant", "front"]
     cells = {name: front for name, front, *_ in rows}
     assert cells == {
-        "original": "size+p50",
-        "original-int8": "size",
-        "tt-r64": "size",
+        "original": "size+p50+RSS",
+        "original-int8": "size+RSS",
+        "tt-r64": "size+RSS",
         "fast": "p50",
         "tt-r16": "–",
-        "lowrank": "size",
+        "lowrank": "size+RSS",
         "nan": "–",
     }
 
 
-@pytest.mark.parametrize("x", ["file_bytes", "latency"])
+@pytest.mark.parametrize("x", ["file_bytes", "latency", "memory"])
 def test_the_plot_is_a_png(report, tmp_path, x):
     import matplotlib.image
 
@@ -109,9 +112,9 @@ def test_the_plot_is_a_png(report, tmp_path, x):
 
 
 def test_a_plot_of_an_unknown_cost_or_of_nothing_measured_is_refused(report, tmp_path):
-    with pytest.raises(CompressorError, match="x axis is one of file_bytes, latency"):
+    with pytest.raises(CompressorError, match="x axis is one of file_bytes, latency, memory"):
         plot_front(report, tmp_path / "p.png", x="params")
-    report["variants"] = [row("original", 1, 1.0, math.nan)]
+    report["variants"] = [row("original", 1, 1.0, math.nan, 1)]
     with pytest.raises(CompressorError, match="no variant"):
         plot_front(report, tmp_path / "p.png")
     assert not (tmp_path / "p.png").exists()

@@ -1,0 +1,62 @@
+"""What a report records of the machine and its inputs (eval/environment.py): the integer path read from the CPU's
+flags, the hashes that tell two inputs apart."""
+
+import numpy as np
+import pytest
+
+from eval.environment import (
+    PAIRS_IN_INT16,
+    batches_sha256,
+    file_sha256,
+    integer_path,
+    machine,
+    run_record,
+    texts_sha256,
+)
+
+
+def _cpuinfo(flags: str) -> str:
+    return f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: fpu sse2 {flags}\n"
+
+
+@pytest.mark.parametrize(
+    "flags, path",
+    [
+        ("avx2 fma", "avx2"),  # AMD Zen 2/3, Haswell … Skylake client
+        ("avx2 avx512f avx512bw", "avx512"),  # Skylake-SP: AVX-512 without VNNI
+        ("avx2 avx512bw avx512_vnni", "avx512_vnni"),  # Cascade Lake, Zen 4/5
+        ("avx2 avx_vnni", "avx_vnni"),  # Alder Lake
+        ("avx2 avx512bw avx512_vnni amx_int8", "amx"),  # Sapphire Rapids
+    ],
+)
+def test_the_integer_path_is_the_best_instruction_set_the_flags_show(flags, path):
+    assert integer_path(_cpuinfo(flags)) == path
+
+
+def test_the_paths_without_vnni_sum_pairs_in_int16():
+    assert {"avx2", "avx512"} <= PAIRS_IN_INT16 and not {"avx512_vnni", "avx_vnni", "amx"} & PAIRS_IN_INT16
+
+
+def test_the_machine_record_names_the_cpu_its_path_and_the_versions():
+    record = machine()
+    assert record["integer_path"] == integer_path() and record["cpu"]
+    assert record["onnxruntime"] and record["torch"] and record["numpy"] == np.__version__
+
+
+def test_the_hashes_tell_inputs_apart(tmp_path):
+    assert texts_sha256(["ab", "c"]) != texts_sha256(["a", "bc"])  # the split is part of the text
+    assert texts_sha256(["ab"]) == texts_sha256(["ab"])
+    ids = np.arange(6).reshape(2, 3)
+    assert batches_sha256([{"input_ids": ids}]) != batches_sha256([{"input_ids": ids + 1}])
+    a, b = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    a.write_bytes(b"graph")
+    b.write_bytes(b"graph")
+    assert file_sha256(a) == file_sha256(b)
+    (tmp_path / "b.onnx.data").write_bytes(b"weights")  # its external data is part of it
+    assert file_sha256(a) != file_sha256(b)
+
+
+def test_the_run_record_gives_the_command_as_typed():
+    record = run_record(["/x/.venv/bin/compressor", "run", "--out", "runs/demo"])
+    assert record["command"] == "compressor run --out runs/demo"
+    assert record["date"].endswith("Z")
