@@ -22,8 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from compressor.tied_logits import TiedLogits
-from converters.quantization.correction import dequantize_nbits
-from converters.quantization.int4 import TABLE_OPSET
+from converters.nbits_storage import TABLE_OPSET, dequantize_nbits
 from eval.probe import PAST, PRESENT
 
 __all__ = ["fused_decoder", "rounded_twin"]

@@ -24,9 +24,9 @@ from onnx import helper, numpy_helper
 
 from compressor.errors import CompressorError
 from compressor.lowrank import whitened_factors
+from converters.nbits_storage import dequantize_nbits
 from converters.quantization.half_scales import SCALE_BYTES
 from converters.quantization.int4 import quiet_quantizer
-from converters.quantization.packed_codes import nbits_grid
 from converters.quantization.smoothing import probe_activations
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "GRAM_BATCHES",
     "check_correction_share",
     "Correction",
-    "dequantize_nbits",
     "weight_names",
     "input_grams",
     "error_factors",
@@ -84,14 +83,6 @@ class Correction:
                 "factors_rounded": self.error_stored,
             },
         }
-
-
-def dequantize_nbits(graph: onnx.GraphProto, node: onnx.NodeProto) -> np.ndarray:
-    """The weight Q (K × N, float64) a MatMulNBits node multiplies by: scale · (q − z) a block (nbits_grid)."""
-    grid = nbits_grid(graph, node)
-    n, blocks = grid.scales.shape
-    weight = (grid.codes.reshape(n, blocks, grid.block) - grid.zero[..., None]) * grid.scales[..., None]
-    return weight.reshape(n, blocks * grid.block)[:, : grid.k].T
 
 
 def weight_names(graph: onnx.GraphProto) -> dict[str, str]:

@@ -15,8 +15,8 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from converters.nbits_storage import nbits_grid, pack
 from converters.quantization.correction import weight_names
-from converters.quantization.packed_codes import nbits_grid, pack
 from converters.quantization.three_bit_linear import three_bit_layers
 
 __all__ = ["DAMP", "gptq_codes", "gptq_rounded"]

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["SCALE_BYTES", "SCALED_OPS", "HALF_SUFFIX", "half_scales", "scale_values", "constant_of"]
+__all__ = ["SCALE_BYTES", "SCALED_OPS", "HALF_SUFFIX", "half_scales"]
 
 SCALE_BYTES = 2  # what one block's scale costs in a written graph
 SCALED_OPS = ("MatMulNBits", "GatherBlockQuantized")  # their input 2 is the blocks' scales
@@ -49,20 +49,3 @@ def half_scales(model: onnx.ModelProto) -> onnx.ModelProto:
     del graph.node[:]
     graph.node.extend(nodes)
     return model
-
-
-def constant_of(graph: onnx.GraphProto, name: str) -> onnx.TensorProto | None:
-    """The initializer `name` is, or that a Cast of an initializer to float32 reads (half_scales' form)."""
-    inits = {i.name: i for i in graph.initializer}
-    if name in inits:
-        return inits[name]
-    cast = next((n for n in graph.node if n.op_type == "Cast" and n.output[0] == name), None)
-    return None if cast is None else inits.get(cast.input[0])
-
-
-def scale_values(graph: onnx.GraphProto, name: str) -> np.ndarray:
-    """The float32 values of the scales input `name`, stored in either precision."""
-    init = constant_of(graph, name)
-    if init is None:
-        raise KeyError(f"{name!r} is no constant of the graph")
-    return numpy_helper.to_array(init).astype(np.float32)

@@ -34,6 +34,7 @@ from onnx import numpy_helper, version_converter
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
+from converters.nbits_storage import TABLE_OPSET
 from converters.quantization.codebook_table import CODEBOOK_BITS, codebook_gather, piece_of
 from converters.quantization.grid import grid_matmuls
 from converters.quantization.table_head import eight_bit_gather, split_table, word_table
@@ -75,7 +76,6 @@ INT4_AWARE_ALPHA = 0.5
 # last FFN output): 0.163× → 0.169× the file, recall@10 0.880 → 0.889 (BENCHMARKS.md).
 EIGHT_BIT_SHARE = 0.05
 SENSITIVITY_BATCHES = 2  # calibration batches each layer's 4-bit loss is measured on
-TABLE_OPSET = 21  # the first opset with 4-bit tensors, which GatherBlockQuantized's codes are
 
 
 def check_int4_options(block: int, accuracy_level: int = INT4_ACCURACY) -> None:

@@ -1,18 +1,13 @@
-"""Codes narrower than a byte, packed `8 // bits` to a byte low bits first (MatMulNBits' layout), and the
-ONNX nodes that build a subgraph over them: `Builder` (nodes and constants under one prefix) and `unpacked`
-(the codes back as one uint8 each, by masks and shifts on bytes). int8_products folds a layer's codes into int8
-weights with them; three_bit_table gathers a table's rows and unpacks only those. `nbits_grid` reads a
-MatMulNBits node's codes with their scales and zero points."""
-
-from typing import NamedTuple
+"""The ONNX nodes that build a subgraph over codes narrower than a byte (packed as converters.nbits_storage
+packs them): `Builder` (nodes and constants under one prefix) and `unpacked` (the codes back as one uint8 each,
+by masks and shifts on bytes). int8_products folds a layer's codes into int8 weights with them; three_bit_table
+gathers a table's rows and unpacks only those."""
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from converters.quantization.half_scales import scale_values
-
-__all__ = ["Builder", "NBitsGrid", "nbits_grid", "pack", "unpack", "unpacked", "default_opset", "replace_gather"]
+__all__ = ["Builder", "unpacked", "default_opset", "replace_gather"]
 
 
 class Builder:
@@ -56,23 +51,6 @@ def replace_gather(graph: onnx.GraphProto, node: onnx.NodeProto, b: Builder, val
         graph.initializer.remove(next(i for i in graph.initializer if i.name == node.input[0]))
 
 
-def pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """(rows, n) codes in [0, 2^bits), n a multiple of 8 // bits, as (rows, n · bits / 8) uint8: code j in
-    byte j // (8 // bits), at bit (j mod (8 // bits)) · bits."""
-    per = 8 // bits
-    rows, n = codes.shape
-    groups = codes.astype(np.uint8).reshape(rows, n // per, per)
-    shifts = (np.arange(per) * bits).astype(np.uint8)
-    return np.bitwise_or.reduce(groups << shifts, axis=-1).astype(np.uint8)
-
-
-def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
-    """Codes packed as `pack` packs them, `8 // bits` to a byte, unpacked along the last axis (numpy)."""
-    per = 8 // bits
-    codes = np.stack([(packed.astype(np.int64) >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=-1)
-    return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
-
-
 def unpacked(b: Builder, packed: str, rows: int, per_row: int, bits: int) -> str:
     """uint8 codes `bits` wide, packed as `pack` packs them, as a (rows, per_row · 8 // bits) uint8 tensor
     (rows −1: as many as there are): each byte masked and shifted against a vector of its codes' positions, one
@@ -89,31 +67,3 @@ def unpacked(b: Builder, packed: str, rows: int, per_row: int, bits: int) -> str
 def default_opset(model: onnx.ModelProto) -> int:
     """The version of the default domain `model` imports."""
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-
-
-class NBitsGrid(NamedTuple):
-    """A MatMulNBits weight (K × N) as stored: `codes` (N × blocks · block), one scale and zero point a block
-    (`scales` float64, `zero` integers, N × blocks), `bits` wide in blocks of `block` along K."""
-
-    codes: np.ndarray
-    scales: np.ndarray
-    zero: np.ndarray
-    k: int
-    bits: int
-    block: int
-
-
-def nbits_grid(graph: onnx.GraphProto, node: onnx.NodeProto) -> NBitsGrid:
-    """The codes, scales (either precision, half_scales) and zero points (2^(bits−1) when absent) of the
-    MatMulNBits `node`: codes B (N, blocks, block·bits/8), zero points packed like the codes."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    k, n, bits, block = attrs["K"], attrs["N"], attrs["bits"], attrs["block_size"]
-    inits = {i.name: i for i in graph.initializer if i.name in node.input}
-    blocks = -(-k // block)
-    codes = unpack(numpy_helper.to_array(inits[node.input[1]]), bits).reshape(n, blocks * block)
-    scales = scale_values(graph, node.input[2]).astype(np.float64).reshape(n, blocks)
-    if len(node.input) > 3 and node.input[3]:
-        zero = unpack(numpy_helper.to_array(inits[node.input[3]]).reshape(n, -1), bits)[:, :blocks]
-    else:
-        zero = np.full((n, blocks), 1 << (bits - 1))
-    return NBitsGrid(codes, scales, zero, k, bits, block)

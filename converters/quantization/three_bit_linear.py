@@ -3,7 +3,7 @@ a low-rank correction taking back what the coarser rounding loses (the corrected
 MatMulNBits runs 2, 4 and 8 bits, its quantizer writes no 3; so the codes are rounded here into MatMulNBits'
 4-bit layout (`three_bit_matmuls`, the scale of each block chosen among shrunk ranges for the least squared
 error), and the file stores any 4-bit layer whose codes and zero points all fit in 3 bits as two bit planes,
-q = lo + 4 · hi (lo 2 bits, four to a byte; hi 1 bit, eight; packed_codes' layout), with a subgraph of byte
+q = lo + 4 · hi (lo 2 bits, four to a byte; hi 1 bit, eight; nbits_storage's layout), with a subgraph of byte
 operators that rebuilds the 4-bit codes: ONNX Runtime folds it into the constant MatMulNBits reads when the
 session starts (the same speed, measured; int8_products folds on from there), so the codes take 3 bits a weight
 where 4-bit codes take 4 (each block's scale and zero point as before). The price is memory at session start:
@@ -15,7 +15,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from compressor.errors import CompressorError
-from converters.quantization.packed_codes import Builder, default_opset, pack, unpack, unpacked
+from converters.nbits_storage import pack, unpack
+from converters.quantization.packed_codes import Builder, default_opset, unpacked
 
 __all__ = ["LINEAR_BITS", "SHRINKS", "CODES_SUFFIX", "three_bit_matmuls", "three_bit_storage", "three_bit_layers"]
 

@@ -12,7 +12,8 @@ import onnx
 from onnx import numpy_helper
 
 from compressor.errors import CompressorError
-from converters.quantization.packed_codes import Builder, default_opset, pack, replace_gather
+from converters.nbits_storage import pack
+from converters.quantization.packed_codes import Builder, default_opset, replace_gather
 
 __all__ = [
     "THREE_BIT_PARTS",

@@ -15,7 +15,8 @@ from torch import nn
 
 from compressor.errors import UnmatchedWeightError
 from compressor.tied_logits import TiedLogits
-from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
+from converters.nbits_storage import dequantize_nbits
+from converters.quantization.correction import corrected_layers, weight_names
 from converters.quantization.tied_codes import TRANSPOSED, smoothing_of
 
 __all__ = ["HeadCorrection", "hold_tied"]

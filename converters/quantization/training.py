@@ -2,7 +2,7 @@
 distillation against the fp32 model with every weight held as the graph rounds it.
 
 The student is the PyTorch model with each rounded weight replaced by what ONNX Runtime multiplies by
-or gathers: a MatMulNBits weight Q_s read back from its codes (correction.dequantize_nbits), a
+or gathers: a MatMulNBits weight Q_s read back from its codes (nbits_storage.dequantize_nbits), a
 GatherBlockQuantized table read back by running that node over every row, a 3-bit table read from its codes
 (three_bit_table), a codebook table from its codes and codebooks (codebook_table; a table split by frequency: its
 head's and tail's rows put back in token order). SmoothQuant scaled each weight row k by s_k (and divided the
@@ -37,12 +37,12 @@ from torch import nn
 
 from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import UnmatchedWeightError
+from converters.nbits_storage import constant_of, dequantize_nbits, scale_values
 from converters.quantization.codebook_table import codebook_outputs, codebook_rows
-from converters.quantization.correction import corrected_layers, dequantize_nbits, weight_names
+from converters.quantization.correction import corrected_layers, weight_names
 from converters.quantization.fused_student import fuse, put_side_by_side, side_by_side
 from converters.quantization.graph_norms import GraphLayerNorm, GraphRMSNorm, norms_of, own_initializers
 from converters.quantization.grid import block_offsets, stored_offsets
-from converters.quantization.half_scales import constant_of, scale_values
 from converters.quantization.table_head import split_tables
 from converters.quantization.three_bit_table import three_bit_outputs, three_bit_rows
 from converters.quantization.tied_student import HeadCorrection, hold_tied

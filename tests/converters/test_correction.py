@@ -15,7 +15,8 @@ from onnx import TensorProto, helper
 from compressor.budget import tail_error
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.correction import correction_bytes, dequantize_nbits, error_factors
+from converters.nbits_storage import dequantize_nbits
+from converters.quantization.correction import correction_bytes, error_factors
 from converters.quantization.correction_plan import correction_ranks, plan_corrections
 from converters.quantization.int4 import four_bit_codes, quantize_4bit, quantize_matmuls
 from converters.quantization.quantize import REL_TOL, quantize_onnx

@@ -8,8 +8,9 @@ import torch
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
+from converters.nbits_storage import dequantize_nbits
 from converters.quantization import quantize
-from converters.quantization.correction import dequantize_nbits, rounding_errors
+from converters.quantization.correction import rounding_errors
 from converters.quantization.correction_plan import Plan
 from converters.quantization.gptq import gptq_codes, gptq_rounded
 from converters.quantization.int4 import quantize_4bit

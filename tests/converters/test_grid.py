@@ -11,7 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.correction import correction_bytes, dequantize_nbits, error_factors
+from converters.nbits_storage import dequantize_nbits
+from converters.quantization.correction import correction_bytes, error_factors
 from converters.quantization.correction_plan import correction_ranks
 from converters.quantization.grid import add_offsets, grid_matmuls, off_grid, offset_bytes, offset_residual, on_grid
 from converters.quantization.int4 import quantize_4bit

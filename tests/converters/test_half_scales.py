@@ -10,8 +10,8 @@ from onnx import numpy_helper
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.correction import dequantize_nbits
-from converters.quantization.half_scales import HALF_SUFFIX, SCALED_OPS, half_scales, scale_values
+from converters.nbits_storage import dequantize_nbits, scale_values
+from converters.quantization.half_scales import HALF_SUFFIX, SCALED_OPS, half_scales
 from converters.quantization.int4 import quantize_4bit
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.training import dequantize_table

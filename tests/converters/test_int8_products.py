@@ -17,7 +17,8 @@ from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.finetune import finetune_
 from converters.finetune_config import FinetuneConfig
-from converters.quantization.correction import _stored_factor, corrected_layers, dequantize_nbits
+from converters.nbits_storage import dequantize_nbits
+from converters.quantization.correction import _stored_factor, corrected_layers
 from converters.quantization.int8_products import INT8_INPUT_TOL, INT8_LEVEL, int8_layers, int8_products
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from converters.quantization.three_bit_table import three_bit_outputs

@@ -12,7 +12,7 @@ import pytest
 from onnx import helper, numpy_helper, version_converter
 
 from compressor.errors import CompressorError
-from converters.quantization.correction import dequantize_nbits
+from converters.nbits_storage import dequantize_nbits
 from converters.quantization.int4 import quantize_matmuls
 from converters.quantization.int8_products import int8_products
 from converters.quantization.schemes import check_linear_bits

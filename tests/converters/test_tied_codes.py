@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 import converters.quantization.quantize as quantize
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.correction import dequantize_nbits
+from converters.nbits_storage import dequantize_nbits
 from converters.quantization.quantize import REL_TOL, quantize_onnx
 from eval.probe import full_feed
 from texts.tokens import encode_passages, load_tokenizer
