@@ -20,11 +20,12 @@ from safetensors.torch import save_model as save_safetensors
 from torch import nn
 
 from compressor.errors import CompressorError, PlanError, ShapeError
-from converters.compress import CompressionReport, refuse_save_pretrained_, set_submodule
+from converters.compress import CompressionReport, refuse_save_pretrained_
 from converters.kinds import kind_for_config, kind_named, kind_of
 from converters.loading import resolve_model_dir
 from converters.plan import Plan
 from converters.registry import compact_modules
+from converters.submodules import set_submodule
 from converters.tying import set_score_
 from files.atomic import atomic_dir, tensor_bytes
 from files.model_folder import copy_source_files

@@ -15,9 +15,10 @@ from converters.calibration import Calibration
 from converters.kinds import find_kind
 from converters.plan import Plan, match_plan
 from converters.registry import Context, Skip, handler_for
+from converters.submodules import set_submodule
 from converters.tying import check_tie, tie_
 
-__all__ = ["CompressionReport", "compress_", "refuse_save_pretrained_", "set_submodule"]
+__all__ = ["CompressionReport", "compress_", "refuse_save_pretrained_"]
 
 
 @dataclass
@@ -30,11 +31,6 @@ class CompressionReport:
 
     def to_dict(self) -> dict:
         return {"modules": self.modules, "skipped": self.skipped, "notes": self.notes}
-
-
-def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
 
 def _count(module: nn.Module) -> int:

@@ -18,10 +18,10 @@ from torch import Tensor, nn
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.calibration import Calibration
-from converters.compress import set_submodule
 from converters.kinds import kind_of
 from converters.plan import Plan, match_plan
 from converters.registry import ExportForms, export_forms, method_of
+from converters.submodules import set_submodule
 from eval.benchmark import PARITY_KEY
 from eval.probe import PAST, PRESENT, full_feed, is_cached, positions
 from files.atomic import atomic_file, tensor_bytes

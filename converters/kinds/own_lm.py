@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from compressor.errors import CompressorError
 from converters.distributed import Shards
 from converters.kinds.causal_lm import CausalLMKind
+from converters.submodules import set_submodule
 
 __all__ = ["OwnLM", "OWN_LM", "OwnLMKind"]
 
@@ -38,8 +39,7 @@ class OwnLM(nn.Module):
         return None if self.head_name is None else self.module.get_submodule(self.head_name)
 
     def set_output_embeddings(self, head: nn.Module) -> None:
-        parent, _, child = self.head_name.rpartition(".")
-        setattr(self.module.get_submodule(parent) if parent else self.module, child, head)
+        set_submodule(self.module, self.head_name, head)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         takes = self.takes_mask and attention_mask is not None

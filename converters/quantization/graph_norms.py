@@ -9,6 +9,8 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
+from converters.submodules import set_submodule
+
 __all__ = ["GraphLayerNorm", "GraphRMSNorm", "norms_of", "own_initializers"]
 
 _RMS_SCALE = {"SimplifiedLayerNormalization": 1, "SkipSimplifiedLayerNormalization": 2}  # γ's input position
@@ -94,8 +96,7 @@ def norms_of(model: nn.Module, graph: onnx.GraphProto) -> dict[str, tuple[str, .
             norm.load_state_dict(old.state_dict())
         else:
             norm = GraphRMSNorm(old.weight, _rms_eps(old))
-        parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, norm)
+        set_submodule(model, name, norm)
         norms[name] = tuple(positions.values())
     return norms
 

@@ -46,6 +46,7 @@ from converters.quantization.grid import block_offsets, stored_offsets
 from converters.quantization.table_head import split_tables
 from converters.quantization.three_bit_table import three_bit_outputs, three_bit_rows
 from converters.quantization.tied_student import HeadCorrection, hold_tied
+from converters.submodules import set_submodule
 
 __all__ = [
     "CORRECTION_SECONDS",
@@ -255,12 +256,11 @@ def student_of(
         name = holder.name
         bias, value = _own_bias(graph, out)
         values = None if value is None else torch.from_numpy(value)
-        parent, _, leaf = name.rpartition(".")
         layer = CorrectedLinear(q.T, left, right, values, block=block)
         if holder.fused:
             name = fuse(model, name, layer)
         else:
-            setattr(model.get_submodule(parent) if parent else model, leaf, layer)
+            set_submodule(model, name, layer)
         links.layers[out] = (name, s, bias)
         links.scales[out] = node.input[2]
     for name, s in rounded_inputs.items():

@@ -18,7 +18,7 @@ from compressor.lowrank_linear import LowRankLinear
 from compressor.tied_logits import TiedLogits
 from compressor.tt_embedding import TTEmbedding
 from converters.checkpoint import CHECKPOINT_WEIGHTS, load_model, save_compressed
-from converters.compress import compress_, set_submodule
+from converters.compress import compress_
 from converters.export import export_onnx
 from converters.finetune import finetune_
 from converters.finetune_config import FinetuneConfig
@@ -27,6 +27,7 @@ from converters.kinds.causal_lm import CAUSAL_LM, CausalLMGraph
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan, match_plan
 from converters.registry import compact_modules
+from converters.submodules import set_submodule
 from tests.conftest import write_tiny_lm
 from texts.tokens import load_tokenizer
 
