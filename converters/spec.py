@@ -13,6 +13,7 @@ from converters.quantization.correction import CORRECTION_SHARE, check_correctio
 from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK, check_int4_options
 from converters.quantization.schemes import check_linear_bits, check_scale_bits, check_table_bits, check_table_head
 from converters.quantization.table_head import TABLE_HEAD
+from converters.quantization.target_cpu import NATIVE, resolve_target
 from converters.quantization.training import CORRECTION_SECONDS
 from texts.prior import PRIOR_WEIGHT, PRIORS
 
@@ -84,7 +85,8 @@ class QuantizeSpec:
     `correction_time` seconds of training; `table_head` rows of the table in 8 bits; `table_block`: the
     tables' own 4-bit block (None: `block_size`); `table_bits`: the word table's (its tail's) width, TABLE_BITS;
     `linear_bits`: the corrected schemes' linear layers' width, 4 or 3; `scale_bits`: the 4-bit linear layers'
-    block scales in 16 or 8 bits."""
+    block scales in 16 or 8 bits; `target_cpu`: the CPU the int8 products are written for (target_cpu.TARGETS,
+    or NATIVE)."""
 
     schemes: tuple[str, ...] = ()
     block_size: int = INT4_BLOCK
@@ -96,8 +98,10 @@ class QuantizeSpec:
     table_bits: float = 4
     linear_bits: int = 4
     scale_bits: int = 16
+    target_cpu: str = NATIVE
 
     def __post_init__(self):
+        resolve_target(self.target_cpu)
         check_int4_options(self.block_size, self.accuracy_level)
         if self.table_block is not None:
             check_int4_options(self.table_block, self.accuracy_level)

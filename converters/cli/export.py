@@ -141,6 +141,7 @@ def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, f
             linear_bits=quantize.linear_bits,
             scale_bits=quantize.scale_bits,
             frequencies=head_frequencies(scheme, quantize.table_head, frequencies),
+            target_cpu=quantize.target_cpu,
         )
     note = result.table_note(quantize.table_bits) if quantize.schemes[0] in HEAD_SCHEMES else None
     if note:

@@ -13,6 +13,7 @@ from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BL
 from converters.quantization.quantize import CALIBRATION_PASSAGES
 from converters.quantization.schemes import CORRECTED_TABLE_BLOCK, SCHEMES, TABLE_BITS
 from converters.quantization.table_head import TABLE_HEAD
+from converters.quantization.target_cpu import NATIVE, TARGETS
 from converters.quantization.three_bit_linear import LINEAR_BITS
 from converters.quantization.training import CORRECTION_SECONDS
 from converters.registry import Option, default_method, export_forms, methods
@@ -255,26 +256,23 @@ def data_option(p: argparse.ArgumentParser) -> None:
 
 
 def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -> None:
-    """--quantize: int8 is ONNX Runtime's dynamic quantization with per-channel weights; int8-aware
-    smooths activation outliers into the weights from the calibration text first; int4 and
-    int4-aware are ONNX Runtime's block-wise 4-bit weights (--block-size, --accuracy-level)."""
+    """--quantize and its settings (--target-cpu, the 4-bit ones); what each scheme does is in docs/schemes/."""
     p.add_argument(
         "--quantize",
         choices=SCHEMES,
         nargs="+" if many else None,
         default=None,
-        help=f"{help}; int8: ONNX Runtime's dynamic quantization, per-channel int8 weights; int8-aware: the same "
-        "after moving activation outliers into the weights (SmoothQuant, from the calibration text); int4: 4-bit "
-        "weights in blocks (MatMulNBits, GatherBlockQuantized), round to nearest; int4-aware: the same after "
-        "SmoothQuant, k-quant for the linear layers and asymmetric blocks for the tables, and 8 bits for the layers "
-        "that lose most per byte; int4-corrected: int4-aware's rounding of every layer, then a low-rank correction of "
-        "each linear layer's rounding error in its output metric (QERA), 8-bit factors, the ranks (or 8 bits instead "
-        "of a correction) from one byte budget (--correction-share); int4-trained: int4-corrected, then the "
-        "corrections (and their layers' biases) trained by distillation against the fp32 model with every weight as "
-        "the graph rounds it (--correction-time); w4a8 (encoders): int4-trained's 4-bit file, its layers and "
-        "corrections made int8 weights when the session starts and multiplied in int8 (faster, more memory); mixed "
-        "(run, with --budget SIZE): each layer's rank and width (fp32, int8, int4) "
-        "chosen together under the byte budget (default: off)",
+        help=f"{help}; int8: ONNX Runtime's dynamic int8; int8-aware: after SmoothQuant; int4, int4-aware: 4-bit "
+        "blocks; int4-corrected, int4-trained: with low-rank corrections of the rounding error, fitted or trained; "
+        "w4a8 (encoders): int4-trained's file multiplied in int8; mixed (with --budget): each layer's width chosen "
+        "(docs/schemes/ has one page each) (default: off)",
+    )
+    p.add_argument(
+        "--target-cpu",
+        default=NATIVE,
+        metavar="PATH",
+        help=f"the CPU the int8 products are written for: {NATIVE} (this machine's), {', '.join(TARGETS)}; avx2 and "
+        "avx512 (no VNNI) sum pairs of products in int16, so their int8 weights keep to 7 bits (default: native)",
     )
     p.add_argument(
         "--block-size",

@@ -80,6 +80,7 @@ def quantize_spec(values: Mapping[str, Any]) -> QuantizeSpec:
         table_bits=_get(values, "table_bits", default.table_bits),
         linear_bits=_get(values, "linear_bits", default.linear_bits),
         scale_bits=_get(values, "scale_bits", default.scale_bits),
+        target_cpu=_get(values, "target_cpu", default.target_cpu),
     )
 
 

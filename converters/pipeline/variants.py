@@ -29,6 +29,7 @@ from converters.quantization.schemes import (
     table_block_of,
     weight_width,
 )
+from converters.quantization.target_cpu import resolve_target
 from converters.quantization.training import trainer
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 from eval.benchmark import bench
@@ -118,6 +119,7 @@ class Variants:
                         linear_bits=quantize.linear_bits,
                         scale_bits=quantize.scale_bits,
                         frequencies=head_frequencies(scheme, quantize.table_head, frequencies or self.frequencies),
+                        target_cpu=quantize.target_cpu,
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
@@ -142,6 +144,8 @@ class Variants:
                 quantization.update(correction_share=quantize.correction_share, corrections=result.corrections)
             if scheme in INT8_PRODUCTS:
                 quantization["int8_layers"] = list(result.int8_layers)
+            if width == 8 or scheme in INT8_PRODUCTS:
+                quantization["target_cpu"] = resolve_target(quantize.target_cpu)
             self.details.append({**detail, "quantization": quantization})
 
     def _free(self, name: str) -> str:

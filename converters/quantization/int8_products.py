@@ -119,10 +119,13 @@ def _prune(graph: onnx.GraphProto) -> None:
     graph.initializer.extend(inits)
 
 
-def int8_products(model: onnx.ModelProto, layers: frozenset[str] | None = None) -> onnx.ModelProto:
+def int8_products(
+    model: onnx.ModelProto, layers: frozenset[str] | None = None, level: int = INT8_LEVEL
+) -> onnx.ModelProto:
     """`model` (a corrected graph whose factors are stored as dynamic int8, changed in place) with each
     MatMulNBits layer of `layers` (output names as the fp32 graph has them; None: all) and its correction one
-    DynamicQuantizeMatMul on W8 = round((Q + L R) / s) (module docstring), W8 and s computed from the stored
+    DynamicQuantizeMatMul on W8 = round((Q + L R) / s), s = max|W| / `level` (127; 64 for a CPU that sums pairs
+    of products in int16: target_cpu), W8 and s computed from the stored
     codes by nodes ONNX Runtime folds at session start; the other layers stay as they are."""
     graph = model.graph
     opset = default_opset(model)
@@ -148,7 +151,7 @@ def int8_products(model: onnx.ModelProto, layers: frozenset[str] | None = None) 
                 product = b.op("Pad", [product, b.const([0, 0, 0, blocks * block - k], np.int64)])
             weight = b.op("Add", [weight, b.op("Reshape", [product, b.const([n, blocks, block], np.int64)])])
         largest = b.op("Max", [b.reduce("ReduceMax", weight), b.op("Neg", [b.reduce("ReduceMin", weight)])])
-        scale = b.op("Div", [b.op("Max", [largest, b.const(_TINY, np.float32)]), b.const(INT8_LEVEL, np.float32)])
+        scale = b.op("Div", [b.op("Max", [largest, b.const(_TINY, np.float32)]), b.const(level, np.float32)])
         zero = b.op("ConstantOfShape", [b.const([n], np.int64)], value=numpy_helper.from_array(np.zeros(1, np.int8)))
         codes = b.op("QuantizeLinear", [weight, scale, zero], axis=0)  # round(W / s) to int8, one step
         codes = b.op("Reshape", [codes, b.const([n, blocks * block], np.int64)])

@@ -72,6 +72,7 @@ from converters.quantization.schemes import (
 from converters.quantization.sensitivity import four_bit_losses
 from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
 from converters.quantization.table_head import TABLE_HEAD, frequent_ids
+from converters.quantization.target_cpu import int8_level, reduces_range, resolve_target
 from converters.quantization.three_bit_linear import three_bit_storage
 from converters.quantization.three_bit_table import three_bit_outputs
 from converters.quantization.tied_codes import TRANSPOSED, share_tied_codes, smoothing_of, tied_pairs
@@ -85,6 +86,7 @@ from files.atomic import atomic_file
 __all__ = [
     "CALIBRATION_PASSAGES",
     "REL_TOL",
+    "TARGET_KEY",
     "QuantizeResult",
     "quantize_onnx",
     "is_quantized",
@@ -105,6 +107,7 @@ CALIBRATION_PASSAGES = 1024
 # 1.0 at any width (eval.kinds.CAUSAL_LM.gated).
 REL_TOL = {"int8": 0.35, "int4": 0.5, "w4a8": 0.5, "mixed": 0.5}
 PARITY_BATCHES = 4  # batches of the calibration text the gate reads
+TARGET_KEY = "compressor.target_cpu"  # the metadata naming the CPU an int8 graph's weights were written for
 QUANTIZED_OPS = {
     "DynamicQuantizeLinear",
     "DynamicQuantizeMatMul",
@@ -246,11 +249,13 @@ def _stored_scales(model: onnx.ModelProto, scale_bits: int) -> onnx.ModelProto:
     return half_scales(byte_scales(model) if scale_bits == 8 else model)
 
 
-def _int8(plain: Path, out: Path, per_channel: bool) -> None:
+def _int8(plain: Path, out: Path, per_channel: bool, target: str) -> None:
+    """ONNX Runtime's dynamic int8 of `plain`, its weights in 7 bits for a `target` that sums pairs in int16."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with quiet_quantizer():
-        quantize_dynamic(plain, out, per_channel=per_channel, weight_type=QuantType.QInt8)
+        reduce = reduces_range(target)
+        quantize_dynamic(plain, out, per_channel=per_channel, weight_type=QuantType.QInt8, reduce_range=reduce)
 
 
 def quantize_onnx(
@@ -270,6 +275,7 @@ def quantize_onnx(
     scale_bits: int = 16,
     linear_bits: int = 4,
     frequencies: np.ndarray | None = None,
+    target_cpu: str | None = None,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
     `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
@@ -284,7 +290,8 @@ def quantize_onnx(
     weights (None: `table_block_of`'s default); `table_bits`: the data-aware 4-bit schemes' word table (its
     tail, with a head, the head then in 4 bits) in 4 or 3 bits (converters.quantization.three_bit_table);
     `scale_bits`: the 4-bit linear layers' block scales in fp16 (16) or one byte (8: byte_scales); `linear_bits`: the
-    corrected schemes' linear layers in 4 or 3 bits (converters.quantization.three_bit_linear)."""
+    corrected schemes' linear layers in 4 or 3 bits (converters.quantization.three_bit_linear); `target_cpu`: the CPU
+    whose integer path the int8 products are written for (None: this machine's; converters.quantization.target_cpu)."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if weight_width(scheme) == 4:
@@ -302,6 +309,7 @@ def quantize_onnx(
         raise CompressorError(f"{scheme} needs calibration batches")
     if (scheme in TRAINED) != (train is not None):
         raise CompressorError(f"a trainer of the corrections goes with {' or '.join(TRAINED)}, not with {scheme}")
+    target_cpu = resolve_target(target_cpu)
     src, dst = Path(src), Path(dst)
     if is_quantized(src):
         raise CompressorError(f"{str(src)!r} is already quantized; quantize its fp32 graph instead")
@@ -349,7 +357,8 @@ def quantize_onnx(
             )
             corrected = _stored_scales(share_tied_codes(corrected, tied), scale_bits)
             corrected = three_bit_storage(corrected) if linear_bits == 3 else corrected
-            onnx.save_model(int8_products(corrected, int8) if scheme in INT8_PRODUCTS else corrected, str(tmp))
+            level = int8_level(target_cpu)
+            onnx.save_model(int8_products(corrected, int8, level) if scheme in INT8_PRODUCTS else corrected, str(tmp))
         elif scheme == "mixed":
             onnx.save_model(_stored_scales(quantize_mixed(proto, widths, block, accuracy_level), scale_bits), str(tmp))
         elif width == "int4":
@@ -361,7 +370,7 @@ def quantize_onnx(
             onnx.save_model(_stored_scales(share_tied_codes(quantized, tied), scale_bits), str(tmp))
         else:
             onnx.save_model(proto, str(plain))
-            _int8(plain, tmp, per_channel=graph_kind(src).int8_per_channel)
+            _int8(plain, tmp, graph_kind(src).int8_per_channel, target_cpu)
         worst, rel, fed = _parity(src, tmp, vocab, calibration)
         tolerance = graph_kind(src).gate_tol or REL_TOL[width]
         if not rel <= tolerance:
@@ -371,6 +380,8 @@ def quantize_onnx(
             )
         proto = onnx.load(str(tmp))
         props = {PARITY_KEY: repr(worst), "compressor.parity_rel": repr(rel), "compressor.parity_input": fed}
+        if width == "int8" or scheme in INT8_PRODUCTS:
+            props[TARGET_KEY] = target_cpu
         onnx.helper.set_model_props(proto, props)
         onnx.save_model(proto, str(tmp))
     bits = 3 if three_bit_outputs(proto.graph) else codebook_bits(proto.graph) or 4

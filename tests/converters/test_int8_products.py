@@ -21,6 +21,7 @@ from converters.nbits_storage import dequantize_nbits
 from converters.quantization.correction import _stored_factor, corrected_layers
 from converters.quantization.int8_products import INT8_INPUT_TOL, INT8_LEVEL, int8_layers, int8_products
 from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.target_cpu import INT16_MAX, int8_level, reduces_range, widest_pair
 from converters.quantization.three_bit_table import three_bit_outputs
 from converters.quantization.training import int8_rounded, trainer
 from eval.graph import make_session
@@ -234,3 +235,12 @@ def test_w4a8_trains_on_a_gpu_and_its_graph_computes_the_trained_student(bert, t
         ids, mask = (torch.from_numpy(feeds[1][n]) for n in NAMES)
         trained = student(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
     assert np.abs(trained - y).max() <= 2e-2 * np.abs(y).max()
+
+
+@pytest.mark.parametrize("target", ["avx2", "avx512_vnni"])
+def test_no_pair_of_products_leaves_int16_on_a_target_that_sums_pairs_there(bert, tmp_path, target):
+    # from the folded tensors alone, whatever CPU runs the test: avx2's int8 weights keep to 7 bits
+    *_, corrected_path = bert
+    products = int8_products(onnx.load(str(corrected_path)), level=int8_level(target))
+    widest = max(widest_pair(weight) for weight, _ in _folded(products, tmp_path).values())
+    assert (widest <= INT16_MAX) == reduces_range(target)
