@@ -54,5 +54,12 @@ bench: install
 lint: install
 	$(BIN)/ruff check .
 
+# BENCHMARKS.md and README.md's results table, from the report.json files under benchmarks/results/ (the
+# script needs Python alone: .venv is made when missing, not reinstalled)
+.PHONY: benchmarks-page
+benchmarks-page:
+	test -x $(BIN)/python || $(MAKE) install
+	$(BIN)/python tools/benchmarks_page.py
+
 clean:
 	rm -rf runs build *.egg-info

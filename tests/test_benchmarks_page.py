@@ -1,0 +1,148 @@
+"""tools/benchmarks_page.py: BENCHMARKS.md and README.md's results table from report.json files, one table per
+CPU integer path, the same bytes on every run; and the committed page is what the committed results make."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tools import benchmarks_page
+from tools.benchmarks_page import main
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAD = "| variant | file | peak RSS | p50 (1,16) t1 | p50 (8,128) t2 | recall@10 eval / 2nd |"
+MB, MIB = 10**6, 2**20
+
+
+def row(name, file_mb, rss_mib, p50_small, p50_large, recall, recall_2nd, keys=("b1_s16_t1", "b8_s128_t2"), **pareto):
+    return {
+        "name": name,
+        "file_bytes": int(file_mb * MB),
+        "peak_rss_bytes": int(rss_mib * MIB),
+        "baseline_rss_bytes": 60 * MIB,
+        "latency_ms": {keys[0]: {"p50": p50_small, "p90": 2 * p50_small}, keys[1]: {"p50": p50_large, "p90": 0}},
+        "quality": {"cosine_mean": 0.99, "recall_at_10": recall},
+        "quality_second_text": {"cosine_mean": 0.98, "recall_at_10": recall_2nd},
+        "pareto": {"file_bytes": pareto.get("size", False), "latency": pareto.get("p50", False)},
+        "sha256": "0" * 64,
+    }
+
+
+def report(path: str, cpu: str, variants: list[dict], environment: bool = True) -> dict:
+    out = {"model": "all-MiniLM-L6-v2", "eval_text": "pydoc, 292 passages", "second_text": "news, 300 passages"}
+    if environment:
+        out["environment"] = {
+            "cpu": cpu,
+            "integer_path": path,
+            "cores": 2,
+            "onnxruntime": "1.32.0",
+            "torch": "2.13.0+cpu",
+            "transformers": "5.24.0",
+            "numpy": "2.4.6",
+            "python": "3.11.7",
+            "texts": {"eval": "a" * 64, "second": "b" * 64},
+        }
+        out["run"] = {"command": "compressor run --out runs/demo --runs 20", "commit": "abc1234", "date": "2026-12-01"}
+    return {**out, "variants": variants}
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    """Two reports on two integer paths (one with the latency keys as "(1,16) t1"), a README with the markers."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    vnni = [
+        row("original", 90.9, 189, 4.0, 70.0, 1.0, 1.0, p50=True),
+        row("original-int8", 23.2, 150, 2.0, 35.0, 0.95, 0.94, size=True, p50=True),
+        row("original-small-w4a8", 11.45, 219, 1.88, 53.9, 0.907, 0.896, size=True),
+    ]
+    keys = ("(1,16) t1", "(8,128) t2")
+    avx2 = [
+        row("original", 90.9, 190, 8.0, 165.0, 1.0, 1.0, keys=keys),
+        row("original-int4-aware", 14.0, 120, 6.0, 200.0, 0.886, 0.890, keys=keys, size=True),
+    ]
+    (folder / "b-avx2.json").write_text(json.dumps(report("avx2", "Intel Xeon E5", avx2)))
+    (folder / "a-vnni.json").write_text(json.dumps(report("avx512_vnni", "AMD EPYC", vnni), indent=2))
+    (tmp_path / "README.md").write_text("# x\n\nabove\n<!-- results -->\nold table\n<!-- /results -->\nbelow\n")
+    return folder
+
+
+def generate(folder: Path, *extra) -> int:
+    return main(["--results", str(folder), "--page", str(folder.parent / "B.md"), *map(str, extra)])
+
+
+def tables(page: str) -> dict[str, list[str]]:
+    """Each integer path's section: its lines."""
+    sections = page.split("\n## Integer path ")[1:]
+    return {s.split("`")[1]: s.split("\n## ")[0].splitlines() for s in sections}
+
+
+def test_one_table_per_integer_path_with_ratios_to_the_original(results):
+    readme = results.parent / "README.md"
+    assert generate(results, "--readme", readme) == 0
+    page = (results.parent / "B.md").read_text()
+    assert page.count("\n") <= 300 and page.startswith("# Benchmarks\n")
+    by_path = tables(page)
+    assert list(by_path) == ["avx512_vnni", "avx2"]  # best path first, whatever the files' names
+    vnni, avx2 = by_path["avx512_vnni"], by_path["avx2"]
+    assert vnni.count(HEAD) == 1 and avx2.count(HEAD) == 1
+    for section, cpu in ((vnni, "AMD EPYC"), (avx2, "Intel Xeon E5")):
+        text = "\n".join(section)
+        assert f"- CPU: {cpu}, 2 cores" in text and "ONNX Runtime 1.32.0" in text
+        assert "`compressor run --out runs/demo --runs 20`" in text and "`abc1234`; date: 2026-12-01" in text
+    assert "| `original` (p50) | 90.90 MB (1.000×) | 189 MiB (1.00×) | 4.00 ms (1.00×) | 70.00 ms (1.00×) |" in vnni[-3]
+    small = "| `original-small-w4a8` (size) | 11.45 MB (0.126×) | 219 MiB (1.16×) | 1.88 ms (0.47×) | 53.90 ms (0.77×) "
+    assert vnni[-1] == small + "| 0.907 / 0.896 |"
+    assert avx2[-1].startswith("| `original-int4-aware` (size) | 14.00 MB (0.154×) | 120 MiB (0.63×) | 6.00 ms (0.75×)")
+    assert "original-small-w4a8" not in "\n".join(avx2)  # each report's rows in its own path's table
+    top = page.split("\n## Integer path")[0]
+    assert "`original-small-w4a8` 0.126× (0.907 / 0.896), `original-int8` 0.255× (0.950 / 0.940)" in top
+    assert "docs/lab-notes/" in page
+    text = readme.read_text()
+    assert text.startswith("# x\n\nabove\n<!-- results -->\nall-MiniLM-L6-v2 on AMD EPYC") and text.endswith(
+        "| 0.907 / 0.896 |\n<!-- /results -->\nbelow\n"
+    )
+    assert HEAD in text and "old table" not in text and "avx2" not in text.split("<!-- results -->")[1].split("\n")[0]
+
+
+def test_the_same_bytes_on_a_second_run_and_check(results):
+    readme = results.parent / "README.md"
+    assert generate(results, "--readme", readme) == 0
+    first = (results.parent / "B.md").read_bytes(), readme.read_bytes()
+    assert generate(results, "--readme", readme) == 0
+    assert ((results.parent / "B.md").read_bytes(), readme.read_bytes()) == first
+    assert generate(results, "--readme", readme, "--check") == 0
+    (results / "c.json").write_text(json.dumps(report("avx2", "Intel Xeon E5", [row("original", 1, 1, 1, 1, 1, 1)])))
+    assert generate(results, "--readme", readme, "--check") == 1  # a new result: the pages are stale
+    assert ((results.parent / "B.md").read_bytes(), readme.read_bytes()) == first  # --check writes nothing
+
+
+def test_a_report_without_its_environment_or_second_text_says_unknown(tmp_path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    old = report("", "", [row("original", 1, 80, 1, 10, 1, 1), row("x", 0.5, 80, 2, 5, 0.9, 0.8)], environment=False)
+    del old["second_text"], old["variants"][1]["quality_second_text"], old["variants"][1]["latency_ms"]
+    (folder / "old.json").write_text(json.dumps(old))
+    assert generate(folder, "--no-readme") == 0
+    section = tables((tmp_path / "B.md").read_text())["unknown"]
+    assert "- CPU: unknown; integer path `unknown`" in section and "- command: `unknown`" in section
+    assert section[-1] == "| `x` | 0.50 MB (0.500×) | 80 MiB (1.00×) | – | – | 0.900 / – |"
+
+
+def test_a_page_over_300_lines_is_refused(tmp_path, capsys):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    rows = [row(f"v{i}", 1, 80, 1, 10, 1, 1) for i in range(10)]
+    for i in range(20):
+        (folder / f"r{i:02}.json").write_text(json.dumps(report("avx2", "cpu", rows)))
+    assert generate(folder, "--no-readme") == 1
+    assert "over 300" in capsys.readouterr().err and not (tmp_path / "B.md").exists()
+
+
+def test_the_committed_page_is_what_the_committed_results_make():
+    results = ROOT / "benchmarks" / "results"
+    if not list(results.glob("*.json")):
+        pytest.skip(
+            "no report.json committed under benchmarks/results/ yet: the page has nothing to be checked against"
+        )
+    assert benchmarks_page.main(["--check"]) == 0, "run `make benchmarks-page` and commit BENCHMARKS.md and README.md"
