@@ -36,8 +36,9 @@ def markdown_table(report: dict) -> str:
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v, fronts in zip(variants, pareto_flags(report)):
         rss, opt = v.get("peak_rss_bytes"), v["optimized_initializer_bytes"]
+        failed = v.get("quantization", {}).get("gate_failed")
         cells = [
-            v["name"],
+            v["name"] + (f" (off its gate: {v['quantization']['parity_rel_to_fp32']:.2f})" if failed else ""),
             "+".join(FRONTS[cost][0] for cost, on in fronts.items() if on) or "–",
             f"{v['params']:,} ({_ratio(v['params'], base['params'])})",
             f"{v['file_bytes'] / 1e6:.2f} ({_ratio(v['file_bytes'], base['file_bytes'])})",

@@ -120,6 +120,7 @@ class Variants:
                         scale_bits=quantize.scale_bits,
                         frequencies=head_frequencies(scheme, quantize.table_head, frequencies or self.frequencies),
                         target_cpu=quantize.target_cpu,
+                        keep_failed=name == "original" and scheme not in CALIBRATED,  # the one-line baselines
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
@@ -130,6 +131,11 @@ class Variants:
                 "parity_rel_to_fp32": result.parity_rel,
                 "parity_input": result.parity_input,
             }
+            if result.gate_failed:
+                say(f"warning: {row} is kept as the baseline it is, off its gate: {result.gate_failed}")
+                quantization["gate_failed"] = result.gate_failed
+            if result.outliers:
+                quantization["outlier_layers"] = result.outliers
             if width == 4:
                 quantization.update(int4, eight_bit_layers=list(result.eight_bit))
                 quantization["table_block"] = table_block_of(scheme, quantize.block_size, quantize.table_block)

@@ -70,7 +70,7 @@ from converters.quantization.schemes import (
     weight_width,
 )
 from converters.quantization.sensitivity import four_bit_losses
-from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, smooth
+from converters.quantization.smoothing import SMOOTH_ALPHA, activation_absmax, outliers, smooth
 from converters.quantization.table_head import TABLE_HEAD, frequent_ids
 from converters.quantization.target_cpu import int8_level, reduces_range, resolve_target
 from converters.quantization.three_bit_linear import three_bit_storage
@@ -130,6 +130,8 @@ class QuantizeResult:
     int8_layers: tuple[str, ...] = ()  # w4a8: the MatMul outputs multiplied in int8 (int8_products.int8_layers)
     table_bits: float = 4  # the word table's (tail's) width as written: below 4 only where a lookup went narrower
     linear_bits: int = 4  # the corrected schemes' linear layers (those not in 8 bits): 4, or 3 (three_bit_linear)
+    outliers: dict | None = None  # the smoothed schemes: layer → its input's max / median channel (OUTLIER_RATIO up)
+    gate_failed: str | None = None  # keep_failed: why the graph, kept, is off its gate
 
     def table_note(self, asked: float) -> str | None:
         """What to say when `asked` (--table-bits) is not what the graph holds: a table not in whole blocks (a
@@ -276,6 +278,7 @@ def quantize_onnx(
     linear_bits: int = 4,
     frequencies: np.ndarray | None = None,
     target_cpu: str | None = None,
+    keep_failed: bool = False,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` into `dst` (parity-checked against `src`, then renamed);
     `calibration`: the graph's input batches, for the schemes in CALIBRATED; `block`,
@@ -291,7 +294,8 @@ def quantize_onnx(
     tail, with a head, the head then in 4 bits) in 4 or 3 bits (converters.quantization.three_bit_table);
     `scale_bits`: the 4-bit linear layers' block scales in fp16 (16) or one byte (8: byte_scales); `linear_bits`: the
     corrected schemes' linear layers in 4 or 3 bits (converters.quantization.three_bit_linear); `target_cpu`: the CPU
-    whose integer path the int8 products are written for (None: this machine's; converters.quantization.target_cpu)."""
+    whose integer path the int8 products are written for (None: this machine's; converters.quantization.target_cpu);
+    `keep_failed`: a graph off its gate is kept, its error in the result and the metadata, not refused."""
     if scheme not in SCHEMES:
         raise CompressorError(f"a quantization scheme is one of {', '.join(SCHEMES)}, got {scheme!r}")
     if weight_width(scheme) == 4:
@@ -322,9 +326,10 @@ def quantize_onnx(
         proto = products_as_matmul(onnx.load(str(src)))
         del proto.metadata_props[:]
         exported = proto
-        width, eight_bit = scheme.split("-")[0], ()
+        width, eight_bit, outlying = scheme.split("-")[0], (), None
         if scheme in SMOOTHING:  # for the corrected, not an activation whose weights sit on a 4-bit grid (grid.py)
             absmax = activation_absmax(proto, calibration)
+            outlying = outliers(proto, absmax)
             proto = smooth(proto, off_grid(proto, absmax, block) if scheme in CORRECTED else absmax, SMOOTHING[scheme])
         head = frequent_ids(calibration, vocab, table_head, frequencies) if scheme in HEAD_SCHEMES else None
         tied_head = split_tied_head(proto, head) if head is not None and len(head) else ()
@@ -373,16 +378,19 @@ def quantize_onnx(
             _int8(plain, tmp, graph_kind(src).int8_per_channel, target_cpu)
         worst, rel, fed = _parity(src, tmp, vocab, calibration)
         tolerance = graph_kind(src).gate_tol or REL_TOL[width]
+        failed = None
         if not rel <= tolerance:
-            raise ExportParityError(
-                f"the {scheme} graph of {str(src)!r} is off its fp32 graph by {rel:.3g} (relative, on {fed}), "
-                f"above {tolerance}"
-            )
+            failed = f"the {scheme} graph of {str(src)!r} is off its fp32 graph by {rel:.3g} (relative, on {fed}), "
+            failed += f"above {tolerance}"
+            if not keep_failed:
+                raise ExportParityError(failed)
         proto = onnx.load(str(tmp))
         props = {PARITY_KEY: repr(worst), "compressor.parity_rel": repr(rel), "compressor.parity_input": fed}
+        props.update({"compressor.gate_failed": failed} if failed else {})
         if width == "int8" or scheme in INT8_PRODUCTS:
             props[TARGET_KEY] = target_cpu
         onnx.helper.set_model_props(proto, props)
         onnx.save_model(proto, str(tmp))
     bits = 3 if three_bit_outputs(proto.graph) else codebook_bits(proto.graph) or 4
-    return QuantizeResult(dst, worst, rel, fed, eight_bit, corrections, tuple(sorted(int8)), bits, linear_bits)
+    eight, int8 = eight_bit, tuple(sorted(int8))
+    return QuantizeResult(dst, worst, rel, fed, eight, corrections, int8, bits, linear_bits, outlying, failed)
