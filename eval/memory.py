@@ -17,7 +17,7 @@ __all__ = ["peak_rss", "MALLOC_ENV"]
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}  # large buffers always mmapped, returned when freed
 
 
-def _probe(path: Path, batch: int, seq: int, vocab: int, no_model: bool) -> int:
+def _probe(path: Path, batch: int, seq: int, vocab: int, no_model: bool) -> dict:
     # Run by path, not as eval.probe: importing the eval package would count torch in.
     cmd = [sys.executable, str(Path(__file__).with_name("probe.py")), str(path)]
     cmd += ["--batch", str(batch), "--seq", str(seq), "--vocab", str(vocab), "--threads", "2"]
@@ -26,13 +26,14 @@ def _probe(path: Path, batch: int, seq: int, vocab: int, no_model: bool) -> int:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise CompressorError(f"the memory probe failed on {str(path)!r}: {last}")
-    return int(json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_bytes"])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def peak_rss(path: str | Path, vocab: int, batch: int = 8, seq: int = 128, repeats: int = 1) -> dict:
-    """{"peak_rss_bytes", "baseline_rss_bytes"}: the smallest of `repeats` fresh processes each."""
+    """{"peak_rss_bytes", "baseline_rss_bytes", "rss_stages"}: the smallest peak of `repeats` fresh processes
+    each, and that process's peak and resident memory after its session is created and after each batch
+    (eval/probe.py's stages: a (1, 16) batch, then one of (`batch`, `seq`))."""
     path = Path(path)
-    return {
-        "peak_rss_bytes": min(_probe(path, batch, seq, vocab, False) for _ in range(repeats)),
-        "baseline_rss_bytes": min(_probe(path, batch, seq, vocab, True) for _ in range(repeats)),
-    }
+    best = min((_probe(path, batch, seq, vocab, False) for _ in range(repeats)), key=lambda p: p["peak_rss_bytes"])
+    baseline = min(_probe(path, batch, seq, vocab, True)["peak_rss_bytes"] for _ in range(repeats))
+    return {"peak_rss_bytes": best["peak_rss_bytes"], "baseline_rss_bytes": baseline, "rss_stages": best["stages"]}

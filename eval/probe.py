@@ -3,8 +3,10 @@ onnxruntime, so that run as a script it is the memory probe of a fresh process:
 
     python eval/probe.py MODEL.onnx --batch 8 --seq 128 [--no-model]
 
-loads the model, runs one batch and prints {"peak_rss_bytes": …}; with --no-model it imports
-the same libraries and does nothing else (the baseline)."""
+loads the model, runs one batch of (1, 16) and one of (batch, seq), and prints {"peak_rss_bytes": …, "stages":
+{stage: {"peak_bytes", "rss_bytes"}}}, the peak so far and the resident memory after the session is created
+("session") and after each batch ("b1_s16", "b8_s128"); with --no-model it imports the same libraries and does
+nothing else (the baseline)."""
 
 import argparse
 import json
@@ -98,13 +100,19 @@ def text_batch(stream: np.ndarray, batch: int, seq: int) -> dict[str, np.ndarray
     return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
 
-def peak_rss_bytes() -> int:
-    """VmHWM of this process. (getrusage's ru_maxrss would carry the parent's peak across
-    fork and exec on Linux.)"""
+def peak_rss_bytes(field: str = "VmHWM") -> int:
+    """VmHWM (the peak resident memory; `field` VmRSS: the resident memory now) of this process. (getrusage's
+    ru_maxrss would carry the parent's peak across fork and exec on Linux.)"""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024  # kB
-    raise RuntimeError("/proc/self/status has no VmHWM line (peak RSS needs Linux)")
+    raise RuntimeError(f"/proc/self/status has no {field} line (peak RSS needs Linux)")
+
+
+def _stage() -> dict[str, int]:
+    """The resident memory now, then the peak so far (so that the peak read is never below the memory read)."""
+    rss = peak_rss_bytes("VmRSS")
+    return {"peak_bytes": peak_rss_bytes(), "rss_bytes": rss}
 
 
 def main() -> None:
@@ -116,12 +124,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-model", action="store_true")
     args = parser.parse_args()
+    stages = {}
     if not args.no_model:
         options = session_options(threads=args.threads)
         session = ort.InferenceSession(args.onnx, options, providers=["CPUExecutionProvider"])
-        feed = random_batch(args.batch, args.seq, args.vocab)
-        session.run(None, full_feed(session, feed))
-    print(json.dumps({"peak_rss_bytes": peak_rss_bytes()}))
+        stages["session"] = _stage()
+        for batch, seq in ((1, 16), (args.batch, args.seq)):
+            session.run(None, full_feed(session, random_batch(batch, seq, args.vocab)))
+            stages[f"b{batch}_s{seq}"] = _stage()
+    print(json.dumps({"peak_rss_bytes": peak_rss_bytes(), "stages": stages}))
 
 
 if __name__ == "__main__":

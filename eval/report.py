@@ -31,6 +31,7 @@ def markdown_table(report: dict) -> str:
     quality = [("quality", q, q) for q in base.get("quality", {})]  # (row key, metric, column)
     quality += [("quality_second_text", q, f"{q} (2nd)") for q in base.get("quality_second_text", {})]
     head = ["variant", "front", "params", "file MB", "opt. init MB", "peak RSS MiB (Δ over baseline)"]
+    head += ["peak RSS MiB after session, (1,16)"]
     head += [f"{k} p50 ms" for k in keys] + [f"ms/token {c}" for c in decodes]
     head += [column for _, _, column in quality] + ["parity max|Δ|"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -49,6 +50,9 @@ def markdown_table(report: dict) -> str:
         else:
             delta = (rss - v["baseline_rss_bytes"]) / MIB
             cells.append(f"{rss / MIB:.0f} ({delta:.0f}; {_ratio(rss, base.get('peak_rss_bytes'))})")
+        stages = v.get("rss_stages", {})
+        peaks = [stages[s]["peak_bytes"] / MIB for s in ("session", "b1_s16") if s in stages]
+        cells.append(", ".join(f"{p:.0f}" for p in peaks) or "–")
         for k in keys:
             lat = v.get("latency_ms", {}).get(k)
             cells.append(

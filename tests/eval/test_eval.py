@@ -101,6 +101,11 @@ def test_latency_runs_on_the_token_stream_it_is_given(tiny_onnx):
 def test_peak_rss_counts_the_model(tiny_onnx):
     rss = peak_rss(tiny_onnx, vocab=100, batch=2, seq=16)
     assert rss["peak_rss_bytes"] > rss["baseline_rss_bytes"] > 10 * 2**20
+    stages = rss["rss_stages"]
+    assert list(stages) == ["session", "b1_s16", "b2_s16"]  # after the session is made, then after each batch
+    peaks = [stage["peak_bytes"] for stage in stages.values()]
+    assert peaks == sorted(peaks) and peaks[-1] == rss["peak_rss_bytes"]  # a peak so far never falls
+    assert all(0 < stage["rss_bytes"] <= stage["peak_bytes"] for stage in stages.values())
 
 
 @pytest.mark.parametrize("content", [b"", b"not an onnx model at all"])
