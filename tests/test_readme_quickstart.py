@@ -1,0 +1,81 @@
+"""README.md's quick starts run as written, a tiny random model in place of the user's: its shell commands
+(taken from the README's own blocks, the placeholder path swapped for the tiny model's) through the command
+line, then its Python blocks as they stand, in a folder of their own. The one change: the default recipe
+trains its corrections for 240 s, and the tiny model's run is given `--correction-time 2`."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, write_tiny_bert, write_tiny_lm
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def section(title: str) -> str:
+    """The text under README's `### title`, up to the next heading."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"\n### {title}\n")
+    end = re.compile(r"\n#{2,3} ").search(text, start + 1)
+    return text[start : end.start() if end else len(text)]
+
+
+def blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, re.DOTALL)
+
+
+def commands(block: str) -> list[list[str]]:
+    """Each shell line of `block` as argv: continuations joined, comments dropped."""
+    return [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def run_quick_start(capsys, title: str, model: Path, placeholder: str, extra=()) -> list[str]:
+    """Run the section's shell commands: `make install` is the set-up this suite already runs in; each
+    `compressor` line goes through the command line with `placeholder` replaced by `model`. Their stdouts."""
+    (block,) = blocks(section(title), "sh")
+    outs = []
+    for argv in commands(block):
+        if argv[0] == "make":
+            assert argv[1:] == ["install"] and "\ninstall:" in (ROOT / "Makefile").read_text()
+            continue
+        assert argv[0] == ".venv/bin/compressor", argv
+        args = [str(model) if a == placeholder else a for a in argv[1:]]
+        assert str(model) in args or args[0] != "run", f"no {placeholder} in {argv}"
+        code, out, err = run_cli(capsys, *args, *(extra if args[0] == "run" else ()))
+        assert code == 0, f"{shlex.join(argv)}: {err}"
+        outs.append(out)
+    return outs
+
+
+def run_python(title: str) -> None:
+    for block in blocks(section(title), "python"):
+        exec(compile(block, f"README.md, {title}", "exec"), {"__name__": "__readme__"})
+
+
+def test_the_encoder_quick_start(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the README's relative paths (runs/yours) land here
+    model = write_tiny_bert(tmp_path / "your-model")
+    run_quick_start(capsys, "An encoder", model, "path/to/your-model", extra=("--correction-time", 2))
+    rows = sorted(p.name for p in (tmp_path / "runs" / "yours").iterdir() if p.is_dir())
+    assert rows == ["original", "original-int4-aware", "original-int8", "original-int8-aware", "original-small-w4a8"]
+    run_python("An encoder")
+    out = capsys.readouterr().out
+    assert "(2, " in out and "(1, 48)" in out, out  # the hidden states, then one pooled embedding
+
+
+def test_the_causal_lm_quick_start(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    model = write_tiny_lm(tmp_path / "your-lm", "llama")
+    _, generated = run_quick_start(capsys, "A causal LM", model, "path/to/your-lm")
+    assert generated.strip(), "generate printed no tokens"
+    assert (tmp_path / "runs" / "your-lm" / "original-int4-aware" / "onnx" / "model_q4.onnx").is_file()
+
+
+def test_the_own_module_quick_start(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("tools.lstm_lm")
+    monkeypatch.chdir(tmp_path)
+    run_python("Your own PyTorch module")
+    assert (tmp_path / "runs" / "mine.onnx").is_file() and "lowrank" in capsys.readouterr().out
