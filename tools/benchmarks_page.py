@@ -214,8 +214,8 @@ first), each headed with the CPU, the versions, and the command, commit and date
 of a row has its ratio to the `original` row of the same report in brackets. Rows on a Pareto front of the
 report are marked after their name (size: file bytes, p50: latency at (8,128) on 2 threads, RSS: peak memory;
 each against the quality column). This page is generated from the report.json files under
-[`benchmarks/results/`](benchmarks/results/) by `make benchmarks-page`; the history of how each figure was
-reached, and what was tried and not kept, is in [docs/lab-notes/](docs/lab-notes/).
+`benchmarks/results/` by `make benchmarks-page`; the history of how each figure was reached, and what was
+tried and not kept, is in [docs/lab-notes/](docs/lab-notes/).
 """
 
 HOW = """\
