@@ -55,7 +55,51 @@ def run_python(title: str) -> None:
         exec(compile(block, f"README.md, {title}", "exec"), {"__name__": "__readme__"})
 
 
-def test_the_encoder_quick_start(tmp_path, capsys, monkeypatch):
+def documented_commands() -> list[tuple[str, list[str]]]:
+    """(page, argv) of every `compressor …` line in README.md's and docs/'s code blocks and spans (not the lab
+    notes: history), continuations joined; one with `…` in it stands for a shape, not a command."""
+    pages = [README, *(p for p in (ROOT / "docs").rglob("*.md") if "lab-notes" not in p.parts)]
+    found = []
+    for page in pages:
+        text = page.read_text(encoding="utf-8").replace("\\\n", " ")
+        code = re.findall(r"```[a-z]*\n(.*?)```", text, re.DOTALL) + re.findall(r"`([^`\n]+)`", text)
+        for line in (line for block in code for line in block.splitlines()):
+            start = re.search(r"(^|\s)(\.venv/bin/)?compressor (?=[a-z])", line)
+            if (
+                start
+                and "…" not in line
+                and not re.match(r"\s*(from|import|python) ", line)
+                and " " in line[start.end() :]
+            ):
+                argv = shlex.split(line[start.end() :], comments=True)
+                found.append((page.relative_to(ROOT).as_posix(), [a for a in argv if not re.fullmatch(r"\[\w+\]", a)]))
+    return found
+
+
+def test_every_documented_command_parses():
+    """Each command the pages show is one the command line takes today: its options and their values."""
+    from converters.cli import COMMANDS, build_parser
+
+    commands = documented_commands()
+    assert len(commands) > 40 and {argv[0] for _, argv in commands} == set(COMMANDS)
+    parser, wrong = build_parser(), []
+    for page, argv in commands:
+        try:
+            parser.parse_args(argv)
+        except SystemExit as e:  # --help exits 0
+            if e.code:
+                wrong.append(f"{page}: compressor {shlex.join(argv)}")
+    assert not wrong, "do not parse:\n" + "\n".join(wrong)
+
+
+@pytest.fixture(scope="module")
+def texts_cache(tmp_path_factory) -> Path:
+    """One cache for this file's runs: the default texts are built once (about 12 s), not once a test."""
+    return tmp_path_factory.mktemp("quickstart-cache")
+
+
+def test_the_encoder_quick_start(tmp_path, capsys, monkeypatch, texts_cache):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(texts_cache))
     monkeypatch.chdir(tmp_path)  # the README's relative paths (runs/yours) land here
     model = write_tiny_bert(tmp_path / "your-model")
     run_quick_start(capsys, "An encoder", model, "path/to/your-model", extra=("--correction-time", 2))
@@ -66,7 +110,8 @@ def test_the_encoder_quick_start(tmp_path, capsys, monkeypatch):
     assert "(2, " in out and "(1, 48)" in out, out  # the hidden states, then one pooled embedding
 
 
-def test_the_causal_lm_quick_start(tmp_path, capsys, monkeypatch):
+def test_the_causal_lm_quick_start(tmp_path, capsys, monkeypatch, texts_cache):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(texts_cache))
     monkeypatch.chdir(tmp_path)
     model = write_tiny_lm(tmp_path / "your-lm", "llama")
     _, generated = run_quick_start(capsys, "A causal LM", model, "path/to/your-lm")
