@@ -6,6 +6,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
+from eval.choice import choose
 from eval.decode import DECODE_CONTEXTS, DECODE_TOKENS, context_length, measure_decode
 from eval.environment import file_sha256, machine, run_record, texts_sha256
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
@@ -15,15 +16,20 @@ from eval.memory import peak_rss
 from eval.pareto import mark_pareto_
 from texts.tokens import encode_passages, load_tokenizer
 
-__all__ = ["bench", "parity_of"]
+__all__ = ["bench", "parity_of", "GATE_FAILED_KEY"]
 
 PARITY_KEY = "compressor.parity_max_abs"
+GATE_FAILED_KEY = "compressor.gate_failed"  # a graph kept off its gate says why (quantize_onnx's keep_failed)
 LATENCY_INPUT = "the eval text's first batch × seq tokens, in windows of seq"
+
+
+def _props(path: str | Path) -> dict[str, str]:
+    return {p.key: p.value for p in load_graph(path, with_data=False).metadata_props}
 
 
 def parity_of(path: str | Path) -> float | None:
     """The parity export recorded in the file's metadata, if any."""
-    props = {p.key: p.value for p in load_graph(path, with_data=False).metadata_props}
+    props = _props(path)
     return float(props[PARITY_KEY]) if PARITY_KEY in props else None
 
 
@@ -86,6 +92,9 @@ def bench(
                 "parity_max_abs": parity_of(path),
             }
         )
+        failed = _props(path).get(GATE_FAILED_KEY)
+        if failed:
+            rows[-1]["gate_failed"] = failed
     paths, stream = [p for _, p in variants], stream if len(stream) else None
     latencies = measure_latency(paths, vocab, settings, runs, progress=progress, stream=stream)
     for row, latency in zip(rows, latencies):
@@ -105,4 +114,5 @@ def bench(
         report["environment"]["texts"]["second"] = texts_sha256(second_texts)
     report = {**report, "variants": rows}
     mark_pareto_(report, kind.front)
-    return report
+    choice = choose(report)  # the row to deploy on this CPU, by eval.choice's rule
+    return report if choice is None else {**report, "choice": choice}

@@ -37,9 +37,8 @@ def markdown_table(report: dict) -> str:
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v, fronts in zip(variants, pareto_flags(report)):
         rss, opt = v.get("peak_rss_bytes"), v["optimized_initializer_bytes"]
-        failed = v.get("quantization", {}).get("gate_failed")
         cells = [
-            v["name"] + (f" (off its gate: {v['quantization']['parity_rel_to_fp32']:.2f})" if failed else ""),
+            v["name"] + (" (off its gate)" if v.get("gate_failed") else ""),
             "+".join(FRONTS[cost][0] for cost, on in fronts.items() if on) or "–",
             f"{v['params']:,} ({_ratio(v['params'], base['params'])})",
             f"{v['file_bytes'] / 1e6:.2f} ({_ratio(v['file_bytes'], base['file_bytes'])})",
@@ -74,7 +73,13 @@ def markdown_table(report: dict) -> str:
     title += _measured_on(report)
     fronts = " or ".join(f"{what} ({label})" for label, what in FRONTS.values())
     title += f"  \nfront: no other variant is as good in {front_quality(report)} and in {fronts}, and better in one\n\n"
-    return title + _headline(report) + "\n".join(rows) + "\n"
+    return title + _choice(report) + _headline(report) + "\n".join(rows) + "\n"
+
+
+def _choice(report: dict) -> str:
+    """The row to deploy on this CPU and why, in a sentence (eval.choice)."""
+    choice = report.get("choice")
+    return f"**deploy {choice['row']}** ({choice['rule']}): {choice['why']}\n\n" if choice else ""
 
 
 def _measured_on(report: dict) -> str:

@@ -77,7 +77,7 @@ from converters.quantization.three_bit_linear import three_bit_storage
 from converters.quantization.three_bit_table import three_bit_outputs
 from converters.quantization.tied_codes import TRANSPOSED, share_tied_codes, smoothing_of, tied_pairs
 from converters.quantization.tied_head import split_tied_head
-from eval.benchmark import PARITY_KEY
+from eval.benchmark import GATE_FAILED_KEY, PARITY_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
 from eval.probe import full_feed
@@ -386,7 +386,7 @@ def quantize_onnx(
                 raise ExportParityError(failed)
         proto = onnx.load(str(tmp))
         props = {PARITY_KEY: repr(worst), "compressor.parity_rel": repr(rel), "compressor.parity_input": fed}
-        props.update({"compressor.gate_failed": failed} if failed else {})
+        props.update({GATE_FAILED_KEY: failed} if failed else {})
         if width == "int8" or scheme in INT8_PRODUCTS:
             props[TARGET_KEY] = target_cpu
         onnx.helper.set_model_props(proto, props)

@@ -1,0 +1,77 @@
+"""The row to deploy (eval/choice.py): the smallest file that beats original-int8 on every axis; else the smallest
+as cheap as int8 that keeps its recall, near sizes counted equal and the better recall taken; never a row off its
+gate."""
+
+import pytest
+
+from eval.choice import choose
+from eval.report import markdown_table
+
+MB, MIB = 1_000_000, 2**20
+
+
+def row(name, file_mb, rss_mib, p50_short, p50_long, recall, recall_2nd, **extra):
+    return {
+        "name": name,
+        "params": 1,
+        "file_bytes": int(file_mb * MB),
+        "optimized_initializer_bytes": int(file_mb * MB),
+        "peak_rss_bytes": int(rss_mib * MIB),
+        "baseline_rss_bytes": 60 * MIB,
+        "latency_ms": {"b1_s16_t1": {"p50": p50_short}, "b8_s128_t2": {"p50": p50_long}},
+        "quality": {"recall_at_10": recall},
+        "quality_second_text": {"recall_at_10": recall_2nd},
+        **extra,
+    }
+
+
+def report(*rows):
+    return {"model": "m", "eval_text": "t", "variants": [row("original", 90, 200, 6.0, 160.0, 1.0, 1.0), *rows]}
+
+
+INT8 = row("original-int8", 23, 123, 1.8, 80.0, 0.906, 0.915)
+
+
+def test_the_smallest_file_that_beats_int8_on_every_axis_is_chosen():
+    chosen = choose(
+        report(
+            INT8,
+            row("small", 11, 120, 1.7, 79.0, 0.90, 0.91),  # half int8's file or less, no dearer, recall within 0.01
+            row("smaller", 9, 120, 1.7, 79.0, 0.85, 0.91),  # loses recall on the first text
+            row("tiny-but-heavy", 8, 224, 1.7, 79.0, 0.95, 0.95),  # more memory
+        )
+    )
+    assert chosen["row"] == "small" and chosen["rule"] == "beats int8"
+    assert "0.48× int8's file" in chosen["why"]
+
+
+def test_without_one_the_smallest_as_cheap_as_int8_with_its_recall_the_better_recall_at_one_size():
+    chosen = choose(
+        report(
+            INT8,
+            row("original-int8-aware", 23.05, 123, 1.8, 81.0, 0.942, 0.948),  # 0.3 % larger: one size with int8
+            row("original-small-w4a8", 11.4, 224, 2.1, 123.0, 0.909, 0.896),  # memory, speed and news recall lost
+            row("slow", 15, 120, 1.9, 90.0, 0.95, 0.95),  # 12 % slower at (8,128)
+        )
+    )
+    assert chosen["row"] == "original-int8-aware" and chosen["rule"] == "as cheap as int8"
+    assert chosen["why"].startswith("no row beats original-int8 on every axis on this CPU")
+
+
+def test_int8_itself_when_nothing_else_qualifies_and_never_a_row_off_its_gate():
+    failed = row("off-gate", 5, 100, 1.0, 50.0, 0.99, 0.99, gate_failed="the int8 graph … is off its fp32 graph")
+    assert choose(report(INT8, failed))["row"] == "original-int8"
+
+
+@pytest.mark.parametrize("rows", [(), (row("original-int8", 23, 123, 1.8, 80.0, 0.9, None),)])
+def test_no_choice_without_a_measured_int8_row(rows):
+    r = report(*rows)
+    if rows:
+        del r["variants"][1]["quality_second_text"]
+    assert choose(r) is None
+
+
+def test_the_report_says_the_choice_in_a_sentence():
+    r = report(INT8, row("small", 11, 120, 1.7, 79.0, 0.90, 0.91))
+    r["choice"] = choose(r)
+    assert "**deploy small** (beats int8): small beats original-int8 on every axis" in markdown_table(r)
