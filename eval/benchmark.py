@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 from compressor.errors import CompressorError
 from eval.choice import choose
 from eval.decode import DECODE_CONTEXTS, DECODE_TOKENS, context_length, measure_decode
-from eval.environment import file_sha256, machine, run_record, texts_sha256
+from eval.environment import file_sha256, graph_sha256, machine, run_record, texts_sha256
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.kinds import graph_kind
 from eval.latency import SETTINGS, measure_latency
@@ -86,6 +86,7 @@ def bench(
                 "params": params,
                 "file_bytes": file_bytes(path),
                 "sha256": file_sha256(path),
+                "graph_sha256": graph_sha256(path),
                 "optimized_initializer_bytes": optimized_initializer_bytes(path),
                 **peak_rss(path, vocab, *rss_shape, repeats=rss_repeats),
                 **quality,

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 __all__ = [
     "INTEGER_PATHS",
@@ -26,6 +27,7 @@ __all__ = [
     "machine",
     "run_record",
     "file_sha256",
+    "graph_sha256",
     "texts_sha256",
     "batches_sha256",
 ]
@@ -124,6 +126,14 @@ def file_sha256(path: str | Path) -> str:
                 for chunk in iter(lambda: f.read(1 << 20), b""):
                     digest.update(chunk)
     return digest.hexdigest()
+
+
+def graph_sha256(path: str | Path) -> str:
+    """The sha256 of a graph without its metadata: the weights and operators alone, which two CPUs that write the
+    same graph share (the metadata holds the parity each CPU's kernels measured)."""
+    model = onnx.load(str(path))
+    del model.metadata_props[:]
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
 
 
 def texts_sha256(passages: list[str]) -> str:

@@ -8,6 +8,7 @@ from eval.environment import (
     PAIRS_IN_INT16,
     batches_sha256,
     file_sha256,
+    graph_sha256,
     integer_path,
     machine,
     run_record,
@@ -54,6 +55,19 @@ def test_the_hashes_tell_inputs_apart(tmp_path):
     assert file_sha256(a) == file_sha256(b)
     (tmp_path / "b.onnx.data").write_bytes(b"weights")  # its external data is part of it
     assert file_sha256(a) != file_sha256(b)
+
+
+def test_the_graph_hash_leaves_the_metadata_out(tmp_path):
+    import onnx
+
+    from tests.conftest import matmul_graph
+
+    model = matmul_graph(np.eye(3, dtype=np.float32))
+    onnx.save_model(model, str(tmp_path / "a.onnx"))
+    onnx.helper.set_model_props(model, {"compressor.parity_max_abs": "1e-6"})  # as one CPU measured it
+    onnx.save_model(model, str(tmp_path / "b.onnx"))
+    assert file_sha256(tmp_path / "a.onnx") != file_sha256(tmp_path / "b.onnx")
+    assert graph_sha256(tmp_path / "a.onnx") == graph_sha256(tmp_path / "b.onnx")
 
 
 def test_the_run_record_gives_the_command_as_typed():
