@@ -6,7 +6,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
-from eval.choice import choose
+from eval.choice import DEFAULT_GOAL, choose
 from eval.decode import DECODE_CONTEXTS, DECODE_TOKENS, context_length, measure_decode
 from eval.environment import file_sha256, graph_sha256, machine, run_record, texts_sha256
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
@@ -46,6 +46,7 @@ def bench(
     rss_shape: tuple[int, int] = (8, 128),
     rss_repeats: int = 1,
     progress: bool = True,
+    goal: str = DEFAULT_GOAL,
 ) -> dict:
     """The report dict (DESIGN §5): what it ran on and with ("environment", "run": eval.environment), size and
     sha256, optimised initializer bytes, latency, peak RSS,
@@ -53,7 +54,8 @@ def bench(
     given, on `second_texts` (named `second_text`), parity, the Pareto fronts it is on
     (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch,
     sequence) of random ids; latency uses `settings` (default: latency.SETTINGS) on the eval text's
-    tokens, the ids a model meets (a cached head with a computed tail costs what its text holds)."""
+    tokens, the ids a model meets (a cached head with a computed tail costs what its text holds); "choice": the
+    row to deploy for `goal` (eval.choice)."""
     if (second_texts is None) != (second_text is None):
         raise CompressorError("bench takes the second text's passages and its name together, or neither")
     settings = SETTINGS if settings is None else settings
@@ -115,5 +117,5 @@ def bench(
         report["environment"]["texts"]["second"] = texts_sha256(second_texts)
     report = {**report, "variants": rows}
     mark_pareto_(report, kind.front)
-    choice = choose(report)  # the row to deploy on this CPU, by eval.choice's rule
+    choice = choose(report, goal)  # the row to deploy for `goal` on this CPU, by eval.choice's rules
     return report if choice is None else {**report, "choice": choice}

@@ -79,7 +79,10 @@ def markdown_table(report: dict) -> str:
 def _choice(report: dict) -> str:
     """The row to deploy on this CPU and why, in a sentence (eval.choice)."""
     choice = report.get("choice")
-    return f"**deploy {choice['row']}** ({choice['rule']}): {choice['why']}\n\n" if choice else ""
+    if not choice:
+        return ""
+    chosen = f"**deploy {choice['row']}**" if choice["row"] else "**nothing to deploy**"
+    return f"{chosen} (goal {choice['goal']}: {choice['rule']}): {choice['why']}\n\n"
 
 
 def _measured_on(report: dict) -> str:

@@ -63,6 +63,32 @@ def test_int8_itself_when_nothing_else_qualifies_and_never_a_row_off_its_gate():
     assert choose(report(INT8, failed))["row"] == "original-int8"
 
 
+def test_an_int8_row_off_its_gate_is_the_measure_but_not_a_choice():
+    off = row("original-int8", 23, 123, 1.8, 80.0, 0.60, 0.55, gate_failed="off by 0.595")
+    aware = row("original-int8-aware", 23, 123, 1.8, 80.0, 0.92, 0.90)
+    assert choose(report(off, aware))["row"] == "original-int8-aware"
+    assert choose(report(off))["row"] is None
+
+
+ROWS = (
+    INT8,
+    row("aware", 23, 123, 1.8, 80.0, 0.942, 0.948),
+    row("table3", 16.8, 117, 1.85, 81.0, 0.931, 0.924),
+    row("w4a8", 11.4, 224, 2.1, 123.0, 0.909, 0.896),  # within 0.05 of int8's recall, the least file
+    row("lean", 14, 110, 1.7, 90.0, 0.90, 0.91),  # the least memory, slower
+    row("quick", 30, 130, 1.2, 60.0, 0.90, 0.91),  # the fastest, larger than int8
+)
+
+
+@pytest.mark.parametrize(
+    "goal, chosen",
+    [("balanced", "table3"), ("size", "w4a8"), ("memory", "lean"), ("latency", "quick"), ("quality", "aware")],
+)
+def test_each_goal_picks_its_row(goal, chosen):
+    choice = choose(report(*ROWS), goal)
+    assert (choice["goal"], choice["row"]) == (goal, chosen)
+
+
 @pytest.mark.parametrize("rows", [(), (row("original-int8", 23, 123, 1.8, 80.0, 0.9, None),)])
 def test_no_choice_without_a_measured_int8_row(rows):
     r = report(*rows)
@@ -74,4 +100,4 @@ def test_no_choice_without_a_measured_int8_row(rows):
 def test_the_report_says_the_choice_in_a_sentence():
     r = report(INT8, row("small", 11, 120, 1.7, 79.0, 0.90, 0.91))
     r["choice"] = choose(r)
-    assert "**deploy small** (beats int8): small beats original-int8 on every axis" in markdown_table(r)
+    assert "**deploy small** (goal balanced: beats int8): small beats original-int8 on every axis" in markdown_table(r)
