@@ -25,6 +25,7 @@ from converters.finetune import finetune_
 from converters.finetune_config import FinetuneConfig
 from converters.kinds import OwnLM, kind_of
 from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from converters.registry import compact_modules
 from converters.tying import INITS, TieConfig
 from eval import bench, markdown_table, write_report
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     variants = [("original", export_onnx(original, args.out / "original.onnx").path)]
     vocab = original.get_input_embeddings().num_embeddings
-    int8 = quantize_onnx(variants[0][1], args.out / "original-int8.onnx", vocab)
+    int8 = quantize_onnx(variants[0][1], args.out / "original-int8.onnx", scheme_named("int8")(), vocab=vocab)
     variants.append(("original-int8", int8.path))
     entries = (("embeddings", LowRankConfig(rank=args.rank, fit="plain")),) if args.rank else ()
     tied = isinstance(original.get_output_embeddings(), TiedLogits)

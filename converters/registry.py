@@ -4,12 +4,12 @@ budget read it. Nothing else names a method.
 
 A method is a config dataclass (frozen, a ClassVar `method` naming it), a `build` that turns one
 trained module into its compact form (or a Skip saying why it stays dense), the compact module
-classes a checkpoint may rebuild, its command-line options, and optionally a budget rule and the
-forms its modules may be exported in."""
+classes a checkpoint may rebuild, its command-line options (converters/options.py: declared on the
+config's fields), and optionally a budget rule and the forms its modules may be exported in."""
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
@@ -17,6 +17,7 @@ from torch import nn
 from compressor.budget import LayerCost, MeasuredCost
 from compressor.errors import CompressorError, PlanError
 from converters.calibration import Calibration
+from converters.options import Option, config_from_options, field_options, given, option_field, register_once
 
 __all__ = [
     "BudgetRule",
@@ -58,60 +59,6 @@ class Context:
         if self.calibration is None:
             raise PlanError(f"{self.name}: {what} needs calibration statistics; pass calibration text (--calib)")
         return self.calibration
-
-
-@dataclass(frozen=True)
-class Option:
-    """A command-line option of a method. Methods that share a flag share one argparse option (its
-    type must agree); `help` says what it means for this method and `default` is this method's (said
-    after the help); with `many`, `run` takes several values and makes one variant per value;
-    `aliases`: older spellings of the flag, still taken (a recipe's key too)."""
-
-    flag: str
-    help: str
-    type: Callable = str
-    choices: tuple = ()
-    many: bool = False
-    aliases: tuple[str, ...] = ()
-    default: Any = None
-
-    @property
-    def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
-
-    @property
-    def said(self) -> str:
-        """The help with this method's default."""
-        return self.help if self.default is None else f"{self.help} (default: {self.default})"
-
-
-def option_field(default: Any, option: Option) -> Any:
-    """A config field whose default is `default` and whose command-line option is `option` (its help;
-    the default said after it is the field's, unless the option names one in words)."""
-    said = default if option.default is None else option.default
-    return field(default=default, metadata={"option": replace(option, default=said)})
-
-
-def field_options(config: type) -> tuple[Option, ...]:
-    """The command-line options of a config's fields, in field order."""
-    return tuple(f.metadata["option"] for f in fields(config) if "option" in f.metadata)
-
-
-def config_from_options(config: type) -> Callable[[dict[str, Any]], Any]:
-    """`from_options` for a config whose fields carry their options: each field given on the command
-    line (not None) takes its value, the rest keep the field's default."""
-
-    def build(values: dict[str, Any]) -> Any:
-        named = {f.name: f.metadata["option"].dest for f in fields(config) if "option" in f.metadata}
-        return config(**{name: values[dest] for name, dest in named.items() if values.get(dest) is not None})
-
-    return build
-
-
-def given(options: dict[str, Any], key: str, default: Any) -> Any:
-    """An option's value, or `default` when it was not given (None)."""
-    value = options.get(key)
-    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -189,14 +136,7 @@ _builtins_loaded = False
 
 def register(method: Method) -> Method:
     """Add `method` to the registry; a second method under the same name is refused."""
-    old = _METHODS.get(method.name)
-    if old is not None:
-        raise CompressorError(
-            f"the method {method.name!r} is registered twice (by {old.config.__module__}.{old.config.__name__} and "
-            f"{method.config.__module__}.{method.config.__name__}); give the new one another name"
-        )
-    _METHODS[method.name] = method
-    return method
+    return register_once(_METHODS, method.name, method, lambda m: m.config, "method")
 
 
 def methods() -> dict[str, Method]:

@@ -9,12 +9,7 @@ from typing import Any
 
 from compressor.errors import CompressorError
 from converters.finetune_config import FinetuneConfig
-from converters.quantization.correction import CORRECTION_SHARE, check_correction_share
-from converters.quantization.int4 import INT4_ACCURACY, INT4_BLOCK, check_int4_options
-from converters.quantization.schemes import check_linear_bits, check_scale_bits, check_table_bits, check_table_head
-from converters.quantization.table_head import TABLE_HEAD
-from converters.quantization.target_cpu import NATIVE, resolve_target
-from converters.quantization.training import CORRECTION_SECONDS
+from converters.quantization.registry import SchemeConfig, check_options, configs_of
 from texts.prior import PRIOR_WEIGHT, PRIORS
 
 __all__ = [
@@ -60,7 +55,8 @@ class MethodSpec:
     """What one variant compresses: `methods` (several only under a budget) with the options given
     (`options`: option dest → a value, or a list of values, one variant each), over `targets`; or the
     plan file `plan`; `budget`: one budget the sizes are chosen under; `freq_prior`, `prior_weight`:
-    the token frequencies of the data-aware methods; `mixed`: the budget chooses widths too."""
+    the token frequencies of the data-aware methods; `planned`: the scheme whose widths the budget chooses
+    too (--quantize mixed's config: its block prices the 4-bit width), None: sizes only."""
 
     methods: tuple[str, ...]
     options: tuple[tuple[str, Any], ...] = ()
@@ -69,8 +65,7 @@ class MethodSpec:
     plan: Path | None = None
     freq_prior: str = PRIORS[0]
     prior_weight: float = PRIOR_WEIGHT
-    mixed: bool = False
-    block_size: int = INT4_BLOCK  # of the 4-bit widths a mixed budget prices
+    planned: SchemeConfig | None = None
 
     @cached_property
     def given(self) -> dict[str, Any]:
@@ -80,38 +75,22 @@ class MethodSpec:
 
 @dataclass(frozen=True)
 class QuantizeSpec:
-    """The quantization schemes a graph is measured in and their settings: the 4-bit `block_size` and
-    `accuracy_level`; the corrected schemes' `correction_share` of the 4-bit bytes; int4-trained's
-    `correction_time` seconds of training; `table_head` rows of the table in 8 bits; `table_block`: the
-    tables' own 4-bit block (None: `block_size`); `table_bits`: the word table's (its tail's) width, TABLE_BITS;
-    `linear_bits`: the corrected schemes' linear layers' width, 4 or 3; `scale_bits`: the 4-bit linear layers'
-    block scales in 16 or 8 bits; `target_cpu`: the CPU the int8 products are written for (target_cpu.TARGETS,
-    or NATIVE)."""
+    """The quantization schemes a graph is measured in, each a config (converters/quantization/registry.py) made
+    from the scheme options given (`options`: dest → value; the rest the configs' defaults), which make the
+    configs of the rows measured beside them too (the original's baselines: `with_schemes`)."""
 
-    schemes: tuple[str, ...] = ()
-    block_size: int = INT4_BLOCK
-    accuracy_level: int = INT4_ACCURACY
-    correction_share: float = CORRECTION_SHARE
-    correction_time: float = CORRECTION_SECONDS
-    table_head: int = TABLE_HEAD
-    table_block: int | None = None
-    table_bits: float = 4
-    linear_bits: int = 4
-    scale_bits: int = 16
-    target_cpu: str = NATIVE
+    schemes: tuple[SchemeConfig, ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()
 
-    def __post_init__(self):
-        resolve_target(self.target_cpu)
-        check_int4_options(self.block_size, self.accuracy_level)
-        if self.table_block is not None:
-            check_int4_options(self.table_block, self.accuracy_level)
-        check_correction_share(self.correction_share)
-        if self.correction_time <= 0:
-            raise CompressorError(f"--correction-time is a time budget in seconds, > 0, got {self.correction_time:g}")
-        check_table_head(self.table_head, self.schemes)
-        check_table_bits(self.table_bits, self.schemes)
-        check_linear_bits(self.linear_bits, self.schemes)
-        check_scale_bits(self.scale_bits, self.schemes)
+    @classmethod
+    def of(cls, names, options: tuple[tuple[str, Any], ...] = ()) -> "QuantizeSpec":
+        """The configs of the schemes `names` with `options`, every option checked (registry.check_options)."""
+        check_options(names, dict(options))
+        return cls(configs_of(names, dict(options)), tuple(options))
+
+    def with_schemes(self, names) -> "QuantizeSpec":
+        """The schemes `names` in these options (checked when they were given)."""
+        return QuantizeSpec(configs_of(names, dict(self.options)), self.options)
 
 
 @dataclass(frozen=True)

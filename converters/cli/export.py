@@ -24,16 +24,8 @@ from converters.pipeline.calibrating import head_frequencies, quantize_calibrati
 from converters.pipeline.say import say
 from converters.pipeline.steps import correction_fit
 from converters.quantization.quantize import quantize_onnx
-from converters.quantization.schemes import (
-    HEAD_SCHEMES,
-    PLANNED,
-    check_int8_products,
-    check_linear_bits,
-    check_table_bits,
-    weight_width,
-)
+from converters.quantization.registry import SchemeConfig
 from converters.quantization.training import trainer
-from converters.spec import QuantizeSpec
 from files.atomic import check_writable
 from files.model_folder import check_model_folder, graph_file, lacks_tokenizer, load_lines, model_folder, own_ops
 from texts.prior import check_prior
@@ -73,10 +65,11 @@ def run(args) -> None:
     out = args.out or stem.with_name(f"{stem.name}{form}{suffix}-onnx")
     folder = out.suffix != ".onnx"
     quantize, texts = quantize_spec(vars(args)), text_spec(vars(args))
-    if args.quantize in PLANNED:
+    config = quantize.schemes[0] if quantize.schemes else None
+    if config is not None and config.planned:
         raise CompressorError(
-            f"--quantize {args.quantize} takes each layer's width from a byte budget: use compressor run --budget SIZE "
-            f"--quantize {args.quantize}"
+            f"--quantize {config.scheme} takes each layer's width from a byte budget: use compressor run --budget SIZE "
+            f"--quantize {config.scheme}"
         )
     if folder:
         check_model_folder(out)
@@ -85,9 +78,8 @@ def run(args) -> None:
         check_writable(out, "ONNX file")
     check_prior(args.freq_prior, args.prior_weight)
     kind = kind_for_config(source)
-    check_int8_products(quantize.schemes, kind.graph)
-    check_table_bits(quantize.table_bits, quantize.schemes, kind.graph)
-    check_linear_bits(quantize.linear_bits, quantize.schemes, kind.graph)
+    for scheme in quantize.schemes:
+        scheme.check(kind.graph)
     if folder and lacks_tokenizer(source):
         say(
             f"warning: {str(source)!r} has no tokenizer file; the folder will hold none, and tools cannot tokenize text"
@@ -100,9 +92,9 @@ def run(args) -> None:
         lambda: token_frequencies(texts.calib, args.freq_prior, args.prior_weight, source, vocab)
     )
     model = in_export_form(model, values, frequencies)
-    width = weight_width(args.quantize)
+    width = None if config is None else config.width
     with model_folder(out, source, width) if folder else contextlib.nullcontext(out) as path:
-        checked = _export(model, path, quantize, args.opset, vocab, fit_for, batches, frequencies)
+        checked = _export(model, path, config, args.opset, vocab, fit_for, batches, frequencies)
     if not folder:
         say(f"wrote {out} ({checked})")
         return
@@ -115,38 +107,29 @@ def run(args) -> None:
         say(f"its graph uses ONNX Runtime's own operators ({', '.join(needs)}): only ONNX Runtime runs it")
 
 
-def _export(model, path: Path, quantize: QuantizeSpec, opset: int, vocab: int, fit_for, batches, frequencies) -> str:
-    """The model's graph at `path`, quantized with the scheme asked if any; what its checks measured;
+def _export(
+    model, path: Path, config: SchemeConfig | None, opset: int, vocab: int, fit_for, batches, frequencies
+) -> str:
+    """The model's graph at `path`, quantized by the scheme `config` if any; what its checks measured;
     `frequencies`: the token frequencies (a Calibration) that rank the word table's head rows."""
-    if not quantize.schemes:
+    if config is None:
         result = export_onnx(model, path, opset=opset)
         return f"parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e}"
-    scheme = quantize.schemes[0]
-    fit = None if fit_for is None else fit_for(model, quantize.correction_time, scheme, scheme)
+    fit = None if fit_for is None else fit_for(model, config, config.scheme)
     with tempfile.TemporaryDirectory() as work:
         fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=opset)
         result = quantize_onnx(
             fp32.path,
             path,
-            vocab,
-            scheme,
+            config,
             batches,
-            quantize.block_size,
-            quantize.accuracy_level,
-            correction=quantize.correction_share,
+            vocab=vocab,
             train=None if fit is None else trainer(model, fit),
-            table_head=quantize.table_head,
-            table_block=quantize.table_block,
-            table_bits=quantize.table_bits,
-            linear_bits=quantize.linear_bits,
-            scale_bits=quantize.scale_bits,
-            frequencies=head_frequencies(scheme, quantize.table_head, frequencies),
-            target_cpu=quantize.target_cpu,
+            frequencies=head_frequencies(config, frequencies),
         )
-    note = result.table_note(quantize.table_bits) if quantize.schemes[0] in HEAD_SCHEMES else None
-    if note:
+    for note in config.notes(result):
         say(f"warning: {note}")
     return (
-        f"{quantize.schemes[0]}; against its fp32 graph, whose parity with PyTorch is {fp32.parity_max_abs:.2e}: "
+        f"{config.scheme}; against its fp32 graph, whose parity with PyTorch is {fp32.parity_max_abs:.2e}: "
         f"relative error {result.parity_rel:.3f}, max |Δ| {result.parity_max_abs:.2e}, on {result.parity_input}"
     )

@@ -7,15 +7,8 @@ from pathlib import Path
 from compressor.errors import CompressorError
 from converters.finetune_config import DEVICES, SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
-from converters.quantization.byte_scales import SCALE_BITS
-from converters.quantization.correction import CORRECTION_SHARE
-from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK
 from converters.quantization.quantize import CALIBRATION_PASSAGES
-from converters.quantization.schemes import CORRECTED_TABLE_BLOCK, SCHEMES, TABLE_BITS
-from converters.quantization.table_head import TABLE_HEAD
-from converters.quantization.target_cpu import NATIVE, TARGETS
-from converters.quantization.three_bit_linear import LINEAR_BITS
-from converters.quantization.training import CORRECTION_SECONDS
+from converters.quantization.registry import Taken, scheme_options, schemes
 from converters.registry import Option, default_method, export_forms, methods
 from converters.spec import CALIB_PASSAGES
 from texts.news import SECOND_PASSAGES
@@ -255,100 +248,39 @@ def data_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False) -> None:
-    """--quantize and its settings (--target-cpu, the 4-bit ones); what each scheme does is in docs/schemes/."""
+def _scheme_help(taken: Taken) -> str:
+    """A scheme option's help: what it means to the schemes that take it, and each one's default."""
+    if len({o.type for o in taken.options.values()}) > 1:
+        raise CompressorError(f"schemes {', '.join(taken.options)} declare {taken.option.flag} with different types")
+    helps: dict[str, dict[object, list[str]]] = {}  # help → default → the schemes
+    for name, option in taken.options.items():
+        helps.setdefault(option.help, {}).setdefault(option.default, []).append(name)
+    said = []
+    for text, defaults in helps.items():
+        names = ", ".join(name for group in defaults.values() for name in group)
+        each = "; ".join(f"{', '.join(group)}: {default}" for default, group in defaults.items())
+        default = next(iter(defaults)) if len(defaults) == 1 else each
+        said.append(f"{names}: {text}" + ("" if default is None else f" (default: {default})"))
+    return "; ".join(said)
+
+
+def quantize_option(p: argparse.ArgumentParser, help: str, many: bool = False, recipe: bool = False) -> None:
+    """--quantize, its choices the registered schemes (converters/quantization/registry.py), and their options,
+    each said once with the schemes that take it (their defaults are the schemes' own: none here); with `recipe`,
+    the options a recipe alone sets too (Option.flagged False). What each scheme does is in docs/schemes/."""
+    known = schemes()
     p.add_argument(
         "--quantize",
-        choices=SCHEMES,
+        choices=list(known),
         nargs="+" if many else None,
         default=None,
-        help=f"{help}; int8: ONNX Runtime's dynamic int8; int8-aware: after SmoothQuant; int4, int4-aware: 4-bit "
-        "blocks; int4-corrected, int4-trained: with low-rank corrections of the rounding error, fitted or trained; "
-        "w4a8 (encoders): int4-trained's file multiplied in int8; mixed (with --budget): each layer's width chosen "
-        "(docs/schemes/ has one page each) (default: off)",
+        help=f"{help}; {'; '.join(f'{name}: {config.summary}' for name, config in known.items())} (docs/schemes/ has "
+        "one page each) (default: off)",
     )
-    p.add_argument(
-        "--target-cpu",
-        default=NATIVE,
-        metavar="PATH",
-        help=f"the CPU the int8 products are written for: {NATIVE} (this machine's), {', '.join(TARGETS)}; avx2 and "
-        "avx512 (no VNNI) sum pairs of products in int16, so their int8 weights keep to 7 bits (default: native)",
-    )
-    p.add_argument(
-        "--block-size",
-        type=int,
-        default=INT4_BLOCK,
-        help=f"int4 schemes: weights per block sharing one scale, a power of two ≥ 16 (default: {INT4_BLOCK})",
-    )
-    p.add_argument(
-        "--correction-share",
-        type=float,
-        default=CORRECTION_SHARE,
-        help="int4-corrected, int4-trained, w4a8: the bytes the low-rank corrections and the layers held in 8 bits "
-        "may add, a share of the 4-bit codes, in (0, 1) "
-        f"(default: {CORRECTION_SHARE})",
-    )
-    p.add_argument(
-        "--correction-time",
-        type=float,
-        default=CORRECTION_SECONDS,
-        metavar="SECONDS",
-        help="int4-trained, w4a8: seconds of the fine-tune that trains the corrections against the fp32 model, on the "
-        f"fine-tune text (--data) (default: {CORRECTION_SECONDS:g})",
-    )
-    p.add_argument(
-        "--table-head",
-        type=int,
-        default=TABLE_HEAD,
-        metavar="ROWS",
-        help="int4-aware, int4-corrected, int4-trained, w4a8: the word table's rows of the calibration text's ROWS "
-        f"most frequent tokens in 8 bits, the rest in 4; 0: none (default: {TABLE_HEAD})",
-    )
-    p.add_argument(
-        "--table-block",
-        type=int,
-        default=None,
-        metavar="N",
-        help="int4 schemes: the tables' weights per block sharing one scale, a power of two ≥ 16; larger blocks "
-        "spend fewer bytes on the table's scales, which the corrections can take instead (default: "
-        f"--block-size; for int4-corrected, int4-trained and w4a8 at least {CORRECTED_TABLE_BLOCK})",
-    )
-    p.add_argument(
-        "--scale-bits",
-        type=int,
-        choices=SCALE_BITS,
-        default=16,
-        metavar="BITS",
-        help="4-bit schemes: the linear layers' block scales in fp16 (16) or in one byte on each row's log grid (8), "
-        "computed back when the session starts (default: 16)",
-    )
-    p.add_argument(
-        "--table-bits",
-        type=float,
-        choices=TABLE_BITS,
-        default=4,
-        metavar="BITS",
-        help="int4-aware, int4-corrected, int4-trained, w4a8: an encoder's word table in BITS a weight (3: two bit "
-        "planes; 2, 1.33, 1: a one-byte code for 4, 6, 8 weights in 256-entry codebooks); with --table-head the head "
-        "then in 4 bits, the rest in BITS (default: 4)",
-    )
-    p.add_argument(
-        "--linear-bits",
-        type=int,
-        choices=LINEAR_BITS,
-        default=4,
-        metavar="BITS",
-        help="int4-corrected, int4-trained, w4a8: an encoder's linear layers in 4 or 3 bits (3: two bit planes made "
-        "4-bit codes at session start, the correction taking back the coarser rounding) (default: 4)",
-    )
-    p.add_argument(
-        "--accuracy-level",
-        type=int,
-        choices=ACCURACY_LEVELS,
-        default=INT4_ACCURACY,
-        help="int4 schemes: MatMulNBits' compute, 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 activations "
-        f"(default: {INT4_ACCURACY}, the fastest here)",
-    )
+    for taken in scheme_options().values():
+        o = taken.option
+        if o.flagged or recipe:
+            p.add_argument(o.flag, type=o.type, choices=o.choices or None, metavar=o.metavar, help=_scheme_help(taken))
 
 
 def export_form_options(p: argparse.ArgumentParser, many: bool) -> None:

@@ -22,7 +22,7 @@ from compressor.errors import CompressorError
 from converters.cli.options import finetune_options, method_options, quantize_option
 from converters.cli.specs import variant_spec
 from converters.pipeline.steps import check_method_options
-from converters.quantization.schemes import SCHEMES
+from converters.quantization.registry import schemes
 from converters.registry import methods
 from converters.spec import QUANTIZE_ONLY, TextSpec, VariantSpec
 
@@ -30,14 +30,13 @@ __all__ = [
     "DEFAULT_RECIPE",
     "DEFAULT_RECIPES",
     "DEFAULT_RUN",
-    "QUANTIZE_CHOICES",
+    "quantize_choices",
     "Recipe",
     "parse_recipes",
     "load_recipes",
     "default_run",
 ]
 
-QUANTIZE_CHOICES = ("fp32", *SCHEMES)  # fp32: the graph as exported
 SWEEP_WIDE = ("calib", "calib_passages", "no_cache", "data")  # options of the sweep, not of a variant
 PRIOR_DESTS = ("freq_prior", "prior_weight")  # a recipe may set them; alone they do not replace the default recipe
 # What `compressor run` does without method options (and so `make demo`): of the points measured on the size
@@ -172,7 +171,7 @@ def _variant_options() -> dict[str, argparse.Action]:
     recorder = _Recorder()
     method_options(recorder, many=False)
     finetune_options(recorder, run=True)
-    quantize_option(recorder, "")
+    quantize_option(recorder, "", recipe=True)
     left_out = ("method", "plan", "quantize", *SWEEP_WIDE)  # a recipe's "quantize" is its own key
     return {key: a for a in recorder.actions if _keys(a)[0] not in left_out for key in _keys(a)}
 
@@ -181,7 +180,7 @@ def _variant_options() -> dict[str, argparse.Action]:
 def _quantize_keys() -> frozenset[str]:
     """The recipe keys of the quantization settings (block_size, table_bits, …): all a recipe of no method takes."""
     recorder = _Recorder()
-    quantize_option(recorder, "")
+    quantize_option(recorder, "", recipe=True)
     return frozenset(key for a in recorder.actions for key in _keys(a) if key != "quantize")
 
 
@@ -194,7 +193,7 @@ def _variant_defaults() -> tuple[tuple[str, Any], ...]:
 @dataclass(frozen=True)
 class Recipe:
     """One variant of a sweep. `options`: option dest → value, as `compressor run` would parse
-    them; `quantize`: the schemes to measure it in (QUANTIZE_CHOICES)."""
+    them; `quantize`: the schemes to measure it in (quantize_choices)."""
 
     method: str | list[str]  # several: a budget chooses among them, layer by layer
     options: dict[str, Any] = field(default_factory=dict)
@@ -251,14 +250,18 @@ def _value(action: argparse.Action, key: str, value: object, where: str):
     return parsed if several else parsed[0]
 
 
+def quantize_choices() -> tuple[str, ...]:
+    """What a recipe's "quantize" lists: fp32 (the graph as exported) and the registered schemes."""
+    return ("fp32", *schemes())
+
+
 def _quantize(value: object, where: str) -> tuple[str, ...]:
+    choices = quantize_choices()
     if not isinstance(value, list) or not value:
-        raise CompressorError(f"{where}: 'quantize' is a list of schemes from {', '.join(QUANTIZE_CHOICES)}")
+        raise CompressorError(f"{where}: 'quantize' is a list of schemes from {', '.join(choices)}")
     for scheme in value:
-        if scheme not in QUANTIZE_CHOICES:
-            raise CompressorError(
-                f"{where}: unknown quantization scheme {scheme!r}; {_closest(scheme, QUANTIZE_CHOICES)}"
-            )
+        if scheme not in choices:
+            raise CompressorError(f"{where}: unknown quantization scheme {scheme!r}; {_closest(scheme, choices)}")
     return tuple(dict.fromkeys(value))
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from converters.finetune_config import FinetuneConfig
 from converters.kinds import KINDS
+from converters.quantization.registry import scheme_options
 from converters.registry import export_forms, methods
 from converters.spec import QUANTIZE_ONLY, MethodSpec, QuantizeSpec, RunSpec, TextSpec, VariantSpec
 from texts.prior import PRIOR_WEIGHT, PRIORS, check_wordfreq
@@ -43,14 +44,12 @@ def _frozen(value: Any) -> Any:
     return value[0] if len(value) == 1 else tuple(value)
 
 
-def method_spec(values: Mapping[str, Any]) -> MethodSpec:
+def method_spec(values: Mapping[str, Any], quantize: QuantizeSpec | None = None) -> MethodSpec:
     """--method (one name, or several), each registered method's options that were given, --targets,
-    --budget, --plan, the prior; the budget's widths with --quantize mixed."""
+    --budget, --plan, the prior; the budget's widths too with a planned scheme of `quantize` (mixed)."""
     method = values["method"]
     names = (method,) if isinstance(method, str) else tuple(dict.fromkeys(method))
     dests = dict.fromkeys(o.dest for m in methods().values() for o in m.options)
-    quantize = values.get("quantize")
-    schemes = [quantize] if isinstance(quantize, str) else quantize or []
     default = MethodSpec(names)
     return MethodSpec(
         names,
@@ -60,28 +59,15 @@ def method_spec(values: Mapping[str, Any]) -> MethodSpec:
         plan=values.get("plan"),
         freq_prior=_get(values, "freq_prior", default.freq_prior),
         prior_weight=_get(values, "prior_weight", default.prior_weight),
-        mixed="mixed" in schemes,
-        block_size=_get(values, "block_size", default.block_size),
+        planned=next((c for c in quantize.schemes if c.planned), None) if quantize else None,
     )
 
 
 def quantize_spec(values: Mapping[str, Any]) -> QuantizeSpec:
-    """--quantize (one scheme, or several) and the 4-bit settings, checked."""
+    """--quantize (one scheme, or several) and the scheme options given, checked."""
     quantize = values.get("quantize")
-    default = QuantizeSpec()
-    return QuantizeSpec(
-        schemes=(quantize,) if isinstance(quantize, str) else tuple(quantize or ()),
-        block_size=_get(values, "block_size", default.block_size),
-        accuracy_level=_get(values, "accuracy_level", default.accuracy_level),
-        correction_share=_get(values, "correction_share", default.correction_share),
-        correction_time=_get(values, "correction_time", default.correction_time),
-        table_head=_get(values, "table_head", default.table_head),
-        table_block=values.get("table_block"),
-        table_bits=_get(values, "table_bits", default.table_bits),
-        linear_bits=_get(values, "linear_bits", default.linear_bits),
-        scale_bits=_get(values, "scale_bits", default.scale_bits),
-        target_cpu=_get(values, "target_cpu", default.target_cpu),
-    )
+    names = (quantize,) if isinstance(quantize, str) else tuple(quantize or ())
+    return QuantizeSpec.of(names, tuple((d, values[d]) for d in scheme_options() if values.get(d) is not None))
 
 
 def finetune_config(values: Mapping[str, Any]) -> FinetuneConfig:
@@ -116,9 +102,10 @@ def variant_spec(values: Mapping[str, Any], name: str | None = None, fp32: bool 
     schemes and settings, named NAME-SCHEME (NAME "original" unless given), its fp32 graph the original's."""
     tunes = (values["ft_steps"] is not None or values["ft_time"] is not None) and values["ft_steps"] != 0
     forms = [o.dest for f in export_forms().values() for o in (f.option, *f.options)]
+    quantize = quantize_spec(values)
     return VariantSpec(
-        None if values["method"] == QUANTIZE_ONLY else method_spec(values),
-        quantize_spec(values),
+        None if values["method"] == QUANTIZE_ONLY else method_spec(values, quantize),
+        quantize,
         finetune_config(values) if tunes else None,
         export_forms=tuple((d, values.get(d)) for d in forms),
         kind_options=kind_options(values),

@@ -20,7 +20,6 @@ from converters.kinds import kind_for_config, kind_of
 from converters.loading import available_memory
 from converters.pipeline.say import say
 from converters.quantization.quantize import CALIBRATION_PASSAGES
-from converters.quantization.schemes import CALIBRATED, HEAD_SCHEMES
 from converters.spec import MethodSpec, TextSpec
 from texts.prior import prior_for, prior_said
 from texts.tokens import encode_passages, load_tokenizer
@@ -29,14 +28,14 @@ __all__ = ["quantize_calibration", "calibration", "token_frequencies", "head_fre
 
 
 def quantize_calibration(texts: TextSpec, schemes, kind_graph, source: Path) -> list[dict] | None:
-    """The graph's input batches of the calibration text, when `schemes` holds any: the aware schemes
+    """The graph's input batches of the calibration text, when `schemes` (configs) holds any: the aware schemes
     calibrate on them, and every quantized graph is judged against its fp32 graph on them (text, not
     random ids: random ids make activations no text makes)."""
     if not schemes:
         return None
     passages, where = kind_graph.passages(texts.calib, "calib")
     passages = passages[:CALIBRATION_PASSAGES]
-    aware = ", ".join(s for s in schemes if s in CALIBRATED)
+    aware = ", ".join(dict.fromkeys(config.scheme for config in schemes if config.calibrated))
     if aware:
         say(f"{aware}: activation ranges from {len(passages)} passages of {where}")
     return encode_passages(load_tokenizer(source), passages)
@@ -117,9 +116,9 @@ def _check_statistics_fit(model: nn.Module, linear: list[str], sensitivity: bool
         )
 
 
-def head_frequencies(scheme: str, table_head: int, frequencies) -> np.ndarray | None:
-    """What ranks the word table's `table_head` rows kept wider in `scheme`: the counts (V,) of `frequencies`
-    (a cached token_frequencies), the whole calibration text blended with the prior, so that a head of
-    thousands of rows is not ranked by the few passages the quantizers calibrate on (BENCHMARKS.md, "The tied
-    head by frequency"); None where the scheme keeps no head."""
-    return frequencies().counts.numpy() if table_head and scheme in HEAD_SCHEMES else None
+def head_frequencies(config, frequencies) -> np.ndarray | None:
+    """What ranks the word table's rows a scheme's `config` keeps wider (its head_rows): the counts (V,) of
+    `frequencies` (a cached token_frequencies), the whole calibration text blended with the prior, so that a head
+    of thousands of rows is not ranked by the few passages the quantizers calibrate on (BENCHMARKS.md, "The tied
+    head by frequency"); None where it keeps no head."""
+    return frequencies().counts.numpy() if config.head_rows else None

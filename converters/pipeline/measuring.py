@@ -4,7 +4,6 @@ each variant made (compressed, fine-tuned), exported, quantized and benched side
 a sweep of one variant; `sweep` one variant per recipe."""
 
 import functools
-from dataclasses import replace
 
 from compressor.errors import CompressorError
 from converters.export import check_export_forms
@@ -23,7 +22,6 @@ from converters.pipeline.steps import (
     second_texts,
 )
 from converters.pipeline.variants import Variants, output_folder
-from converters.quantization.schemes import PLANNED, check_int8_products, check_linear_bits, check_table_bits
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 from eval.environment import batches_sha256, texts_sha256
 from texts.prior import check_prior
@@ -37,13 +35,13 @@ def check_run(run: RunSpec) -> None:
     for variant in run.variants:
         if variant.method is not None:
             check_method_options(variant.method, run.texts)
-    if any(variant.quantize.table_head for variant in run.variants):
+    if any(config.head_rows for variant in run.variants for config in variant.quantize.schemes):
         check_prior(run.freq_prior, run.prior_weight)
 
 
 def check_quantize_only(variant: VariantSpec) -> None:
     """A variant of no method (the original, only quantized) asks no fine-tune, export form or planned width."""
-    planned = [s for s in variant.quantize.schemes if s in PLANNED]
+    planned = [c.scheme for c in variant.quantize.schemes if c.planned]
     if planned:
         raise CompressorError(
             f"{variant.name!r} is the original, only quantized: --quantize {planned[0]} takes each layer's width from "
@@ -61,10 +59,10 @@ def original_rows(run: RunSpec, baselines) -> QuantizeSpec:
     variant of no method named "original" measures, in the first compressed variant's settings (the
     defaults when there is none)."""
     compressed = [v for v in run.variants if v.method is not None]
-    own = {s for v in run.variants if v.method is None and v.name == "original" for s in v.quantize.schemes}
-    schemes = [*baselines, *(s for v in compressed for s in v.quantize.schemes)]
+    own = {c.scheme for v in run.variants if v.method is None and v.name == "original" for c in v.quantize.schemes}
+    names = [*baselines, *(c.scheme for v in compressed for c in v.quantize.schemes)]
     first = compressed[0].quantize if compressed else QuantizeSpec()
-    return replace(first, schemes=tuple(s for s in dict.fromkeys(schemes) if s not in own))
+    return first.with_schemes([name for name in dict.fromkeys(names) if name not in own])
 
 
 def measure(run: RunSpec) -> None:
@@ -76,13 +74,12 @@ def measure(run: RunSpec) -> None:
         check_kind_options(variant.kind_options, kind)
         if variant.method is None:
             check_quantize_only(variant)
-        check_int8_products(variant.quantize.schemes, kind.graph)
-        check_table_bits(variant.quantize.table_bits, variant.quantize.schemes, kind.graph)
-        check_linear_bits(variant.quantize.linear_bits, variant.quantize.schemes, kind.graph)
+        for config in variant.quantize.schemes:
+            config.check(kind.graph)
     texts, second = eval_texts(run.texts, kind.graph), second_texts(run.texts, kind.graph)
     original_quantize = original_rows(run, kind.baselines)
-    rounded = [f"original-{s}" for s in original_quantize.schemes]
-    rounded += [f"{v.name}-{s}" for v in run.variants if v.method is None for s in v.quantize.schemes]
+    rounded = [f"original-{c.scheme}" for c in original_quantize.schemes]
+    rounded += [f"{v.name}-{c.scheme}" for v in run.variants if v.method is None for c in v.quantize.schemes]
     twice = sorted({row for row in rounded if rounded.count(row) > 1})
     if twice:
         raise CompressorError(f"two rows are named {twice[0]!r}; give the variants of no method different names")

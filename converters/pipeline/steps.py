@@ -21,8 +21,8 @@ from converters.loading import available_memory
 from converters.pipeline.calibrating import calibration
 from converters.pipeline.say import say
 from converters.plan import WIDTHS, Plan, match_plan
-from converters.quantization.schemes import TRAINED
-from converters.quantization.training import CORRECTION_LR, TRAINED_MODULES
+from converters.quantization.int4 import INT4_BLOCK
+from converters.quantization.training import TRAINED_MODULES
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from converters.spec import MethodSpec, TextSpec
 from files.atomic import check_writable
@@ -120,19 +120,20 @@ def _check_budget(spec: MethodSpec) -> None:
     parse_budget(spec.budget)
 
 
-def _widths(spec: MethodSpec) -> tuple[str, ...]:
-    """The widths a budget chooses among: all of them with --quantize mixed, else none (sizes only)."""
-    return WIDTHS if spec.mixed else ()
+def _widths(spec: MethodSpec) -> tuple[tuple[str, ...], int]:
+    """(the widths a budget chooses among, the block of their 4 bits): all of them with a planned scheme (mixed),
+    in its blocks, else none (sizes only)."""
+    return (WIDTHS, spec.planned.block_size) if spec.planned else ((), INT4_BLOCK)
 
 
 def _check_mixed(spec: MethodSpec) -> None:
-    """--quantize mixed needs a byte budget to choose widths in."""
-    if not spec.mixed:
+    """A planned scheme (--quantize mixed) needs a byte budget to choose widths in."""
+    if not spec.planned:
         return
     if spec.budget is None or parse_budget(spec.budget)[0] != "bytes":
         raise CompressorError(
-            "--quantize mixed chooses each layer's rank and width under one budget in bytes: give --budget SIZE "
-            f"(such as 12MB), got {'no --budget' if spec.budget is None else repr(spec.budget)}"
+            f"--quantize {spec.planned.scheme} chooses each layer's rank and width under one budget in bytes: give "
+            f"--budget SIZE (such as 12MB), got {'no --budget' if spec.budget is None else repr(spec.budget)}"
         )
 
 
@@ -165,7 +166,7 @@ def check_plans(spec: MethodSpec, model: nn.Module) -> tuple[Plan, ...] | None:
     if spec.budget is not None:
         _check_budget(spec)
         for configs in _config_sets(spec):
-            check_budget_fits(model, spec.targets, spec.budget, configs, _widths(spec), spec.block_size)
+            check_budget_fits(model, spec.targets, spec.budget, configs, *_widths(spec))
         return None
     plans = plans_of(spec)
     for plan in plans:
@@ -204,9 +205,7 @@ def plans_and_calibration(
             sets, sensitivity = _config_sets(spec, fit), False
         calib = calibration(texts, spec, model, source, linear, sensitivity)
         widths = _widths(spec)
-        plans = tuple(
-            plan_for_budget(model, spec.targets, spec.budget, calib, c, widths, spec.block_size) for c in sets
-        )
+        plans = tuple(plan_for_budget(model, spec.targets, spec.budget, calib, c, *widths) for c in sets)
         return plans, calib
     methods_of = [(method_of(cfg), cfg) for plan in plans for _, cfg in match_plan(plan, model).values()]
     if not any(m.needs_calibration(cfg) for m, cfg in methods_of):
@@ -330,10 +329,11 @@ def finetune_and_say(
 
 
 def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
-    """For int4-trained and w4a8: (model, seconds, scheme, row) → the fine-tune of a student of its rounded graph
-    (its TRAINED_MODULES, against `model`) on the fine-tune text `data`, for `seconds` at `scheme`'s
-    learning rate, said as `row`'s; None when none of `schemes` trains corrections."""
-    named = " and ".join(s for s in dict.fromkeys(schemes) if s in TRAINED)
+    """For the trained schemes (int4-trained, w4a8): (model, config, row) → the fine-tune of a student of its
+    rounded graph (its TRAINED_MODULES, against `model`) on the fine-tune text `data`, for the config's
+    `correction_time` seconds at its `correction_lr`, said as `row`'s; None when none of the configs `schemes`
+    trains corrections."""
+    named = " and ".join(dict.fromkeys(config.scheme for config in schemes if config.trains))
     if not named:
         return None
     train, val, where = finetune_texts(data, kind)
@@ -343,8 +343,8 @@ def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
         "about 2 s a layer for MiniLM on 2 cores) and then its --correction-time of training"
     )
 
-    def fit_for(model: nn.Module, seconds: float, scheme: str, row: str):
-        cfg = FinetuneConfig(seconds=seconds, linear_lr=CORRECTION_LR[scheme])
+    def fit_for(model: nn.Module, config, row: str):
+        cfg = FinetuneConfig(seconds=config.correction_time, linear_lr=config.correction_lr)
 
         def fit(student: nn.Module) -> None:
             if not any(isinstance(m, TRAINED_MODULES) for m in student.modules()):

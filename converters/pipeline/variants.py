@@ -20,16 +20,6 @@ from converters.pipeline.calibrating import head_frequencies, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
 from converters.quantization.quantize import quantize_onnx
-from converters.quantization.schemes import (
-    CALIBRATED,
-    HEAD_SCHEMES,
-    INT8_PRODUCTS,
-    PLANNED,
-    TRAINED,
-    table_block_of,
-    weight_width,
-)
-from converters.quantization.target_cpu import resolve_target
 from converters.quantization.training import trainer
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 from eval.benchmark import bench
@@ -61,7 +51,7 @@ class Variants:
     def __init__(self, out: Path, source: Path, vocab: int, batches: list[dict] | None, fit_for=None, frequencies=None):
         """Each row is a ready model folder OUT/NAME (files.model_folder; a compressed variant's is its
         checkpoint's) holding `source`'s files; `batches`: calibration inputs of the aware schemes;
-        `fit_for`: int4-trained's fine-tune of a model's student (steps.correction_fit); `frequencies`: the
+        `fit_for`: a trained scheme's fine-tune of a model's student (steps.correction_fit); `frequencies`: the
         token frequencies (a cached token_frequencies) that rank the word table's head rows."""
         self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
         self.fit_for, self.frequencies = fit_for, frequencies
@@ -92,42 +82,32 @@ class Variants:
     ) -> None:
         """The fp32 graph at `path` of `model` quantized with each of `quantize`'s schemes as NAME-SCHEME, the
         table's head rows ranked by `frequencies` (else the run's, the default prior's)."""
-        rows = [f"{name}-{scheme}" for scheme in quantize.schemes]
+        rows = [f"{name}-{config.scheme}" for config in quantize.schemes]
         twice = sorted(self.names.intersection(rows))
         if twice:
             raise CompressorError(f"two rows are named {twice[0]!r}; give the variants different names")
         self.names.update(rows)
-        int4 = {"block": quantize.block_size, "accuracy_level": quantize.accuracy_level}
-        for scheme, row in zip(quantize.schemes, rows):
-            width = weight_width(scheme)
-            fit = self.fit_for(model, quantize.correction_time, scheme, row) if scheme in TRAINED else None
+        for config, row in zip(quantize.schemes, rows):
+            fit = self.fit_for(model, config, row) if config.trains else None
             try:
-                with model_folder(self.out / row, self.source, width) as graph:
+                with model_folder(self.out / row, self.source, config.width) as graph:
                     result = quantize_onnx(
                         path,
                         graph,
-                        self.vocab,
-                        scheme,
+                        config,
                         self.batches,
-                        **int4,
-                        widths=dict(detail["plan"].get("widths", {})) if scheme in PLANNED else None,
-                        correction=quantize.correction_share,
+                        vocab=self.vocab,
+                        widths=dict(detail["plan"].get("widths", {})) if config.planned else None,
                         train=trainer(model, fit) if fit is not None else None,
-                        table_head=quantize.table_head,
-                        table_block=quantize.table_block,
-                        table_bits=quantize.table_bits,
-                        linear_bits=quantize.linear_bits,
-                        scale_bits=quantize.scale_bits,
-                        frequencies=head_frequencies(scheme, quantize.table_head, frequencies or self.frequencies),
-                        target_cpu=quantize.target_cpu,
-                        keep_failed=name == "original" and scheme not in CALIBRATED,  # the one-line baselines
+                        frequencies=head_frequencies(config, frequencies or self.frequencies),
+                        keep_failed=name == "original" and not config.calibrated,  # the one-line baselines
                     )
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
                 continue
-            self.graphs.append((row, self.out / row / graph_file(width)))
+            self.graphs.append((row, self.out / row / graph_file(config.width)))
             quantization = {
-                "scheme": scheme,
+                "scheme": config.scheme,
                 "parity_rel_to_fp32": result.parity_rel,
                 "parity_input": result.parity_input,
             }
@@ -136,22 +116,9 @@ class Variants:
                 quantization["gate_failed"] = result.gate_failed
             if result.outliers:
                 quantization["outlier_layers"] = result.outliers
-            if width == 4:
-                quantization.update(int4, eight_bit_layers=list(result.eight_bit))
-                quantization["table_block"] = table_block_of(scheme, quantize.block_size, quantize.table_block)
-                quantization["scale_bits"] = quantize.scale_bits
-                quantization["linear_bits"] = result.linear_bits
-            if scheme in CALIBRATED and width == 4:
-                quantization.update(table_head=quantize.table_head, table_bits=result.table_bits)
-                note = result.table_note(quantize.table_bits) if scheme in HEAD_SCHEMES else None
-                if note:
-                    say(f"warning: {row}: {note}")
-            if result.corrections is not None:
-                quantization.update(correction_share=quantize.correction_share, corrections=result.corrections)
-            if scheme in INT8_PRODUCTS:
-                quantization["int8_layers"] = list(result.int8_layers)
-            if width == 8 or scheme in INT8_PRODUCTS:
-                quantization["target_cpu"] = resolve_target(quantize.target_cpu)
+            quantization.update(config.report(result))
+            for note in config.notes(result):
+                say(f"warning: {row}: {note}")
             self.details.append({**detail, "quantization": quantization})
 
     def _free(self, name: str) -> str:
@@ -162,7 +129,7 @@ class Variants:
     def add_original(self, model: nn.Module, quantize: QuantizeSpec) -> None:
         """The original and its rows in `quantize`'s schemes (its kind's baselines first) and settings, but
         those a plan sizes."""
-        wanted = tuple(s for s in quantize.schemes if s not in PLANNED)  # no plan, no widths
+        wanted = tuple(c for c in quantize.schemes if not c.planned)  # no plan, no widths
         self.original = model
         self.add("original", model, {}, replace(quantize, schemes=wanted))
 

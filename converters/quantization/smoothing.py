@@ -9,6 +9,7 @@ calibration tokens and over every W that x feeds; the division is one Mul node p
 Per-channel weight scales then absorb the outliers the activation scale no longer has to."""
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ __all__ = [
     "activation_absmax",
     "outliers",
     "smooth",
+    "smoothed",
 ]
 
 # An input whose largest channel is this many times its median channel holds outliers that one int8 scale a
@@ -125,3 +127,16 @@ def smooth(model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float =
     graph.ClearField("node")
     graph.node.extend(nodes)
     return out
+
+
+def smoothed(
+    model: onnx.ModelProto,
+    feeds: list[dict[str, np.ndarray]],
+    alpha: float,
+    channels: Callable[[onnx.ModelProto, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+) -> tuple[onnx.ModelProto, dict[str, float]]:
+    """(`model` smoothed at `alpha` on the calibration batches `feeds`, the layers whose inputs hold outliers:
+    `outliers`); `channels(model, absmax)`: the activations to smooth, of their maxima (None: all)."""
+    absmax = activation_absmax(model, feeds)
+    outlying = outliers(model, absmax)
+    return smooth(model, absmax if channels is None else channels(model, absmax), alpha), outlying

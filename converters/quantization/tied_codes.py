@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 
 from converters.quantization.packed_codes import Builder, default_opset, unpacked
 
-__all__ = ["tied_pairs", "smoothing_of", "share_tied_codes"]
+__all__ = ["tied_pairs", "smoothing_of", "tied_smoothing", "share_tied_codes"]
 
 TRANSPOSED = "_transposed"  # products.products_as_matmul's name of a table's transposed copy
 
@@ -35,6 +35,11 @@ def smoothing_of(graph: onnx.GraphProto, table: str) -> np.ndarray | None:
     norms = (w * w).sum(1)
     s = np.where(norms > 0, (w_s * w).sum(1) / np.maximum(norms, 1e-30), 1.0)
     return None if np.allclose(s, 1.0, rtol=1e-6, atol=0) else s
+
+
+def tied_smoothing(graph: onnx.GraphProto) -> dict[str, np.ndarray | None]:
+    """Each tied table of `graph` (tied_pairs) → its head's smoothing (smoothing_of): share_tied_codes' argument."""
+    return {table: smoothing_of(graph, table) for table in tied_pairs(graph)}
 
 
 def _attrs(node: onnx.NodeProto) -> dict:

@@ -50,7 +50,6 @@ from converters.submodules import set_submodule
 
 __all__ = [
     "CORRECTION_SECONDS",
-    "CORRECTION_LR",
     "Links",
     "TRAINED_MODULES",
     "student_of",
@@ -60,11 +59,8 @@ __all__ = [
     "int8_rounded",
 ]
 
-# The fine-tune of the trained schemes: seconds, and each scheme's learning rate of its corrections, gains,
-# biases and LayerNorms, the best measured in the budget (BENCHMARKS.md, "Train through the rounding" and "The
-# trained schemes' learning rates"): w4a8, whose 3-bit table and 8-bit inputs start further off, takes larger steps.
+# The fine-tune of the trained schemes, in seconds (their learning rates: the schemes' correction_lr)
 CORRECTION_SECONDS = 240.0
-CORRECTION_LR = {"int4-trained": 2e-4, "w4a8": 3e-3}
 
 
 @dataclass

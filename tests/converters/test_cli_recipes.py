@@ -9,15 +9,21 @@ from compressor.errors import CompressorError
 from converters.cli.recipes import (
     DEFAULT_RECIPE,
     DEFAULT_RECIPES,
-    QUANTIZE_CHOICES,
     THREE_BIT_RECIPE,
     TINY_RECIPE,
     Recipe,
     load_recipes,
     parse_recipes,
+    quantize_choices,
 )
 from converters.pipeline.steps import plans_of
-from converters.quantization.schemes import SCHEMES
+from converters.quantization.registry import schemes
+
+
+def _names(quantize) -> tuple[str, ...]:
+    """The schemes of a QuantizeSpec, by name."""
+    return tuple(config.scheme for config in quantize.schemes)
+
 
 VALID = {
     "variants": [
@@ -65,13 +71,13 @@ def test_a_recipe_makes_the_variant_run_would_with_runs_defaults_for_the_rest(tm
         "dense_head": 1024,
     }
     assert variant.method.targets == ("embeddings",) and variant.method.plan is None and variant.finetune is None
-    assert variant.quantize.schemes == ("int8",) and (variant.name, variant.fp32, variant.said) == (
+    assert _names(variant.quantize) == ("int8",) and (variant.name, variant.fp32, variant.said) == (
         "tt-64",
         True,
         "said",
     )
     tuned = budget.variant()
-    assert tuned.method.targets == ("ffn",) and tuned.method.budget == "0.5" and tuned.quantize.schemes == ()
+    assert tuned.method.targets == ("ffn",) and tuned.method.budget == "0.5" and _names(tuned.quantize) == ()
     assert (tuned.finetune.seconds, tuned.finetune.lr, tuned.finetune.steps) == (300.0, 1e-3, None)
     assert budget.options["targets"] == ["ffn"]  # the recipe's own list is left as it was
 
@@ -79,20 +85,21 @@ def test_a_recipe_makes_the_variant_run_would_with_runs_defaults_for_the_rest(tm
 def test_the_default_recipes_are_valid():
     recipes = load_recipes()
     assert len(recipes) == len(DEFAULT_RECIPES["variants"]) >= 2
-    assert set(QUANTIZE_CHOICES) == {"fp32", *SCHEMES}
+    assert set(quantize_choices()) == {"fp32", *schemes()}
     first = recipes[0].variant()  # its corrected rows, and so original-int4-trained and original-w4a8
-    assert first.method is not None and first.quantize.schemes[-2:] == ("int4-trained", "w4a8")
+    assert first.method is not None and _names(first.quantize)[-2:] == ("int4-trained", "w4a8")
     small = next(r.variant() for r in recipes if r.name == DEFAULT_RECIPE["name"])
-    assert small.method is None and not small.fp32 and small.quantize.schemes == ("w4a8",)
-    assert (small.quantize.table_bits, small.quantize.table_head, small.quantize.scale_bits) == (3, 4096, 8)
-    assert small.quantize.linear_bits == 4
+    assert small.method is None and not small.fp32 and _names(small.quantize) == ("w4a8",)
+    (w4a8,) = small.quantize.schemes
+    assert (w4a8.table_bits, w4a8.table_head, w4a8.scale_bits, w4a8.linear_bits) == (3, 4096, 8, 4)
     three = next(r.variant() for r in recipes if r.name == "original-3bit-linear")
-    assert (three.method, three.quantize.linear_bits, three.quantize.table_bits) == (None, 3, 3)
+    assert (three.method, three.quantize.schemes[0].linear_bits, three.quantize.schemes[0].table_bits) == (None, 3, 3)
     tiny = next(r.variant() for r in recipes if r.name == "original-tiny")
-    assert (tiny.quantize.linear_bits, tiny.quantize.table_bits, tiny.quantize.table_head) == (3, 1.33, 2048)
-    assert tiny.quantize.correction_time == 480
+    (tiny_w4a8,) = tiny.quantize.schemes
+    assert (tiny_w4a8.linear_bits, tiny_w4a8.table_bits, tiny_w4a8.table_head) == (3, 1.33, 2048)
+    assert tiny_w4a8.correction_time == 480
     # each 3-bit recipe plans with its own budget (tiny's 4.5 % over the 3-bit recipe's 3 % it spreads), not the first's
-    shares = (three.quantize.correction_share, tiny.quantize.correction_share)
+    shares = (three.quantize.schemes[0].correction_share, tiny_w4a8.correction_share)
     assert shares == (THREE_BIT_RECIPE["correction_share"], TINY_RECIPE["correction_share"]) == (0.03, 0.045)
 
 
@@ -101,10 +108,11 @@ def test_a_recipe_of_no_method_is_the_original_in_its_own_settings():
     original, named = parse_recipes({"variants": [entry, {**entry, "name": "small"}]}, "test")
     variant = original.variant()
     assert variant.method is None and variant.name == "original" and named.variant().name == "small"
-    assert variant.quantize.schemes == ("w4a8",) and not variant.fp32  # the original's fp32 row is measured once
-    assert (variant.quantize.table_bits, variant.quantize.correction_time, variant.finetune) == (3, 5.0, None)
+    assert _names(variant.quantize) == ("w4a8",) and not variant.fp32  # the original's fp32 row is measured once
+    (w4a8,) = variant.quantize.schemes
+    assert (w4a8.table_bits, w4a8.correction_time, variant.finetune) == (3, 5.0, None)
     tt = one({"method": "tt", "table_bits": 3, "quantize": ["int4-aware"]})
-    assert parse_recipes(tt, "test")[0].variant().quantize.table_bits == 3  # a compressed variant's settings too
+    assert parse_recipes(tt, "test")[0].variant().quantize.schemes[0].table_bits == 3  # a compressed variant's too
 
 
 @pytest.mark.parametrize(
@@ -182,13 +190,13 @@ def test_run_without_method_options_takes_the_default_run():
 
     defaults = _run_values()
     rounded, small = default_run(_run_values("--out", "x"), defaults)
-    assert (rounded.method, rounded.name, rounded.quantize.schemes) == (None, "original", ("int8-aware", "int4-aware"))
-    assert rounded.quantize.table_bits == 4  # the comparison rows in the default settings
+    assert (rounded.method, rounded.name, _names(rounded.quantize)) == (None, "original", ("int8-aware", "int4-aware"))
+    assert rounded.quantize.schemes[1].table_bits == 4  # the comparison rows in the default settings
     assert small.name == DEFAULT_RECIPE["name"] and small.method is None
     settings = {k: v for k, v in DEFAULT_RECIPE.items() if k not in ("name", "method", "quantize")}
-    assert {k: getattr(small.quantize, k) for k in settings} == settings
-    assert small.quantize.schemes == tuple(DEFAULT_RECIPE["quantize"])
+    assert {k: getattr(small.quantize.schemes[0], k) for k in settings} == settings
+    assert _names(small.quantize) == tuple(DEFAULT_RECIPE["quantize"])
     _, mine = default_run(_run_values("--correction-time", "7", "--runs", "3"), defaults)
-    assert mine.quantize.correction_time == 7.0 and mine.quantize.table_bits == 3  # given options override its own
+    assert mine.quantize.schemes[0].correction_time == 7.0 and mine.quantize.schemes[0].table_bits == 3  # given first
     for given in (["--rank", "64"], ["--method", "tt"], ["--targets", "ffn"], ["--budget", "0.5"]):
         assert default_run(_run_values(*given), defaults) is None  # a method option given: no recipe

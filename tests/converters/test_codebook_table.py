@@ -12,7 +12,7 @@ from onnx import numpy_helper
 from compressor.errors import CompressorError
 from converters.quantization.codebook_table import CODEBOOK_PARTS, codebook_bits, codebook_rows, kmeans, piece_of
 from converters.quantization.int4 import quantize_tables
-from converters.quantization.schemes import check_table_bits
+from converters.quantization.registry import check_options, scheme_named
 from eval.graph import make_session
 from tests.conftest import gather_graph
 
@@ -76,11 +76,11 @@ def test_a_head_in_four_bits_and_the_tail_coded(tmp_path):
 
 def test_widths_are_checked():
     with pytest.raises(CompressorError, match="one of 4, 3, 2, 1.33, 1"):
-        check_table_bits(5, ["w4a8"])
+        scheme_named("w4a8")(table_bits=5)
     with pytest.raises(CompressorError, match="--table-bits 2 is for an encoder"):
-        check_table_bits(2, ["w4a8"], type("Kind", (), {"factor_form": "nbits"})())
+        scheme_named("int4-aware")(table_bits=2).check(type("Kind", (), {"factor_form": "nbits"})())
     with pytest.raises(CompressorError, match="goes with --quantize int4-aware"):
-        check_table_bits(1, ["int8"])
+        check_options(["int8"], {"table_bits": 1})
 
 
 def test_a_table_whose_rows_do_not_split_into_pieces_stays_in_four_bits():

@@ -19,8 +19,9 @@ from converters.nbits_storage import dequantize_nbits
 from converters.quantization.correction import correction_bytes, error_factors
 from converters.quantization.correction_plan import correction_ranks, plan_corrections
 from converters.quantization.int4 import four_bit_codes, quantize_4bit, quantize_matmuls
-from converters.quantization.quantize import REL_TOL, quantize_onnx
-from converters.quantization.schemes import CORRECTED_TABLE_BLOCK
+from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
+from converters.quantization.schemes.int4_corrected import CORRECTED_TABLE_BLOCK
 from eval.graph import make_session
 from tests.conftest import matmul_graph, write_tiny_bert, write_tiny_lm
 
@@ -134,8 +135,14 @@ def test_a_corrected_graph_holds_8_bit_factors_and_lowers_each_layer_error(tmp_p
     vocab = model.get_input_embeddings().num_embeddings
     names = ("input_ids", "attention_mask")
     feeds = [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
-    result = quantize_onnx(fp32, tmp_path / "c.onnx", vocab, "int4-corrected", feeds, block=16, correction=0.3)
-    assert 0 < result.parity_rel <= REL_TOL["int4"]
+    result = quantize_onnx(
+        fp32,
+        tmp_path / "c.onnx",
+        scheme_named("int4-corrected")(block_size=16, correction_share=0.3),
+        feeds,
+        vocab=vocab,
+    )
+    assert 0 < result.parity_rel <= scheme_named("int4").gate
     assert result.corrections, "a 30% budget buys at least one correction"
     for layer in result.corrections.values():
         errors = layer["rel_output_error"]
@@ -187,7 +194,13 @@ def test_an_lm_head_gets_a_rank_not_8_bits_and_its_factors_multiply_int8_rows(tm
     vocab = model.get_input_embeddings().num_embeddings
     names = ("input_ids", "attention_mask")
     feeds = [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 4, 12, seed)))) for seed in range(4)]
-    result = quantize_onnx(fp32, tmp_path / "c.onnx", vocab, "int4-corrected", feeds, block=16, correction=0.5)
+    result = quantize_onnx(
+        fp32,
+        tmp_path / "c.onnx",
+        scheme_named("int4-corrected")(block_size=16, correction_share=0.5),
+        feeds,
+        vocab=vocab,
+    )
     graph = onnx.load(str(result.path)).graph
     head = [
         n.output[0].removesuffix("_rounded")

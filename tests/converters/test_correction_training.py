@@ -28,7 +28,8 @@ from converters.quantization.correction import (
 from converters.quantization.correction_plan import plan_corrections
 from converters.quantization.graph_norms import GraphLayerNorm
 from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
-from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from converters.quantization.smoothing import activation_absmax, smooth
 from converters.quantization.three_bit_table import three_bit_outputs
 from converters.quantization.training import student_of, trainer, write_back
@@ -175,19 +176,24 @@ def test_int4_trained_end_to_end_and_its_refusals(wide, tmp_path):
     result = quantize_onnx(
         fp32,
         tmp_path / "t.onnx",
-        vocab,
-        "int4-trained",
+        scheme_named("int4-trained")(block_size=16, correction_share=0.3),
         feeds,
-        block=16,
-        correction=0.3,
+        vocab=vocab,
         train=trainer(model, seen.append),
     )
     assert len(seen) == 1 and any(isinstance(m, CorrectedLinear) for m in seen[0].modules())
-    assert 0 < result.parity_rel <= REL_TOL["int4"] and result.corrections
+    assert 0 < result.parity_rel <= scheme_named("int4").gate and result.corrections
     with pytest.raises(CompressorError, match="goes with int4-trained"):
-        quantize_onnx(fp32, tmp_path / "x.onnx", vocab, "int4-corrected", feeds, train=trainer(model, seen.append))
+        quantize_onnx(
+            fp32,
+            tmp_path / "x.onnx",
+            scheme_named("int4-corrected")(),
+            feeds,
+            vocab=vocab,
+            train=trainer(model, seen.append),
+        )
     with pytest.raises(CompressorError, match="goes with int4-trained"):
-        quantize_onnx(fp32, tmp_path / "x.onnx", vocab, "int4-trained", feeds)
+        quantize_onnx(fp32, tmp_path / "x.onnx", scheme_named("int4-trained")(), feeds, vocab=vocab)
     assert not (tmp_path / "x.onnx").exists()
 
 
@@ -203,10 +209,9 @@ def test_a_grid_layers_student_holds_its_rounding_with_the_offsets_the_graph_add
     vocab = model.get_input_embeddings().num_embeddings
     feeds = [dict(zip(NAMES, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
     seen = []
-    result = quantize_onnx(
-        fp32, tmp_path / "t.onnx", vocab, "int4-trained", feeds, BLOCK, 0, correction=0.2,
-        train=trainer(model, lambda student: seen.append(_torch(student, feeds[0]))),
-    )  # fmt: skip
+    config = scheme_named("int4-trained")(block_size=BLOCK, accuracy_level=0, correction_share=0.2)
+    train = trainer(model, lambda student: seen.append(_torch(student, feeds[0])))
+    result = quantize_onnx(fp32, tmp_path / "t.onnx", config, feeds, vocab=vocab, train=train)
     assert sum("offsets" in c for c in result.corrections.values()) >= 3
     graph, plain = make_session(result.path).run(None, feeds[0])[0], make_session(fp32).run(None, feeds[0])[0]
     scale = np.abs(graph).max()
@@ -219,9 +224,10 @@ def test_a_student_with_nothing_to_train_is_left_as_fitted_and_said_so(tiny_llam
     from converters.pipeline.steps import correction_fit
 
     model, _ = load_model(tiny_llama_dir)
-    fit_for = correction_fit(["int4-trained"], eval_text_file, kind_of(model), tiny_llama_dir)
+    config = scheme_named("int4-trained")(correction_time=5.0)
+    fit_for = correction_fit([config], eval_text_file, kind_of(model), tiny_llama_dir)
     student = copy.deepcopy(model)  # no CorrectedLinear, no LayerNorm: SmolLM2's, its layers all offset
     before = {name: value.clone() for name, value in student.state_dict().items()}
-    fit_for(model, 5.0, "int4-trained", "lm-int4-trained")(student)
+    fit_for(model, config, "lm-int4-trained")(student)
     assert all(torch.equal(before[name], value) for name, value in student.state_dict().items())
     assert "lm-int4-trained: nothing to train" in capsys.readouterr().err

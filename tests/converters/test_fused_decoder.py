@@ -17,6 +17,7 @@ from converters.kinds.fused_decoder import fused_decoder
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan
 from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from eval.graph import make_session
 from eval.probe import full_feed
 from tests.conftest import write_tiny_lm
@@ -67,7 +68,7 @@ def test_quantization_rounds_the_matmuls_and_keeps_the_fused_operators(fused_dir
     model, _ = load_model(fused_dir)
     fp32 = export_onnx(model, tmp_path / "fp32.onnx").path
     vocab = model.config.vocab_size
-    result = quantize_onnx(fp32, tmp_path / f"{scheme}.onnx", vocab, scheme)
+    result = quantize_onnx(fp32, tmp_path / f"{scheme}.onnx", scheme_named(scheme)(), vocab=vocab)
     ops = _ops(result.path)
     assert ops["GroupQueryAttention"] == model.config.num_hidden_layers and ops[rounded] > 0
     feed = {"input_ids": np.array([[3, 7, 11, 5]]), "attention_mask": np.ones((1, 4), np.int64)}
@@ -85,7 +86,9 @@ def test_the_int4_graph_computes_its_rounded_twin(fused_dir, tmp_path):
     model, _ = load_model(fused_dir)
     vocab = model.get_input_embeddings().num_embeddings
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
-    graph_path = quantize_onnx(fp32, tmp_path / "q4.onnx", vocab, "int4", block=16, accuracy_level=0).path
+    graph_path = quantize_onnx(
+        fp32, tmp_path / "q4.onnx", scheme_named("int4")(block_size=16, accuracy_level=0), vocab=vocab
+    ).path
     twin = rounded_twin(load_model(fused_dir)[0], onnx.load(str(graph_path)).graph).eval()
     ids, mask = sample_inputs(vocab, 2, 7, 0)
     session = make_session(graph_path)
@@ -96,7 +99,9 @@ def test_the_int4_graph_computes_its_rounded_twin(fused_dir, tmp_path):
     assert np.abs(ours - theirs).max() < 1e-4 * scale  # the same weights, fp32 summation order apart
     assert np.abs(ours - original).max() > 1e-2 * scale  # and not the original's: 4 bits were rounded
     with pytest.raises(ValueError, match="smoothed or corrected"):
-        aware = quantize_onnx(fp32, tmp_path / "a.onnx", vocab, "int4-aware", _feeds(vocab), block=16).path
+        aware = quantize_onnx(
+            fp32, tmp_path / "a.onnx", scheme_named("int4-aware")(block_size=16), _feeds(vocab), vocab=vocab
+        ).path
         rounded_twin(model, onnx.load(str(aware)).graph)
 
 

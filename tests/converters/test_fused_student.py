@@ -13,6 +13,7 @@ from converters.finetune import finetune_
 from converters.finetune_config import FinetuneConfig
 from converters.quantization.fused_student import SIDE_BY_SIDE, Slice
 from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from converters.quantization.training import trainer
 from eval.graph import make_session
 from eval.probe import full_feed
@@ -42,9 +43,8 @@ def test_int4_trained_holds_the_fused_projections_as_one_corrected_layer(fused_l
         seen["student"] = student
 
     text = encode_passages(load_tokenizer(path), PASSAGES)
-    result = quantize_onnx(
-        fp32, tmp_path / "t.onnx", vocab, "int4-trained", text, 16, 0, correction=0.3, train=trainer(model, fit)
-    )
+    config = scheme_named("int4-trained")(block_size=16, accuracy_level=0, correction_share=0.3)
+    result = quantize_onnx(fp32, tmp_path / "t.onnx", config, text, vocab=vocab, train=trainer(model, fit))
     fused = [out for out in result.corrections if "qkv_proj" in out]
     assert fused and "logits" in result.corrections  # q, k and v corrected as one product, and the tied head
     attention = seen["student"].model.layers[0].self_attn
@@ -75,9 +75,8 @@ def test_int4_trained_trains_an_lm_on_a_gpu_and_its_graph_computes_the_trained_s
         students.append(student)
 
     text = encode_passages(tokenizer, PASSAGES)
-    result = quantize_onnx(
-        fp32, tmp_path / "t.onnx", vocab, "int4-trained", text, 16, 0, correction=0.3, train=trainer(model, fit)
-    )
+    config = scheme_named("int4-trained")(block_size=16, accuracy_level=0, correction_share=0.3)
+    result = quantize_onnx(fp32, tmp_path / "t.onnx", config, text, vocab=vocab, train=trainer(model, fit))
     (report,), (student,) = reports, students
     assert report.device.startswith("cuda") and report.steps == 20 and next(student.parameters()).device.type == "cpu"
     ids = sample_inputs(vocab, 1, 9, 0)[0]

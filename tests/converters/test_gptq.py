@@ -9,12 +9,13 @@ import torch
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization import quantize
 from converters.quantization.correction import rounding_errors
 from converters.quantization.correction_plan import Plan
 from converters.quantization.gptq import gptq_codes, gptq_rounded
 from converters.quantization.int4 import quantize_4bit
 from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
+from converters.quantization.schemes import int4_corrected
 from eval.graph import make_session
 from tests.conftest import matmul_graph, write_tiny_lm
 
@@ -108,7 +109,9 @@ def _rounded_errors(tmp_path, fp32, vocab: int, name: str) -> dict[str, float]:
     ranked: _every_layer_ranked); "logits": the head's."""
     names = ("input_ids", "attention_mask")
     feeds = [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 4, 12, seed)))) for seed in range(4)]
-    result = quantize_onnx(fp32, tmp_path / name, vocab, "int4-corrected", feeds, block=16, correction=0.5)
+    result = quantize_onnx(
+        fp32, tmp_path / name, scheme_named("int4-corrected")(block_size=16, correction_share=0.5), feeds, vocab=vocab
+    )
     graph = onnx.load(str(result.path)).graph
     (head,) = [
         n.output[0].removesuffix("_rounded")
@@ -122,10 +125,10 @@ def _rounded_errors(tmp_path, fp32, vocab: int, name: str) -> dict[str, float]:
 def test_every_layer_of_the_corrected_schemes_is_rounded_by_gptq(tmp_path, monkeypatch):
     model, _ = load_model(write_tiny_lm(tmp_path / "llama", hidden=128))
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
-    monkeypatch.setattr(quantize, "plan_corrections", _every_layer_ranked)
+    monkeypatch.setattr(int4_corrected, "plan_corrections", _every_layer_ranked)
     vocab = model.get_input_embeddings().num_embeddings
     gptq = _rounded_errors(tmp_path, fp32, vocab, "gptq.onnx")
-    monkeypatch.setattr(quantize, "gptq_rounded", lambda quantized, *_: quantized)  # round to nearest
+    monkeypatch.setattr(int4_corrected, "gptq_rounded", lambda quantized, *_: quantized)  # round to nearest
     nearest = _rounded_errors(tmp_path, fp32, vocab, "nearest.onnx")
     assert gptq["logits"] < 0.9 * nearest["logits"]  # the tied head: 0.032 against 0.065 here
     linear = sorted(set(gptq) - {"logits"})

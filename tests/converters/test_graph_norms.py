@@ -10,6 +10,7 @@ from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.graph_norms import GraphRMSNorm
 from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from converters.quantization.training import trainer
 from eval.graph import make_session
 from eval.probe import full_feed
@@ -55,9 +56,8 @@ def test_the_rms_norms_are_held_and_written_back(llama, tmp_path, changed):
             seen["after"] = student(input_ids=ids, attention_mask=mask).logits.numpy()
 
     text = encode_passages(load_tokenizer(path), PASSAGES)
-    result = quantize_onnx(
-        fp32, tmp_path / "t.onnx", vocab, "int4-trained", text, 16, 0, correction=0.3, train=trainer(model, fit)
-    )
+    config = scheme_named("int4-trained")(block_size=16, accuracy_level=0, correction_share=0.3)
+    result = quantize_onnx(fp32, tmp_path / "t.onnx", config, text, vocab=vocab, train=trainer(model, fit))
     assert seen["norms"] == 2 * model.config.num_hidden_layers + 1  # two a layer and the last
     graph = _logits(make_session(result.path), ids, mask)
     scale = np.abs(graph).max()

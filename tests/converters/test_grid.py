@@ -16,7 +16,8 @@ from converters.quantization.correction import correction_bytes, error_factors
 from converters.quantization.correction_plan import correction_ranks
 from converters.quantization.grid import add_offsets, grid_matmuls, off_grid, offset_bytes, offset_residual, on_grid
 from converters.quantization.int4 import quantize_4bit
-from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from tests.conftest import matmul_graph, write_tiny_bert
 
 RNG = np.random.default_rng(0)
@@ -145,8 +146,14 @@ def test_a_corrected_model_whose_layers_sit_on_a_grid_gets_their_offsets(tmp_pat
     vocab = model.get_input_embeddings().num_embeddings
     names = ("input_ids", "attention_mask")
     feeds = [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
-    result = quantize_onnx(fp32, tmp_path / "c.onnx", vocab, "int4-corrected", feeds, block=BLOCK, correction=0.2)
+    result = quantize_onnx(
+        fp32,
+        tmp_path / "c.onnx",
+        scheme_named("int4-corrected")(block_size=BLOCK, correction_share=0.2),
+        feeds,
+        vocab=vocab,
+    )
     offsets = {out: c for out, c in result.corrections.items() if "offsets" in c}
     assert len(offsets) >= len(linears) // 2, "offsets are the cheapest loss per byte a grid layer has"
     assert all(c["offsets"] in (128 // BLOCK, 256 // BLOCK) and c["loss_share_left"] < 1e-2 for c in offsets.values())
-    assert 0 < result.parity_rel <= REL_TOL["int4"]
+    assert 0 < result.parity_rel <= scheme_named("int4").gate

@@ -14,6 +14,7 @@ from converters.nbits_storage import dequantize_nbits, scale_values
 from converters.quantization.half_scales import HALF_SUFFIX, SCALED_OPS, half_scales
 from converters.quantization.int4 import quantize_4bit
 from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from converters.quantization.training import dequantize_table
 from eval.graph import make_session
 
@@ -46,7 +47,7 @@ def test_a_four_bit_graph_stores_its_scales_in_half_precision(tiny_bert_dir, tmp
     feeds = [
         dict(zip(("input_ids", "attention_mask"), (x.numpy() for x in sample_inputs(vocab, 4, 9, s)))) for s in (0, 1)
     ]
-    result = quantize_onnx(fp32, tmp_path / "q.onnx", vocab, scheme, feeds, block=16)
+    result = quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named(scheme)(block_size=16), feeds, vocab=vocab)
     graph = onnx.load(str(result.path))
     nodes = [n for n in graph.graph.node if n.op_type in SCALED_OPS]
     inits = {i.name: i for i in graph.graph.initializer}

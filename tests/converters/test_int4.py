@@ -13,7 +13,8 @@ from converters.export import export_onnx, sample_inputs
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan
 from converters.quantization.int4 import EIGHT_BIT_SHARE, eight_bit_layers, layer_losses, quantize_4bit
-from converters.quantization.quantize import REL_TOL, is_quantized, quantize_onnx
+from converters.quantization.quantize import is_quantized, quantize_onnx
+from converters.quantization.registry import configs_of, scheme_named
 from converters.quantization.smoothing import activation_absmax, smooth
 from eval.graph import make_session
 from eval.kinds import ENCODER
@@ -35,8 +36,9 @@ def _feeds(vocab, n=3):
 @pytest.mark.parametrize("scheme", ["int4", "int4-aware"])
 def test_weights_are_four_bit_and_output_within_tolerance(tiny_bert_dir, tmp_path, plan, scheme):
     fp32, vocab = _graph(tiny_bert_dir, tmp_path, plan)
-    result = quantize_onnx(fp32, tmp_path / "q.onnx", vocab, scheme, _feeds(vocab), block=16, table_head=16)
-    assert 0 < result.parity_rel <= REL_TOL["int4"] and is_quantized(result.path)
+    (config,) = configs_of([scheme], {"block_size": 16, "table_head": 16})  # the options a scheme takes
+    result = quantize_onnx(fp32, tmp_path / "q.onnx", config, _feeds(vocab), vocab=vocab)
+    assert 0 < result.parity_rel <= scheme_named("int4").gate and is_quantized(result.path)
     graph = onnx.load(str(result.path)).graph
     inits = {i.name: i for i in graph.initializer}
     assert not [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in inits]  # no fp32 weight left
@@ -92,11 +94,11 @@ def test_bad_block_sizes_and_levels_are_refused(tiny_bert_dir, tmp_path):
     fp32, vocab = _graph(tiny_bert_dir, tmp_path)
     for block in (8, 48):
         with pytest.raises(CompressorError, match="power of two, at least 16"):
-            quantize_onnx(fp32, tmp_path / "q.onnx", vocab, "int4", block=block)
+            quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named("int4")(block_size=block), vocab=vocab)
     with pytest.raises(CompressorError, match="accuracy level"):
-        quantize_onnx(fp32, tmp_path / "q.onnx", vocab, "int4", accuracy_level=7)
+        quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named("int4")(accuracy_level=7), vocab=vocab)
     with pytest.raises(CompressorError, match="int4-aware needs calibration"):
-        quantize_onnx(fp32, tmp_path / "q.onnx", vocab, "int4-aware")
+        quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named("int4-aware")(), vocab=vocab)
     assert not (tmp_path / "q.onnx").exists()
 
 
@@ -110,14 +112,14 @@ def test_the_tables_take_their_own_block_and_spend_fewer_bytes_on_scales(tiny_be
             for op in ("MatMulNBits", "GatherBlockQuantized")
         }
 
-    same = quantize_onnx(fp32, tmp_path / "same.onnx", vocab, "int4", block=16)
-    wide = quantize_onnx(fp32, tmp_path / "wide.onnx", vocab, "int4", block=16, table_block=32)
+    same = quantize_onnx(fp32, tmp_path / "same.onnx", scheme_named("int4")(block_size=16), vocab=vocab)
+    wide = quantize_onnx(fp32, tmp_path / "wide.onnx", scheme_named("int4")(block_size=16, table_block=32), vocab=vocab)
     assert blocks(same.path) == {"MatMulNBits": {16}, "GatherBlockQuantized": {16}}
     assert blocks(wide.path) == {"MatMulNBits": {16}, "GatherBlockQuantized": {32}}
     assert wide.path.stat().st_size < same.path.stat().st_size  # half the tables' scales and zero points
-    assert 0 < wide.parity_rel <= REL_TOL["int4"]
+    assert 0 < wide.parity_rel <= scheme_named("int4").gate
     with pytest.raises(CompressorError, match="power of two, at least 16"):
-        quantize_onnx(fp32, tmp_path / "bad.onnx", vocab, "int4", block=16, table_block=48)
+        quantize_onnx(fp32, tmp_path / "bad.onnx", scheme_named("int4")(block_size=16, table_block=48), vocab=vocab)
     assert not (tmp_path / "bad.onnx").exists()
 
 
@@ -126,6 +128,8 @@ def test_the_tables_take_their_own_block_and_spend_fewer_bytes_on_scales(tiny_be
 )
 def test_a_3_bit_table_is_said_where_no_word_table_takes_it(tiny_bert_dir, tmp_path, plan, written):
     fp32, vocab = _graph(tiny_bert_dir, tmp_path, plan)
-    result = quantize_onnx(fp32, tmp_path / "q.onnx", vocab, "int4-aware", _feeds(vocab), block=16, table_bits=3)
+    result = quantize_onnx(
+        fp32, tmp_path / "q.onnx", scheme_named("int4-aware")(block_size=16, table_bits=3), _feeds(vocab), vocab=vocab
+    )
     assert result.table_bits == written  # a low-rank table's codes (8 wide) are no whole block of 16
     assert (result.table_note(3) is None) == (written == 3) and result.table_note(written) is None

@@ -20,7 +20,8 @@ from converters.finetune_config import FinetuneConfig
 from converters.nbits_storage import dequantize_nbits
 from converters.quantization.correction import _stored_factor, corrected_layers
 from converters.quantization.int8_products import INT8_INPUT_TOL, INT8_LEVEL, int8_layers, int8_products
-from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from converters.quantization.target_cpu import INT16_MAX, int8_level, reduces_range, widest_pair
 from converters.quantization.three_bit_table import three_bit_outputs
 from converters.quantization.training import int8_rounded, trainer
@@ -40,7 +41,13 @@ def bert(tmp_path_factory):
     fp32 = export_onnx(model, path.parent / "m.onnx").path
     vocab = model.get_input_embeddings().num_embeddings
     feeds = [dict(zip(NAMES, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
-    corrected = quantize_onnx(fp32, path.parent / "c.onnx", vocab, "int4-corrected", feeds, block=16, correction=0.3)
+    corrected = quantize_onnx(
+        fp32,
+        path.parent / "c.onnx",
+        scheme_named("int4-corrected")(block_size=16, correction_share=0.3),
+        feeds,
+        vocab=vocab,
+    )
     return model, fp32, vocab, feeds, corrected.path
 
 
@@ -171,18 +178,21 @@ def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path, table_bits, sc
     result = quantize_onnx(
         fp32,
         tmp_path / "w.onnx",
-        vocab,
-        "w4a8",
+        scheme_named("w4a8")(
+            block_size=16,
+            correction_share=0.3,
+            table_head=16,
+            table_bits=table_bits,
+            scale_bits=scale_bits,
+            linear_bits=linear_bits,
+        ),
         feeds,
-        block=16,
-        correction=0.3,
+        vocab=vocab,
         train=trainer(model, seen.append),
-        table_head=16,
-        table_bits=table_bits,
-        scale_bits=scale_bits,
-        linear_bits=linear_bits,
     )
-    assert 0 < result.parity_rel <= REL_TOL["w4a8"] and result.corrections and result.linear_bits == linear_bits
+    assert (
+        0 < result.parity_rel <= scheme_named("w4a8").gate and result.corrections and result.linear_bits == linear_bits
+    )
     graph = onnx.load(str(result.path)).graph
     assert {n.op_type for n in graph.node} >= {"DynamicQuantizeMatMul", "GatherBlockQuantized"} and _in_order(graph)
     assert bool(three_bit_outputs(graph)) == (table_bits == 3)  # the word table's tail in 3 bits
@@ -208,7 +218,9 @@ def test_w4a8_end_to_end_and_its_refusal_of_an_lm(bert, tmp_path, table_bits, sc
     lm, _ = load_model(write_tiny_lm(tmp_path / "llama", hidden=128))
     lm_graph = export_onnx(lm, tmp_path / "lm.onnx").path
     with pytest.raises(CompressorError, match="use int4-trained for an LM"):
-        quantize_onnx(lm_graph, tmp_path / "x.onnx", vocab, "w4a8", feeds, train=trainer(lm, seen.append))
+        quantize_onnx(
+            lm_graph, tmp_path / "x.onnx", scheme_named("w4a8")(), feeds, vocab=vocab, train=trainer(lm, seen.append)
+        )
     assert not (tmp_path / "x.onnx").exists()
 
 
@@ -226,7 +238,12 @@ def test_w4a8_trains_on_a_gpu_and_its_graph_computes_the_trained_student(bert, t
         students.append(student)
 
     result = quantize_onnx(
-        fp32, tmp_path / "w.onnx", vocab, "w4a8", feeds, block=16, correction=0.3, train=trainer(model, fit)
+        fp32,
+        tmp_path / "w.onnx",
+        scheme_named("w4a8")(block_size=16, correction_share=0.3),
+        feeds,
+        vocab=vocab,
+        train=trainer(model, fit),
     )
     (report,), (student,) = reports, students
     assert report.device.startswith("cuda") and report.steps == 20 and next(student.parameters()).device.type == "cpu"

@@ -19,7 +19,8 @@ from converters.methods.lowrank import LowRankConfig
 from converters.methods.phm import PHMConfig
 from converters.plan import Plan
 from converters.quantization.mixed import WIDTHS, bytes_per_weight, module_nodes, quantization_error, quantize_mixed
-from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from tests.converters.test_calibration import ALL_LINEAR as LINEAR
 from tests.converters.test_calibration import TEXTS
 from tests.converters.test_mixed_budget import predicted, weights
@@ -100,8 +101,8 @@ def test_each_module_is_quantized_at_its_width(tiny_bert_dir, tmp_path):
     assert [ops[f"{n}_Q4"] for n in four] == ["MatMulNBits"] * 4
     assert ops[nodes[WORD][0] + "_Q4"] == "GatherBlockQuantized" and ops[nodes[LINEAR[3]][0]] == "MatMul"
     assert any(op == "MatMulInteger" for op in ops.values())  # the int8 module, dynamically quantized
-    result = quantize_onnx(fp32, tmp_path / "q.onnx", 100, "mixed", widths=widths)
-    assert 0 < result.parity_rel <= REL_TOL["mixed"]
+    result = quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named("mixed")(), vocab=100, widths=widths)
+    assert 0 < result.parity_rel <= scheme_named("mixed").gate
     with pytest.raises(CompressorError, match="no weight of the exported graph"):
         module_nodes(graph, ["encoder.layer.7.output.dense"])
 

@@ -11,6 +11,7 @@ from compressor.errors import ExportParityError
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from converters.quantization.smoothing import OUTLIER_RATIO
 from eval.graph import make_session
 from eval.probe import full_feed
@@ -52,15 +53,17 @@ def _cosine(fp32, quantized, feeds) -> float:
 def test_plain_int8_fails_its_gate_and_is_kept_marked_only_when_asked(outlying, tmp_path):
     fp32, vocab, calibration, _ = outlying
     with pytest.raises(ExportParityError, match="int8 graph .* off its fp32 graph"):
-        quantize_onnx(fp32, tmp_path / "int8.onnx", vocab, "int8", calibration)
+        quantize_onnx(fp32, tmp_path / "int8.onnx", scheme_named("int8")(), calibration, vocab=vocab)
     assert not (tmp_path / "int8.onnx").exists()
-    kept = quantize_onnx(fp32, tmp_path / "int8.onnx", vocab, "int8", calibration, keep_failed=True)
+    kept = quantize_onnx(
+        fp32, tmp_path / "int8.onnx", scheme_named("int8")(), calibration, vocab=vocab, keep_failed=True
+    )
     assert kept.path.is_file() and "off its fp32 graph" in kept.gate_failed and kept.parity_rel > 0.35
 
 
 def test_int8_aware_smooths_the_outliers_passes_its_gate_and_names_their_layers(outlying, tmp_path):
     fp32, vocab, calibration, held_out = outlying
-    result = quantize_onnx(fp32, tmp_path / "aware.onnx", vocab, "int8-aware", calibration)
+    result = quantize_onnx(fp32, tmp_path / "aware.onnx", scheme_named("int8-aware")(), calibration, vocab=vocab)
     assert result.gate_failed is None and result.parity_rel < 0.35
     assert _cosine(fp32, result.path, held_out) >= 0.99
     assert len(result.outliers) == 2 and min(result.outliers.values()) >= OUTLIER_RATIO  # each layer's FFN down

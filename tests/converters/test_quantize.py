@@ -12,7 +12,8 @@ from converters.compress import compress_
 from converters.export import export_onnx
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
-from converters.quantization.quantize import REL_TOL, is_quantized, quantize_onnx
+from converters.quantization.quantize import is_quantized, quantize_onnx
+from converters.quantization.registry import scheme_named
 
 
 @pytest.mark.parametrize("plan", [None, Plan((("embeddings", TTConfig(rank=4)),))])
@@ -22,8 +23,8 @@ def test_int8_weights_and_output_within_tolerance(tiny_bert_dir, tmp_path, plan)
         compress_(model, plan, progress=False)
     fp32 = export_onnx(model, tmp_path / "m.onnx").path
     vocab = model.get_input_embeddings().num_embeddings
-    result = quantize_onnx(fp32, tmp_path / "m-int8.onnx", vocab)
-    assert 0 < result.parity_rel <= REL_TOL["int8"] and is_quantized(result.path) and not is_quantized(fp32)
+    result = quantize_onnx(fp32, tmp_path / "m-int8.onnx", scheme_named("int8")(), vocab=vocab)
+    assert 0 < result.parity_rel <= scheme_named("int8").gate and is_quantized(result.path) and not is_quantized(fp32)
     big = [i for i in onnx.load(str(result.path)).graph.initializer if np.prod(i.dims) >= 48 * 48]
     eight_bit = (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)  # tables behind a Gather come out uint8
     assert big and all(i.data_type in eight_bit for i in big)  # every large weight, cores too
@@ -33,11 +34,11 @@ def test_int8_weights_and_output_within_tolerance(tiny_bert_dir, tmp_path, plan)
 def test_a_quantized_graph_is_not_quantized_again(tiny_bert_dir, tmp_path):
     model, _ = load_model(tiny_bert_dir)
     fp32 = export_onnx(model, tmp_path / "m.onnx").path
-    once = quantize_onnx(fp32, tmp_path / "once.onnx", 100).path
+    once = quantize_onnx(fp32, tmp_path / "once.onnx", scheme_named("int8")(), vocab=100).path
     with pytest.raises(CompressorError, match="already quantized"):
-        quantize_onnx(once, tmp_path / "twice.onnx", 100)
+        quantize_onnx(once, tmp_path / "twice.onnx", scheme_named("int8")(), vocab=100)
     with pytest.raises(CompressorError, match="scheme is one of int8"):
-        quantize_onnx(fp32, tmp_path / "x.onnx", 100, scheme="int3")
+        quantize_onnx(fp32, tmp_path / "x.onnx", scheme_named("int3")(), vocab=100)
     assert not (tmp_path / "twice.onnx").exists() and not (tmp_path / "x.onnx").exists()
 
 
@@ -46,7 +47,7 @@ def test_a_graph_off_its_fp32_output_is_refused_and_not_written(tiny_bert_dir, t
     fp32 = export_onnx(model, tmp_path / "m.onnx").path
     monkeypatch.setattr(quantize, "_parity", lambda *args: (3.0, 0.9, "random ids"))
     with pytest.raises(ExportParityError, match="relative"):
-        quantize_onnx(fp32, tmp_path / "bad.onnx", 100)
+        quantize_onnx(fp32, tmp_path / "bad.onnx", scheme_named("int8")(), vocab=100)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
@@ -73,8 +74,8 @@ def test_a_tied_head_becomes_a_matmul_the_quantizer_takes(tiny_llama_dir, tmp_pa
     sessions = [ort.InferenceSession(p.SerializeToString()) for p in (proto, rewritten)]
     before, after = (s.run(["logits"], full_feed(s, feed))[0] for s in sessions)
     np.testing.assert_allclose(after, before, atol=1e-5)
-    result = quantize_onnx(fp32, tmp_path / "lm-int8.onnx", vocab)
-    assert result.parity_rel <= REL_TOL["int8"]
+    result = quantize_onnx(fp32, tmp_path / "lm-int8.onnx", scheme_named("int8")(), vocab=vocab)
+    assert result.parity_rel <= scheme_named("int8").gate
     assert "MatMulInteger" in {n.op_type for n in onnx.load(str(result.path)).graph.node}
 
 
@@ -100,7 +101,7 @@ def test_gpt2s_biased_products_become_matmuls_the_4_bit_quantizer_takes(tiny_gpt
     sessions = [ort.InferenceSession(p.SerializeToString()) for p in (proto, rewritten)]
     before, after = (s.run(["logits"], full_feed(s, feed))[0] for s in sessions)
     np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4 * np.abs(before).max())
-    result = quantize_onnx(fp32, tmp_path / "lm-int4.onnx", vocab, scheme="int4")
+    result = quantize_onnx(fp32, tmp_path / "lm-int4.onnx", scheme_named("int4")(), vocab=vocab)
     ops = [n.op_type for n in onnx.load(str(result.path)).graph.node]
     assert ops.count("MatMulNBits") == len(gemms) + 1 and "Gemm" not in ops  # the layers and the tied head
 
@@ -115,10 +116,10 @@ def test_the_gate_judges_on_text_when_the_caller_has_it(tiny_bert_dir, tmp_path)
     vocab = model.get_input_embeddings().num_embeddings
     passages = ["the cat sat on the mat", "a b c", "one two three four five six seven"] * 4
     text = encode_passages(load_tokenizer(tiny_bert_dir), passages)
-    result = quantize_onnx(fp32, tmp_path / "t.onnx", vocab, calibration=text)
+    result = quantize_onnx(fp32, tmp_path / "t.onnx", scheme_named("int8")(), text, vocab=vocab)
     assert result.parity_input == f"{len(passages)} passages of text"
     ys = [make_session(p).run(None, feed)[0] for p in (fp32, result.path) for feed in text[:1]]
     mask = text[0]["attention_mask"].astype(bool)
     diff = ys[1][mask] - ys[0][mask]
     assert result.parity_rel == pytest.approx(np.linalg.norm(diff) / np.linalg.norm(ys[0][mask]), rel=1e-3)
-    assert quantize_onnx(fp32, tmp_path / "r.onnx", vocab).parity_input == "random ids"
+    assert quantize_onnx(fp32, tmp_path / "r.onnx", scheme_named("int8")(), vocab=vocab).parity_input == "random ids"

@@ -8,7 +8,8 @@ import pytest
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.quantize import REL_TOL, is_quantized, quantize_onnx
+from converters.quantization.quantize import is_quantized, quantize_onnx
+from converters.quantization.registry import scheme_named
 from converters.quantization.smoothing import activation_absmax, smooth, smoothable
 from eval.graph import make_session
 
@@ -59,8 +60,8 @@ def test_smoothing_is_exact_in_fp32_and_evens_out_the_ranges(graph, tmp_path):
 
 def test_int8_aware_quantizes_every_weight_within_tolerance(graph, tmp_path):
     path, vocab, batches = graph
-    result = quantize_onnx(path, tmp_path / "aware.onnx", vocab, "int8-aware", batches)
-    assert 0 < result.parity_rel <= REL_TOL["int8"] and is_quantized(result.path)
+    result = quantize_onnx(path, tmp_path / "aware.onnx", scheme_named("int8-aware")(), batches, vocab=vocab)
+    assert 0 < result.parity_rel <= scheme_named("int8").gate and is_quantized(result.path)
     proto = onnx.load(str(result.path))
     big = [i for i in proto.graph.initializer if np.prod(i.dims) >= 48 * 48]
     assert big and all(i.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8) for i in big)
@@ -70,5 +71,5 @@ def test_int8_aware_quantizes_every_weight_within_tolerance(graph, tmp_path):
 def test_int8_aware_without_calibration_is_refused(graph, tmp_path):
     path, vocab, _ = graph
     with pytest.raises(CompressorError, match="needs calibration batches"):
-        quantize_onnx(path, tmp_path / "aware.onnx", vocab, "int8-aware")
+        quantize_onnx(path, tmp_path / "aware.onnx", scheme_named("int8-aware")(), vocab=vocab)
     assert not (tmp_path / "aware.onnx").exists()

@@ -8,7 +8,7 @@ import pytest
 
 from compressor.errors import CompressorError
 from converters.quantization.int4 import quantize_tables
-from converters.quantization.schemes import check_table_head
+from converters.quantization.registry import check_options, scheme_named
 from converters.quantization.table_head import frequent_ids, split_table, split_tables
 from eval.graph import make_session
 from tests.conftest import gather_graph
@@ -58,7 +58,7 @@ def test_bad_heads_are_refused(tmp_path, head):
     with pytest.raises(CompressorError, match="distinct ids"):
         split_table(model, model.graph.node[0], head)
     with pytest.raises(CompressorError, match="0 or more"):
-        check_table_head(-1, ["int4-aware"])
+        scheme_named("int4-aware")(table_head=-1)
     with pytest.raises(CompressorError, match="goes with --quantize int4-aware"):
-        check_table_head(16, ["int8", "int4"])
-    check_table_head(16, ["int8", "int4-trained"])  # run: one of its schemes takes it
+        check_options(["int8", "int4"], {"table_head": 16})
+    check_options(["int8", "int4-trained"], {"table_head": 16})  # run: one of its schemes takes it

@@ -12,6 +12,7 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.quantize import TARGET_KEY, quantize_onnx
+from converters.quantization.registry import scheme_named
 from converters.quantization.target_cpu import (
     INT16_MAX,
     NATIVE,
@@ -46,7 +47,7 @@ def _int8_weights(path) -> list[np.ndarray]:
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_each_targets_int8_weights_fit_its_integer_path(bert, tmp_path, scheme, target):
     fp32, vocab, feeds = bert
-    result = quantize_onnx(fp32, tmp_path / "q.onnx", vocab, scheme, feeds, target_cpu=target)
+    result = quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named(scheme)(target_cpu=target), feeds, vocab=vocab)
     weights = _int8_weights(result.path)
     assert weights, "the graph multiplies int8 weights"
     widest = max(widest_pair(w) for w in weights)

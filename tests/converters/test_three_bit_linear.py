@@ -15,7 +15,7 @@ from compressor.errors import CompressorError
 from converters.nbits_storage import dequantize_nbits
 from converters.quantization.int4 import quantize_matmuls
 from converters.quantization.int8_products import int8_products
-from converters.quantization.schemes import check_linear_bits
+from converters.quantization.registry import check_options, scheme_named
 from converters.quantization.three_bit_linear import _rounded, three_bit_layers, three_bit_storage
 from eval.graph import make_session
 from tests.conftest import matmul_graph
@@ -79,10 +79,11 @@ def test_planes_store_the_codes_losslessly_in_three_bits(tmp_path):
 def test_bad_widths_are_refused():
     encoder, lm = SimpleNamespace(factor_form="int8"), SimpleNamespace(factor_form="int4")
     with pytest.raises(CompressorError, match="one of 4, 3"):
-        check_linear_bits(2, ["w4a8"])
+        scheme_named("w4a8")(linear_bits=2)
     with pytest.raises(CompressorError, match="goes with"):
-        check_linear_bits(3, ["int8", "int4-aware"])
+        check_options(["int8", "int4-aware"], {"linear_bits": 3})
     with pytest.raises(CompressorError, match="encoder"):
-        check_linear_bits(3, ["w4a8"], lm)
-    check_linear_bits(3, ["int8", "int4-trained"], encoder)
-    check_linear_bits(4, ["int8"], lm)
+        scheme_named("int4-trained")(linear_bits=3).check(lm)
+    check_options(["int8", "int4-trained"], {"linear_bits": 3})
+    scheme_named("int4-trained")(linear_bits=3).check(encoder)
+    scheme_named("int4-trained")().check(lm)

@@ -11,7 +11,7 @@ from onnx import numpy_helper
 
 from compressor.errors import CompressorError
 from converters.quantization.int4 import quantize_tables
-from converters.quantization.schemes import check_table_bits
+from converters.quantization.registry import check_options, scheme_named
 from converters.quantization.three_bit_table import THREE_BIT_PARTS, three_bit_outputs, three_bit_rows
 from eval.graph import make_session
 from tests.conftest import gather_graph
@@ -62,10 +62,11 @@ def test_a_head_in_four_bits_and_the_tail_in_three(tmp_path):
 
 def test_bad_widths_are_refused():
     with pytest.raises(CompressorError, match="one of 4, 3"):
-        check_table_bits(5, ["int4-trained"])
+        scheme_named("int4-trained")(table_bits=5)
     with pytest.raises(CompressorError, match="goes with --quantize int4-aware"):
-        check_table_bits(3, ["int8", "int4"])
+        check_options(["int8", "int4"], {"table_bits": 3})
     with pytest.raises(CompressorError, match="an LM's tied head"):
-        check_table_bits(3, ["w4a8"], SimpleNamespace(factor_form="int4"))
-    check_table_bits(3, ["int8", "int4-trained"], SimpleNamespace(factor_form="int8"))  # run: one scheme takes it
-    check_table_bits(4, ["int8"], SimpleNamespace(factor_form="int4"))
+        scheme_named("int4-trained")(table_bits=3).check(SimpleNamespace(factor_form="int4"))
+    check_options(["int8", "int4-trained"], {"table_bits": 3})  # run: one scheme takes it
+    scheme_named("int4-trained")(table_bits=3).check(SimpleNamespace(factor_form="int8"))
+    scheme_named("int4-aware")().check(SimpleNamespace(factor_form="int4"))

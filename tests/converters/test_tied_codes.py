@@ -2,17 +2,19 @@
 MatMulNBits codes (converters.quantization.tied_codes), equal to the head's weight read back (divided
 by SmoothQuant's s), within the 4-bit rounding of the original table, and the file is smaller."""
 
+import sys
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-import converters.quantization.quantize as quantize
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from eval.probe import full_feed
 from texts.tokens import encode_passages, load_tokenizer
 
@@ -35,8 +37,8 @@ def test_the_table_is_read_from_the_head_codes(tiny_llama_dir, tmp_path, monkeyp
     vocab, dim = table.shape
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
     text = encode_passages(load_tokenizer(tiny_llama_dir), PASSAGES)
-    shared = quantize_onnx(fp32, tmp_path / "shared.onnx", vocab, scheme=scheme, calibration=text)
-    assert shared.parity_rel <= REL_TOL["int4"]
+    shared = quantize_onnx(fp32, tmp_path / "shared.onnx", scheme_named(scheme)(), text, vocab=vocab)
+    assert shared.parity_rel <= scheme_named("int4").gate
     graph = onnx.load(str(shared.path)).graph
     gathered = {n.input[0] for n in graph.node if n.op_type == "GatherBlockQuantized"}
     multiplied = {n.input[1] for n in graph.node if n.op_type == "MatMulNBits"}
@@ -57,8 +59,8 @@ def test_the_table_is_read_from_the_head_codes(tiny_llama_dir, tmp_path, monkeyp
     error = np.linalg.norm(rows - table[ids[0]]) / np.linalg.norm(table[ids[0]])
     assert error < 0.15  # 4-bit rounding of the original rows, not some other table
 
-    monkeypatch.setattr(quantize, "share_tied_codes", lambda proto, tied: proto)
-    apart = quantize_onnx(fp32, tmp_path / "apart.onnx", vocab, scheme=scheme, calibration=text)
+    monkeypatch.setattr(sys.modules[scheme_named(scheme).__module__], "share_tied_codes", lambda proto, tied: proto)
+    apart = quantize_onnx(fp32, tmp_path / "apart.onnx", scheme_named(scheme)(), text, vocab=vocab)
     stored = [sum(i.ByteSize() for i in onnx.load(str(r.path)).graph.initializer) for r in (apart, shared)]
     assert stored[0] > stored[1]  # the table's codes, scales and zero points, stored once (nodes aside: tiny here)
     ids, mask = sample_inputs(vocab, 2, 5, 0)

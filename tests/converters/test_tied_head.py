@@ -8,7 +8,8 @@ import pytest
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.products import products_as_matmul
-from converters.quantization.quantize import REL_TOL, quantize_onnx
+from converters.quantization.quantize import quantize_onnx
+from converters.quantization.registry import scheme_named
 from converters.quantization.table_head import frequent_ids
 from converters.quantization.tied_codes import tied_pairs
 from converters.quantization.tied_head import split_tied_head
@@ -47,8 +48,10 @@ def test_the_heads_rows_take_eight_bits_in_both_reads(tiny_llama_dir, tmp_path, 
     vocab = table.shape[0]
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
     text = encode_passages(load_tokenizer(tiny_llama_dir), PASSAGES)
-    result = quantize_onnx(fp32, tmp_path / "q.onnx", vocab, scheme, text, block=16, table_head=8)
-    assert result.parity_rel <= REL_TOL["int4"]
+    result = quantize_onnx(
+        fp32, tmp_path / "q.onnx", scheme_named(scheme)(block_size=16, table_head=8), text, vocab=vocab
+    )
+    assert result.parity_rel <= scheme_named("int4").gate
     graph = onnx.load(str(result.path)).graph
     bits = {
         n.input[1]: next(a.i for a in n.attribute if a.name == "bits") for n in graph.node if n.op_type == "MatMulNBits"

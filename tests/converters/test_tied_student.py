@@ -15,7 +15,7 @@ from converters.quantization.correction import add_corrections, corrected_layers
 from converters.quantization.int4 import name_nodes, quantize_4bit
 from converters.quantization.products import products_as_matmul
 from converters.quantization.smoothing import activation_absmax, smooth
-from converters.quantization.tied_codes import share_tied_codes, smoothing_of, tied_pairs
+from converters.quantization.tied_codes import share_tied_codes, tied_smoothing
 from converters.quantization.tied_head import split_tied_head
 from converters.quantization.tied_student import HeadCorrection
 from converters.quantization.training import student_of, write_back
@@ -41,7 +41,7 @@ def test_the_student_of_a_tied_lm_computes_what_its_graph_computes(tiny_gpt2_dir
     smoothed = smooth(exported, activation_absmax(exported, feeds), 0.5)
     tied_head = split_tied_head(smoothed, HEAD) if split else ()
     name_nodes(smoothed.graph)
-    tied = {table: smoothing_of(smoothed.graph, table) for table in tied_pairs(smoothed.graph)}
+    tied = tied_smoothing(smoothed.graph)
     quantized = quantize_4bit(smoothed, 16, 0, aware=True, eight_bit=tied_head)
     logits = [n.output[0] for n in quantized.graph.node if n.op_type == "MatMulNBits" and "logits" in n.output[0]]
     assert len(logits) == (2 if split else 1)
