@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from converters.checkpoint import load_model, read_meta, save_compressed
 from converters.compress import CompressionReport
 from converters.finetune import finetune_
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.kinds import kind_of
 from converters.pipeline.steps import finetune_texts
 from converters.plan import Plan

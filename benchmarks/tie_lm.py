@@ -22,7 +22,7 @@ from compressor.tied_logits import TiedLogits
 from compressor.tying import SCORES
 from converters import LowRankConfig, Plan, compress_, export_onnx, load_model
 from converters.finetune import finetune_
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.kinds import OwnLM, kind_of
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named

@@ -4,7 +4,7 @@ layers alone cannot go below (the corrected schemes give the head a rank of its 
 head's rank"). `--head-rows h` keeps the table's first h rows exact (a byte-pair vocabulary numbers its
 frequent tokens first); `--linears offsets`
 rounds every other linear layer the same way (fp16 scales) and adds its blocks' offsets as the graph does
-(converters/quantization/grid.py: int8 offsets, one scale a layer, multiplied in fp32 by the block sums),
+(converters/quantization/rounding/grid.py: int8 offsets, one scale a layer, multiplied in fp32 by the block sums),
 `rounded` without them, `exact` (default) leaves them. First 150 passages of each held-out text, windows of
 at most 128 tokens.
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from converters.checkpoint import load_model
-from converters.quantization.grid import stored_offsets
+from converters.quantization.rounding.grid import stored_offsets
 from eval.kinds import CAUSAL_LM
 from texts.corpus import SECOND
 from texts.tokens import load_tokenizer

@@ -22,8 +22,8 @@ from compressor.budget import Point, allocate, allocate_ranks
 from compressor.errors import PlanError, RankError
 from converters.calibration import Calibration
 from converters.plan import Plan, match_plan
-from converters.quantization.int4 import INT4_BLOCK
-from converters.quantization.mixed import bytes_per_weight, quantization_error, widened
+from converters.quantization.corrections.mixed import bytes_per_weight, quantization_error, widened
+from converters.quantization.rounding.int4 import INT4_BLOCK
 from converters.registry import Method, method_of
 
 __all__ = ["parse_budget", "budget_layers", "check_budget_fits", "plan_for_budget"]
@@ -147,7 +147,7 @@ def plan_for_budget(
     """A plan with one exact-name config per targeted module, derived from `configs` (one config, or
     one per method the budget may choose among) by their methods' budget rules, sizes (and methods)
     chosen so that the targeted modules fit the budget; with `widths` (a byte budget), each module's
-    width too (converters.quantization.mixed), in the plan's `widths`."""
+    width too (converters.quantization.corrections.mixed), in the plan's `widths`."""
     configs = list(configs) if isinstance(configs, list | tuple) else [configs]
     unit, value = parse_budget(budget)
     layers = check_budget_fits(model, targets, budget, configs, widths, block)

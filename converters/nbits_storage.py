@@ -1,7 +1,7 @@
 """How ONNX Runtime's n-bit operators store a weight, and the weight read back: codes narrower than a byte
 packed `8 // bits` to a byte, low bits first (MatMulNBits' layout: `pack`, `unpack`); a MatMulNBits node's
 codes with their scales and zero points (`nbits_grid`) and the weight they make (`dequantize_nbits`); block
-scales in either precision (`scale_values`: fp32, or fp16 behind a Cast, quantization.half_scales' form);
+scales in either precision (`scale_values`: fp32, or fp16 behind a Cast, quantization.storage.half_scales' form);
 the first opset with 4-bit tensors (`TABLE_OPSET`). The quantization writes these graphs; the kinds and the
 quantization's corrections read them back."""
 

@@ -28,7 +28,7 @@ from converters.tying import TieConfig
 __all__ = ["Plan", "PLAN_VERSION", "WIDTHS", "TARGET_KEYWORDS", "match_plan", "input_embedding_name"]
 
 PLAN_VERSION = 1
-WIDTHS = ("fp32", "int8", "int4")  # what a mixed budget may give a module (converters.quantization.mixed)
+WIDTHS = ("fp32", "int8", "int4")  # what a mixed budget may give a module (converters.quantization.corrections.mixed)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from compressor.errors import CompressorError
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.quantization.registry import SchemeConfig, check_options, configs_of
 from texts.prior import PRIOR_WEIGHT, PRIORS
 

@@ -23,9 +23,9 @@ from converters.loading import resolve_model_dir
 from converters.pipeline.calibrating import head_frequencies, quantize_calibration, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import correction_fit
+from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import SchemeConfig
-from converters.quantization.training import trainer
 from files.atomic import check_writable
 from files.model_folder import check_model_folder, graph_file, lacks_tokenizer, load_lines, model_folder, own_ops
 from texts.prior import check_prior

@@ -8,7 +8,7 @@ from converters.cli.options import FINETUNE_DEFAULTS, finetune_options
 from converters.cli.specs import finetune_config, kind_options
 from converters.compress import CompressionReport
 from converters.distributed import SHARD_ALONE, check_shares, world
-from converters.finetune_state import check_resumable
+from converters.finetune.state import check_resumable
 from converters.kinds import kind_named, kind_of
 from converters.pipeline.say import say
 from converters.pipeline.steps import check_kind_options, finetune_and_say, finetune_texts

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from compressor.errors import CompressorError
-from converters.finetune_config import DEVICES, SCHEDULES, TRAINABLE, FinetuneConfig
+from converters.finetune.config import DEVICES, SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantization.quantize import CALIBRATION_PASSAGES
 from converters.quantization.registry import Taken, scheme_options, schemes

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.pack import PACK_LIMIT, pack_finetune
 from converters.pipeline.say import say
 from files.atomic import check_writable

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.kinds import KINDS
 from converters.quantization.registry import scheme_options
 from converters.registry import export_forms, methods

@@ -7,7 +7,7 @@ from compressor.tying import SCORES
 from converters.checkpoint import load_model, save_compressed
 from converters.cli.options import MODEL_HELP, finetune_options
 from converters.cli.specs import finetune_config, kind_options
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.kinds import kind_of
 from converters.pipeline.say import say
 from converters.pipeline.steps import (

@@ -207,7 +207,7 @@ _TIED = "model.embed_tokens.weight_transposed"  # products.products_as_matmul's 
 def rounded_twin(model: nn.Module, graph: onnx.GraphProto) -> nn.Module:
     """`model` (in place) holding each weight as `graph`, its fused graph in plain 4 or 8 bits (`--quantize
     int4`: no smoothing, no corrections), multiplies by: each MatMulNBits weight read back from its codes,
-    the q/k/v product split into its projections, a tied table the head's (quantization.tied_codes)."""
+    the q/k/v product split into its projections, a tied table the head's (quantization.storage.tied_codes)."""
     if any(n.output[0].endswith(("/smoothed", "_rounded")) for n in graph.node):
         raise ValueError("a smoothed or corrected graph computes what no weights of this model hold")
     codes = {n.input[1] for n in graph.node if n.op_type == "MatMulNBits"}

@@ -15,14 +15,14 @@ from converters.calibration import Calibration, default_cache_dir, statistics_by
 from converters.checkpoint import is_compressed_dir, load_model, save_compressed
 from converters.compress import CompressionReport, compress_
 from converters.finetune import finetune_
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.kinds import KINDS, ModelKind, kind_of
 from converters.loading import available_memory
 from converters.pipeline.calibrating import calibration
 from converters.pipeline.say import say
 from converters.plan import WIDTHS, Plan, match_plan
-from converters.quantization.int4 import INT4_BLOCK
-from converters.quantization.training import TRAINED_MODULES
+from converters.quantization.corrections.training import TRAINED_MODULES
+from converters.quantization.rounding.int4 import INT4_BLOCK
 from converters.registry import compact_modules, handler_for, method_named, method_of, methods
 from converters.spec import MethodSpec, TextSpec
 from files.atomic import check_writable

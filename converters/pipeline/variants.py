@@ -19,8 +19,8 @@ from converters.loading import DEFAULT_MODEL_NAME
 from converters.pipeline.calibrating import head_frequencies, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
+from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_onnx
-from converters.quantization.training import trainer
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 from eval.benchmark import bench
 from eval.pareto import front_quality

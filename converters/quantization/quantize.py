@@ -13,10 +13,10 @@ import onnx
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
-from converters.quantization.codebook_table import codebook_bits
-from converters.quantization.products import products_as_matmul
 from converters.quantization.registry import QuantizeResult, SchemeConfig, Source, schemes
-from converters.quantization.three_bit_table import three_bit_outputs
+from converters.quantization.rounding.products import products_as_matmul
+from converters.quantization.rounding.three_bit_table import three_bit_outputs
+from converters.quantization.storage.codebook_table import codebook_bits
 from eval.benchmark import PARITY_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
@@ -91,9 +91,9 @@ def quantize_onnx(
     against `src`, then renamed); `calibration`: the graph's input batches, for the calibrated schemes (and the
     gate's text); `widths`: module → width, for a planned scheme (mixed); `train`: for a trained scheme,
     (exported fp32 graph, its smoothed graph, the corrected graph with fp32 factors) → that graph with trained
-    factors (converters.quantization.training.trainer); `frequencies` (V,): what ranks the word table's head rows
-    (None: the batches' counts); `keep_failed`: a graph off its gate is kept, its error in the result and the
-    metadata, not refused."""
+    factors (corrections/training.py: `trainer`); `frequencies` (V,): what ranks the word table's head rows (None:
+    the batches' counts); `keep_failed`: a graph off its gate is kept, its error in the result and the metadata,
+    not refused."""
     name = config.scheme
     if config.calibrated and not calibration:
         raise CompressorError(f"{name} needs calibration batches")

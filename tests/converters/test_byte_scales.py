@@ -5,8 +5,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from converters.quantization.byte_scales import PARTS, ZERO_CODE, _codes, byte_scale_values, byte_scales
-from converters.quantization.int4 import quantize_4bit
+from converters.quantization.rounding.int4 import quantize_4bit
+from converters.quantization.storage.byte_scales import PARTS, ZERO_CODE, _codes, byte_scale_values, byte_scales
 from eval.graph import make_session
 
 K, N, BLOCK = 128, 48, 16

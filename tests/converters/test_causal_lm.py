@@ -21,7 +21,7 @@ from converters.checkpoint import CHECKPOINT_WEIGHTS, load_model, save_compresse
 from converters.compress import compress_
 from converters.export import export_onnx
 from converters.finetune import finetune_
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.kinds import kind_of
 from converters.kinds.causal_lm import CAUSAL_LM, CausalLMGraph
 from converters.methods.lowrank import LowRankConfig

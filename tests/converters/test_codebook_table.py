@@ -10,9 +10,15 @@ import torch
 from onnx import numpy_helper
 
 from compressor.errors import CompressorError
-from converters.quantization.codebook_table import CODEBOOK_PARTS, codebook_bits, codebook_rows, kmeans, piece_of
-from converters.quantization.int4 import quantize_tables
 from converters.quantization.registry import check_options, scheme_named
+from converters.quantization.rounding.int4 import quantize_tables
+from converters.quantization.storage.codebook_table import (
+    CODEBOOK_PARTS,
+    codebook_bits,
+    codebook_rows,
+    kmeans,
+    piece_of,
+)
 from eval.graph import make_session
 from tests.conftest import gather_graph
 

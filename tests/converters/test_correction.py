@@ -16,11 +16,11 @@ from compressor.budget import tail_error
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.correction import correction_bytes, error_factors
-from converters.quantization.correction_plan import correction_ranks, plan_corrections
-from converters.quantization.int4 import four_bit_codes, quantize_4bit, quantize_matmuls
+from converters.quantization.corrections.correction import correction_bytes, error_factors
+from converters.quantization.corrections.correction_plan import correction_ranks, plan_corrections
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
+from converters.quantization.rounding.int4 import four_bit_codes, quantize_4bit, quantize_matmuls
 from converters.quantization.schemes.int4_corrected import CORRECTED_TABLE_BLOCK
 from eval.graph import make_session
 from tests.conftest import matmul_graph, write_tiny_bert, write_tiny_lm

@@ -15,24 +15,24 @@ from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.export import export_onnx, sample_inputs
 from converters.finetune import finetune_
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan
-from converters.quantization.codebook_table import codebook_outputs
-from converters.quantization.correction import (
+from converters.quantization.corrections.correction import (
     add_corrections,
     bias_before_correction,
     corrected_layers,
     input_grams,
 )
-from converters.quantization.correction_plan import plan_corrections
-from converters.quantization.graph_norms import GraphLayerNorm
-from converters.quantization.int4 import four_bit_codes, name_nodes, quantize_4bit
+from converters.quantization.corrections.correction_plan import plan_corrections
+from converters.quantization.corrections.graph_norms import GraphLayerNorm
+from converters.quantization.corrections.training import student_of, trainer, write_back
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.smoothing import activation_absmax, smooth
-from converters.quantization.three_bit_table import three_bit_outputs
-from converters.quantization.training import student_of, trainer, write_back
+from converters.quantization.rounding.int4 import four_bit_codes, name_nodes, quantize_4bit
+from converters.quantization.rounding.smoothing import activation_absmax, smooth
+from converters.quantization.rounding.three_bit_table import three_bit_outputs
+from converters.quantization.storage.codebook_table import codebook_outputs
 from eval.graph import make_session
 from tests.conftest import WORDS, write_tiny_bert
 from texts.tokens import load_tokenizer

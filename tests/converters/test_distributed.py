@@ -19,8 +19,8 @@ from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.distributed import Shards, process_group, world, wrap
 from converters.finetune import finetune_, trainable_parameters
-from converters.finetune_config import FinetuneConfig
-from converters.finetune_loss import step_loss
+from converters.finetune.config import FinetuneConfig
+from converters.finetune.loss import step_loss
 from converters.kinds.encoder import ENCODER
 from converters.methods.tt import TTConfig
 from converters.plan import Plan

@@ -1,15 +1,15 @@
 import pytest
 import torch
 
-import converters.finetune as ft
-import converters.finetune_data as fd
-import converters.finetune_loss as fl
+import converters.finetune.data as fd
+import converters.finetune.distil as ft
+import converters.finetune.loss as fl
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
 from converters.finetune import finetune_
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.kinds.encoder import ENCODER
 from converters.methods.lowrank import LowRankConfig
 from converters.methods.tt import TTConfig

@@ -4,12 +4,12 @@ another fine-tune, a missing one and one cut short are refused; the state is wri
 import pytest
 import torch
 
-import converters.finetune as ft
+import converters.finetune.distil as ft
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.finetune import finetune_
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
 from converters.registry import compact_modules

@@ -1,4 +1,4 @@
-"""Projections multiplied side by side (converters/quantization/fused_student.py): int4-trained on the fused
+"""Projections multiplied side by side (converters/quantization/corrections/fused_student.py): int4-trained on the fused
 decoder's graph, whose q, k and v are one MatMul, holds them as one corrected layer the three read slices of, and
 its student computes what the graph computes."""
 
@@ -10,11 +10,11 @@ from compressor.corrected_linear import CorrectedLinear
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.finetune import finetune_
-from converters.finetune_config import FinetuneConfig
-from converters.quantization.fused_student import SIDE_BY_SIDE, Slice
+from converters.finetune.config import FinetuneConfig
+from converters.quantization.corrections.fused_student import SIDE_BY_SIDE, Slice
+from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.training import trainer
 from eval.graph import make_session
 from eval.probe import full_feed
 from tests.conftest import write_tiny_lm

@@ -1,4 +1,4 @@
-"""GPTQ's rounding on a MatMulNBits layer's own grid (converters/quantization/gptq.py): less output error than
+"""GPTQ's rounding on a MatMulNBits layer's own grid (converters/quantization/rounding/gptq.py): less output error than
 rounding to nearest, nearest itself where inputs are uncorrelated, the graph's scales and bytes kept, and every
 layer (an LM's head among them) so rounded by the corrected schemes."""
 
@@ -9,12 +9,12 @@ import torch
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.correction import rounding_errors
-from converters.quantization.correction_plan import Plan
-from converters.quantization.gptq import gptq_codes, gptq_rounded
-from converters.quantization.int4 import quantize_4bit
+from converters.quantization.corrections.correction import rounding_errors
+from converters.quantization.corrections.correction_plan import Plan
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
+from converters.quantization.rounding.gptq import gptq_codes, gptq_rounded
+from converters.quantization.rounding.int4 import quantize_4bit
 from converters.quantization.schemes import int4_corrected
 from eval.graph import make_session
 from tests.conftest import matmul_graph, write_tiny_lm

@@ -1,6 +1,6 @@
-"""The norms a trained scheme's student trains (converters/quantization/graph_norms.py): a Llama's RMS norms, which
-the fused decoder computes in (Skip)SimplifiedLayerNormalization nodes, are held as GraphRMSNorm modules that
-compute what the model's did, and what training makes of their scales goes back into those nodes."""
+"""The norms a trained scheme's student trains (converters/quantization/corrections/graph_norms.py): a Llama's RMS
+norms, which the fused decoder computes in (Skip)SimplifiedLayerNormalization nodes, are held as GraphRMSNorm modules
+that compute what the model's did, and what training makes of their scales goes back into those nodes."""
 
 import numpy as np
 import pytest
@@ -8,10 +8,10 @@ import torch
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.graph_norms import GraphRMSNorm
+from converters.quantization.corrections.graph_norms import GraphRMSNorm
+from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.training import trainer
 from eval.graph import make_session
 from eval.probe import full_feed
 from tests.conftest import write_tiny_lm
@@ -70,7 +70,7 @@ def test_a_constant_moved_into_its_own_initializer_is_not_stored_twice():
     """SmolLM2's 61 RMS scales were stored twice (0.14 MB) before the old initializer went where no node read it."""
     from onnx import helper, numpy_helper
 
-    from converters.quantization.graph_norms import own_initializers
+    from converters.quantization.corrections.graph_norms import own_initializers
 
     scale = numpy_helper.from_array(np.arange(4, dtype=np.float32), "w")
     nodes = [helper.make_node("Mul", ["x", "w"], [f"y{k}"]) for k in range(2)]

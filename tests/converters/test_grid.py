@@ -12,12 +12,19 @@ from onnx import TensorProto, helper, numpy_helper
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.correction import correction_bytes, error_factors
-from converters.quantization.correction_plan import correction_ranks
-from converters.quantization.grid import add_offsets, grid_matmuls, off_grid, offset_bytes, offset_residual, on_grid
-from converters.quantization.int4 import quantize_4bit
+from converters.quantization.corrections.correction import correction_bytes, error_factors
+from converters.quantization.corrections.correction_plan import correction_ranks
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
+from converters.quantization.rounding.grid import (
+    add_offsets,
+    grid_matmuls,
+    off_grid,
+    offset_bytes,
+    offset_residual,
+    on_grid,
+)
+from converters.quantization.rounding.int4 import quantize_4bit
 from tests.conftest import matmul_graph, write_tiny_bert
 
 RNG = np.random.default_rng(0)

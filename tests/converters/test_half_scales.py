@@ -11,11 +11,11 @@ from onnx import numpy_helper
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.nbits_storage import dequantize_nbits, scale_values
-from converters.quantization.half_scales import HALF_SUFFIX, SCALED_OPS, half_scales
-from converters.quantization.int4 import quantize_4bit
+from converters.quantization.corrections.training import dequantize_table
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.training import dequantize_table
+from converters.quantization.rounding.int4 import quantize_4bit
+from converters.quantization.storage.half_scales import HALF_SUFFIX, SCALED_OPS, half_scales
 from eval.graph import make_session
 
 

@@ -12,10 +12,10 @@ from converters.compress import compress_
 from converters.export import export_onnx, sample_inputs
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan
-from converters.quantization.int4 import EIGHT_BIT_SHARE, eight_bit_layers, layer_losses, quantize_4bit
 from converters.quantization.quantize import is_quantized, quantize_onnx
 from converters.quantization.registry import configs_of, scheme_named
-from converters.quantization.smoothing import activation_absmax, smooth
+from converters.quantization.rounding.int4 import EIGHT_BIT_SHARE, eight_bit_layers, layer_losses, quantize_4bit
+from converters.quantization.rounding.smoothing import activation_absmax, smooth
 from eval.graph import make_session
 from eval.kinds import ENCODER
 

@@ -16,15 +16,15 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.finetune import finetune_
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.correction import _stored_factor, corrected_layers
-from converters.quantization.int8_products import INT8_INPUT_TOL, INT8_LEVEL, int8_layers, int8_products
+from converters.quantization.corrections.correction import _stored_factor, corrected_layers
+from converters.quantization.corrections.int8_products import INT8_INPUT_TOL, INT8_LEVEL, int8_layers, int8_products
+from converters.quantization.corrections.training import int8_rounded, trainer
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.target_cpu import INT16_MAX, int8_level, reduces_range, widest_pair
-from converters.quantization.three_bit_table import three_bit_outputs
-from converters.quantization.training import int8_rounded, trainer
+from converters.quantization.rounding.target_cpu import INT16_MAX, int8_level, reduces_range, widest_pair
+from converters.quantization.rounding.three_bit_table import three_bit_outputs
 from eval.graph import make_session
 from tests.conftest import WORDS, matmul_graph, write_tiny_bert, write_tiny_lm
 from texts.tokens import load_tokenizer

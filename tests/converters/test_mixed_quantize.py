@@ -18,7 +18,13 @@ from converters.export import export_onnx
 from converters.methods.lowrank import LowRankConfig
 from converters.methods.phm import PHMConfig
 from converters.plan import Plan
-from converters.quantization.mixed import WIDTHS, bytes_per_weight, module_nodes, quantization_error, quantize_mixed
+from converters.quantization.corrections.mixed import (
+    WIDTHS,
+    bytes_per_weight,
+    module_nodes,
+    quantization_error,
+    quantize_mixed,
+)
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
 from tests.converters.test_calibration import ALL_LINEAR as LINEAR

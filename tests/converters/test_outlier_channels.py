@@ -12,7 +12,7 @@ from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.smoothing import OUTLIER_RATIO
+from converters.quantization.rounding.smoothing import OUTLIER_RATIO
 from eval.graph import make_session
 from eval.probe import full_feed
 from tests.conftest import write_tiny_bert

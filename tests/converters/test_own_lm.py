@@ -12,7 +12,7 @@ from converters.checkpoint import save_compressed
 from converters.compress import CompressionReport, compress_
 from converters.export import export_onnx
 from converters.finetune import finetune_
-from converters.finetune_config import FinetuneConfig
+from converters.finetune.config import FinetuneConfig
 from converters.kinds import OwnLM, kind_of
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan, match_plan

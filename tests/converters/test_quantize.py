@@ -57,7 +57,7 @@ def test_a_tied_head_becomes_a_matmul_the_quantizer_takes(tiny_llama_dir, tmp_pa
     import onnxruntime as ort
 
     from converters.export import sample_inputs
-    from converters.quantization.products import products_as_matmul
+    from converters.quantization.rounding.products import products_as_matmul
     from eval.probe import full_feed
 
     model, _ = load_model(tiny_llama_dir)
@@ -85,7 +85,7 @@ def test_gpt2s_biased_products_become_matmuls_the_4_bit_quantizer_takes(tiny_gpt
     import onnxruntime as ort
 
     from converters.export import sample_inputs
-    from converters.quantization.products import products_as_matmul
+    from converters.quantization.rounding.products import products_as_matmul
     from eval.probe import full_feed
 
     model, _ = load_model(tiny_gpt2_dir)

@@ -10,9 +10,9 @@ import onnx
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization import sensitivity
-from converters.quantization.correction import input_grams
-from converters.quantization.int4 import layer_losses, name_nodes, quantize_matmuls
+from converters.quantization.corrections import sensitivity
+from converters.quantization.corrections.correction import input_grams
+from converters.quantization.rounding.int4 import layer_losses, name_nodes, quantize_matmuls
 from eval.graph import make_session
 from eval.kinds import ENCODER
 from tests.conftest import matmul_graph

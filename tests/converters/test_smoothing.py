@@ -10,7 +10,7 @@ from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.quantize import is_quantized, quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.smoothing import activation_absmax, smooth, smoothable
+from converters.quantization.rounding.smoothing import activation_absmax, smooth, smoothable
 from eval.graph import make_session
 
 

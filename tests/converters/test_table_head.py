@@ -7,9 +7,9 @@ import onnx
 import pytest
 
 from compressor.errors import CompressorError
-from converters.quantization.int4 import quantize_tables
 from converters.quantization.registry import check_options, scheme_named
-from converters.quantization.table_head import frequent_ids, split_table, split_tables
+from converters.quantization.rounding.int4 import quantize_tables
+from converters.quantization.rounding.table_head import frequent_ids, split_table, split_tables
 from eval.graph import make_session
 from tests.conftest import gather_graph
 

@@ -1,4 +1,4 @@
-"""--target-cpu (converters/quantization/target_cpu.py): the int8 graphs for a CPU that sums pairs of u8 × s8
+"""--target-cpu (converters/quantization/rounding/target_cpu.py): the int8 graphs for a CPU that sums pairs of u8 × s8
 products in int16 (AVX2, AVX-512 without VNNI) hold weights no pair of which can leave int16, shown from the
 quantized tensors alone, on whatever CPU the test runs; the others use the whole int8 range; a name that is no
 target is refused, the targets listed."""
@@ -13,7 +13,7 @@ from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.quantize import TARGET_KEY, quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.target_cpu import (
+from converters.quantization.rounding.target_cpu import (
     INT16_MAX,
     NATIVE,
     TARGETS,

@@ -13,10 +13,10 @@ from onnx import helper, numpy_helper, version_converter
 
 from compressor.errors import CompressorError
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.int4 import quantize_matmuls
-from converters.quantization.int8_products import int8_products
+from converters.quantization.corrections.int8_products import int8_products
 from converters.quantization.registry import check_options, scheme_named
-from converters.quantization.three_bit_linear import _rounded, three_bit_layers, three_bit_storage
+from converters.quantization.rounding.int4 import quantize_matmuls
+from converters.quantization.rounding.three_bit_linear import _rounded, three_bit_layers, three_bit_storage
 from eval.graph import make_session
 from tests.conftest import matmul_graph
 

@@ -10,9 +10,9 @@ import pytest
 from onnx import numpy_helper
 
 from compressor.errors import CompressorError
-from converters.quantization.int4 import quantize_tables
 from converters.quantization.registry import check_options, scheme_named
-from converters.quantization.three_bit_table import THREE_BIT_PARTS, three_bit_outputs, three_bit_rows
+from converters.quantization.rounding.int4 import quantize_tables
+from converters.quantization.rounding.three_bit_table import THREE_BIT_PARTS, three_bit_outputs, three_bit_rows
 from eval.graph import make_session
 from tests.conftest import gather_graph
 

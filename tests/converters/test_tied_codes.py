@@ -1,5 +1,5 @@
 """A tied LM's 4-bit graph stores its table's codes once: the token rows are gathered from the head's
-MatMulNBits codes (converters.quantization.tied_codes), equal to the head's weight read back (divided
+MatMulNBits codes (converters.quantization.storage.tied_codes), equal to the head's weight read back (divided
 by SmoothQuant's s), within the 4-bit rounding of the original table, and the file is smaller."""
 
 import sys

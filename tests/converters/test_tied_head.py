@@ -1,5 +1,5 @@
-"""A tied LM's table by frequency (converters/quantization/tied_head.py): the split is exact in fp32, and in the
-4-bit schemes the head's rows take 8 bits in the lookup and the logits alike, each half's codes stored once."""
+"""A tied LM's table by frequency (converters/quantization/rounding/tied_head.py): the split is exact in fp32, and in
+the 4-bit schemes the head's rows take 8 bits in the lookup and the logits alike, each half's codes stored once."""
 
 import numpy as np
 import onnx
@@ -7,12 +7,12 @@ import pytest
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.products import products_as_matmul
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.table_head import frequent_ids
-from converters.quantization.tied_codes import tied_pairs
-from converters.quantization.tied_head import split_tied_head
+from converters.quantization.rounding.products import products_as_matmul
+from converters.quantization.rounding.table_head import frequent_ids
+from converters.quantization.rounding.tied_head import split_tied_head
+from converters.quantization.storage.tied_codes import tied_pairs
 from eval.graph import make_session
 from eval.probe import full_feed
 from tests.converters.test_tied_codes import PASSAGES, _rows

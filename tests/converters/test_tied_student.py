@@ -1,6 +1,6 @@
-"""A tied LM's student for int4-trained (converters/quantization/tied_student.py): its table is the one the graph's
-lookup and logits read (the tied head's codes), and the head's corrections, whole or split by frequency, add to its
-logits as they do in the graph, and go back into it trained."""
+"""A tied LM's student for int4-trained (converters/quantization/corrections/tied_student.py): its table is the one
+the graph's lookup and logits read (the tied head's codes), and the head's corrections, whole or split by frequency,
+add to its logits as they do in the graph, and go back into it trained."""
 
 import copy
 
@@ -11,14 +11,14 @@ import torch
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.quantization.correction import add_corrections, corrected_layers, input_grams
-from converters.quantization.int4 import name_nodes, quantize_4bit
-from converters.quantization.products import products_as_matmul
-from converters.quantization.smoothing import activation_absmax, smooth
-from converters.quantization.tied_codes import share_tied_codes, tied_smoothing
-from converters.quantization.tied_head import split_tied_head
-from converters.quantization.tied_student import HeadCorrection
-from converters.quantization.training import student_of, write_back
+from converters.quantization.corrections.correction import add_corrections, corrected_layers, input_grams
+from converters.quantization.corrections.tied_student import HeadCorrection
+from converters.quantization.corrections.training import student_of, write_back
+from converters.quantization.rounding.int4 import name_nodes, quantize_4bit
+from converters.quantization.rounding.products import products_as_matmul
+from converters.quantization.rounding.smoothing import activation_absmax, smooth
+from converters.quantization.rounding.tied_head import split_tied_head
+from converters.quantization.storage.tied_codes import share_tied_codes, tied_smoothing
 from eval.graph import make_session
 from eval.probe import full_feed
 

@@ -1,4 +1,4 @@
-"""int4: 4-bit weights in blocks, rounded to nearest (converters.quantization.int4): each block of
+"""int4: 4-bit weights in blocks, rounded to nearest (converters.quantization.rounding.int4): each block of
 `block_size` weights w ≈ scale · q, q in [−8, 7], MatMul weights as MatMulNBits and tables behind a Gather as
 GatherBlockQuantized; a tied table's rows read from its head's codes (tied_codes). `FourBitConfig` holds what
 every 4-bit scheme shares: the blocks, MatMulNBits' compute and how the block scales are stored."""
@@ -10,11 +10,17 @@ import onnx
 
 from compressor.errors import CompressorError
 from converters.options import Option, option_field
-from converters.quantization.byte_scales import SCALE_BITS, byte_scales
-from converters.quantization.half_scales import half_scales
-from converters.quantization.int4 import ACCURACY_LEVELS, INT4_ACCURACY, INT4_BLOCK, check_int4_options, quantize_4bit
 from converters.quantization.registry import QuantizeResult, SchemeConfig, Source, Written, register
-from converters.quantization.tied_codes import share_tied_codes, tied_smoothing
+from converters.quantization.rounding.int4 import (
+    ACCURACY_LEVELS,
+    INT4_ACCURACY,
+    INT4_BLOCK,
+    check_int4_options,
+    quantize_4bit,
+)
+from converters.quantization.storage.byte_scales import SCALE_BITS, byte_scales
+from converters.quantization.storage.half_scales import half_scales
+from converters.quantization.storage.tied_codes import share_tied_codes, tied_smoothing
 
 __all__ = ["TABLE_BLOCK", "FourBitConfig", "Int4Config"]
 

@@ -1,4 +1,4 @@
-"""int4-aware: 4-bit blocks fitted to the data (converters.quantization.int4): SmoothQuant at α = 0.5 first
+"""int4-aware: 4-bit blocks fitted to the data (converters.quantization.rounding.int4): SmoothQuant at α = 0.5 first
 (exact in fp32), so that the rounding spends its levels where the activations are large (AWQ's idea), the
 MatMul weights by k-quant and the tables by asymmetric RTN, w ≈ scale · (q − z); then the layers whose 4 bits
 cost the output most per byte in 8 (int4.eight_bit_layers), and the word table's rows of the `table_head` most
@@ -12,15 +12,15 @@ import onnx
 
 from compressor.errors import CompressorError
 from converters.options import Option, option_field
-from converters.quantization.codebook_table import CODEBOOK_BITS
-from converters.quantization.int4 import INT4_AWARE_ALPHA, eight_bit_layers, quantize_4bit
+from converters.quantization.corrections.sensitivity import four_bit_losses
 from converters.quantization.registry import QuantizeResult, Source, Written, register
+from converters.quantization.rounding.int4 import INT4_AWARE_ALPHA, eight_bit_layers, quantize_4bit
+from converters.quantization.rounding.smoothing import smoothed
+from converters.quantization.rounding.table_head import TABLE_HEAD, frequent_ids
+from converters.quantization.rounding.tied_head import split_tied_head
 from converters.quantization.schemes.int4 import Int4Config
-from converters.quantization.sensitivity import four_bit_losses
-from converters.quantization.smoothing import smoothed
-from converters.quantization.table_head import TABLE_HEAD, frequent_ids
-from converters.quantization.tied_codes import share_tied_codes, tied_smoothing
-from converters.quantization.tied_head import split_tied_head
+from converters.quantization.storage.codebook_table import CODEBOOK_BITS
+from converters.quantization.storage.tied_codes import share_tied_codes, tied_smoothing
 from eval.kinds import GraphKind
 
 __all__ = ["TABLE_BITS", "Int4AwareConfig"]

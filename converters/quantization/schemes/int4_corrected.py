@@ -1,8 +1,8 @@
 """int4-corrected: int4-aware's rounding, then one byte budget (`correction_share` of the 4-bit codes) spent on
 each layer's rounding error E = W − Q, as a low-rank correction Q + L R fitted in its input Gram's metric
-(correction.py), as 8 bits instead, as blocks' offsets for a layer on a 4-bit grid (grid.py) or as 4 bits for a
-layer in 3 (correction_plan.plan_corrections); the codes chosen by GPTQ (gptq.py). The linear layers in
-`linear_bits`, 4 or 3 (three_bit_linear)."""
+(corrections/correction.py), as 8 bits instead, as blocks' offsets for a layer on a 4-bit grid (rounding/grid.py)
+or as 4 bits for a layer in 3 (corrections/correction_plan.py); the codes chosen by GPTQ (rounding/gptq.py). The
+linear layers in `linear_bits`, 4 or 3 (rounding/three_bit_linear.py)."""
 
 import copy
 from dataclasses import dataclass, replace
@@ -13,7 +13,7 @@ import onnx
 
 from compressor.errors import CompressorError
 from converters.options import Option, option_field
-from converters.quantization.correction import (
+from converters.quantization.corrections.correction import (
     CORRECTION_SHARE,
     add_corrections,
     bias_before_correction,
@@ -22,16 +22,22 @@ from converters.quantization.correction import (
     rounding_errors,
     store_factors,
 )
-from converters.quantization.correction_plan import plan_corrections
-from converters.quantization.gptq import gptq_rounded
-from converters.quantization.grid import add_offsets, grid_matmuls, off_grid, offset_residual
-from converters.quantization.int4 import four_bit_codes, matmul_weights, name_nodes, quantize_4bit, quantize_matmuls
+from converters.quantization.corrections.correction_plan import plan_corrections
+from converters.quantization.corrections.sensitivity import four_bit_losses
 from converters.quantization.registry import QuantizeResult, Source, Written, register
+from converters.quantization.rounding.gptq import gptq_rounded
+from converters.quantization.rounding.grid import add_offsets, grid_matmuls, off_grid, offset_residual
+from converters.quantization.rounding.int4 import (
+    four_bit_codes,
+    matmul_weights,
+    name_nodes,
+    quantize_4bit,
+    quantize_matmuls,
+)
+from converters.quantization.rounding.three_bit_linear import LINEAR_BITS, three_bit_storage
 from converters.quantization.schemes.int4 import TABLE_BLOCK
 from converters.quantization.schemes.int4_aware import Int4AwareConfig
-from converters.quantization.sensitivity import four_bit_losses
-from converters.quantization.three_bit_linear import LINEAR_BITS, three_bit_storage
-from converters.quantization.tied_codes import TRANSPOSED, share_tied_codes, tied_smoothing
+from converters.quantization.storage.tied_codes import TRANSPOSED, share_tied_codes, tied_smoothing
 from eval.kinds import GraphKind
 
 __all__ = ["CORRECTED_TABLE_BLOCK", "Int4CorrectedConfig"]

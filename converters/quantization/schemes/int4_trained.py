@@ -1,5 +1,5 @@
 """int4-trained: int4-corrected's graph, its corrections then learnt by distillation against the fp32 model
-with every weight held as the graph rounds it (training.py): the fine-tune minimises the distance of the
+with every weight held as the graph rounds it (corrections/training.py): the fine-tune minimises the distance of the
 student's output to the original's for `correction_time` seconds at `correction_lr`, then the factors go back
 into the graph and are rounded to 8 bits."""
 
@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from compressor.errors import CompressorError
 from converters.options import Option, option_field
+from converters.quantization.corrections.training import CORRECTION_SECONDS
 from converters.quantization.registry import register
 from converters.quantization.schemes.int4_corrected import Int4CorrectedConfig
-from converters.quantization.training import CORRECTION_SECONDS
 
 __all__ = ["CORRECTION_LR", "Int4TrainedConfig"]
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import onnx
 
 from converters.options import Option, option_field
-from converters.quantization.int4 import quiet_quantizer
 from converters.quantization.registry import QuantizeResult, SchemeConfig, Source, Written, register
-from converters.quantization.target_cpu import NATIVE, TARGETS, reduces_range, resolve_target
+from converters.quantization.rounding.int4 import quiet_quantizer
+from converters.quantization.rounding.target_cpu import NATIVE, TARGETS, reduces_range, resolve_target
 
 __all__ = ["TARGET_CPU", "Int8Config"]
 

@@ -1,4 +1,4 @@
-"""int8-aware: int8 after SmoothQuant (smoothing.py): each activation's channel j divided by
+"""int8-aware: int8 after SmoothQuant (rounding/smoothing.py): each activation's channel j divided by
 s_j = max|x_j|^α / max|W_j·|^(1−α) on calibration batches and the weight rows multiplied by it (exact in
 fp32), so that one int8 scale a tensor holds the activations; the layers whose inputs hold outliers named."""
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import onnx
 
 from converters.quantization.registry import Source, register
+from converters.quantization.rounding.smoothing import SMOOTH_ALPHA, smoothed
 from converters.quantization.schemes.int8 import Int8Config
-from converters.quantization.smoothing import SMOOTH_ALPHA, smoothed
 
 __all__ = ["Int8AwareConfig"]
 

@@ -1,5 +1,5 @@
 """mixed (with --budget): each module quantized at the width a byte budget chose with its size
-(converters.quantization.mixed): int4 layers as MatMulNBits (k-quant) and GatherBlockQuantized, int8 layers
+(converters.quantization.corrections.mixed): int4 layers as MatMulNBits (k-quant) and GatherBlockQuantized, int8 layers
 as dynamic int8, fp32 left; the widths are the compressed model's plan's."""
 
 from dataclasses import dataclass
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import onnx
 
-from converters.quantization.mixed import quantize_mixed
+from converters.quantization.corrections.mixed import quantize_mixed
 from converters.quantization.registry import Source, Written, register
 from converters.quantization.schemes.int4 import FourBitConfig
 

@@ -1,6 +1,6 @@
-"""w4a8 (encoders): int4-trained's file multiplied in int8 (int8_products.py): each layer whose input one int8
-scale a tensor holds becomes DynamicQuantizeMatMul on W8 = round((Q + L R) / s), folded from the stored codes
-and factors when the session starts; its student rounds those inputs as the graph will while it trains."""
+"""w4a8 (encoders): int4-trained's file multiplied in int8 (corrections/int8_products.py): each layer whose input
+one int8 scale a tensor holds becomes DynamicQuantizeMatMul on W8 = round((Q + L R) / s), folded from the stored
+codes and factors when the session starts; its student rounds those inputs as the graph will while it trains."""
 
 from dataclasses import dataclass
 
@@ -8,11 +8,11 @@ import onnx
 
 from compressor.errors import CompressorError
 from converters.options import option_field
-from converters.quantization.int8_products import int8_layers, int8_products
+from converters.quantization.corrections.int8_products import int8_layers, int8_products
 from converters.quantization.registry import QuantizeResult, register
+from converters.quantization.rounding.target_cpu import NATIVE, int8_level, resolve_target
 from converters.quantization.schemes.int4_trained import CORRECTION_LR, Int4TrainedConfig
 from converters.quantization.schemes.int8 import TARGET_CPU
-from converters.quantization.target_cpu import NATIVE, int8_level, resolve_target
 from eval.kinds import GraphKind
 
 __all__ = ["W4A8Config"]

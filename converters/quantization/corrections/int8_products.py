@@ -24,10 +24,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from compressor.errors import CompressorError
-from converters.quantization.correction import corrected_layers, weight_names
-from converters.quantization.packed_codes import Builder, default_opset, unpacked
-from converters.quantization.smoothing import probe_activations
-from converters.quantization.three_bit_linear import CODES_SUFFIX
+from converters.quantization.corrections.correction import corrected_layers
+from converters.quantization.rounding.int4 import weight_names
+from converters.quantization.rounding.smoothing import probe_activations
+from converters.quantization.rounding.three_bit_linear import CODES_SUFFIX
+from converters.quantization.storage.packed_codes import Builder, default_opset, unpacked
 
 __all__ = ["INT8_LEVEL", "INT8_INPUT_TOL", "INPUT_BATCHES", "int8_rounding_errors", "int8_layers", "int8_products"]
 

@@ -18,9 +18,14 @@ import torch
 
 from compressor.budget import Point, allocate, tail_error
 from compressor.errors import CompressorError
-from converters.quantization.correction import correction_bytes, error_factors, output_energy, rounding_errors
-from converters.quantization.grid import offset_bytes, offset_residual
-from converters.quantization.three_bit_linear import three_bit_layers
+from converters.quantization.corrections.correction import (
+    correction_bytes,
+    error_factors,
+    output_energy,
+    rounding_errors,
+)
+from converters.quantization.rounding.grid import offset_bytes, offset_residual
+from converters.quantization.rounding.three_bit_linear import three_bit_layers
 
 __all__ = ["RANK_STEP", "Plan", "correction_ranks", "plan_corrections"]
 

@@ -20,7 +20,7 @@ fine-tune (the corrections and gains of nn.Linear and Conv1D layers, their biase
 left them, BENCHMARKS.md, "The word table's tail in codebooks") the factors go back as L = s·A, R = B, each block's
 scale times its gain, the biases into their Add and the norms into their nodes (each in an initializer of its own),
 and `correction.store_factors` rounds the factors to 8 bits. For the layers a graph multiplies in int8 (w4a8:
-converters.quantization.int8_products) the input is rounded too, as DynamicQuantizeLinear rounds it
+converters.quantization.corrections.int8_products) the input is rounded too, as DynamicQuantizeLinear rounds it
 (`int8_rounded`)."""
 
 import copy
@@ -38,14 +38,15 @@ from torch import nn
 from compressor.corrected_linear import CorrectedLinear
 from compressor.errors import UnmatchedWeightError
 from converters.nbits_storage import constant_of, dequantize_nbits, scale_values
-from converters.quantization.codebook_table import codebook_outputs, codebook_rows
-from converters.quantization.correction import corrected_layers, weight_names
-from converters.quantization.fused_student import fuse, put_side_by_side, side_by_side
-from converters.quantization.graph_norms import GraphLayerNorm, GraphRMSNorm, norms_of, own_initializers
-from converters.quantization.grid import block_offsets, stored_offsets
-from converters.quantization.table_head import split_tables
-from converters.quantization.three_bit_table import three_bit_outputs, three_bit_rows
-from converters.quantization.tied_student import HeadCorrection, hold_tied
+from converters.quantization.corrections.correction import corrected_layers
+from converters.quantization.corrections.fused_student import fuse, put_side_by_side, side_by_side
+from converters.quantization.corrections.graph_norms import GraphLayerNorm, GraphRMSNorm, norms_of, own_initializers
+from converters.quantization.corrections.tied_student import HeadCorrection, hold_tied
+from converters.quantization.rounding.grid import block_offsets, stored_offsets
+from converters.quantization.rounding.int4 import weight_names
+from converters.quantization.rounding.table_head import split_tables
+from converters.quantization.rounding.three_bit_table import three_bit_outputs, three_bit_rows
+from converters.quantization.storage.codebook_table import codebook_outputs, codebook_rows
 from converters.submodules import set_submodule
 
 __all__ = [

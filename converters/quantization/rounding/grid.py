@@ -3,7 +3,7 @@ GGUF) holds, in each block of `block` weights along K, at most 16 evenly spaced 
 q ∈ 0…15. Smoothing would scale its rows off that grid. Asymmetric round-to-nearest keeps the step d
 and misses only the minimum's offset from the integer zero point z, W − Q = m + d·z: one value per block
 and column, an error of rank ≤ K / block, which a low-rank correction of that rank takes whole
-(converters.quantization.correction); k-quant's search finds d on nearly every block, not all (on
+(converters.quantization.corrections.correction); k-quant's search finds d on nearly every block, not all (on
 SmolLM2 its error keeps 0.2–0.3% of its energy beyond rank K/32, round-to-nearest's 0.03–0.09%).
 ONNX Runtime's asymmetric range takes in 0, so a block of one sign only is rounded on another step;
 every block of SmolLM2's holds both.
@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from converters.quantization.smoothing import smoothable
+from converters.quantization.rounding.smoothing import smoothable
 
 __all__ = [
     "GRID_TOL",

@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from converters.quantization.packed_codes import Builder, default_opset
+from converters.quantization.storage.packed_codes import Builder, default_opset
 
 __all__ = ["SCALE_BITS", "ZERO_CODE", "byte_scales", "byte_scale_values"]
 

@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
-from converters.quantization.packed_codes import Builder, default_opset, replace_gather
+from converters.quantization.storage.packed_codes import Builder, default_opset, replace_gather
 
 __all__ = [
     "CODEBOOK_BITS",

@@ -13,7 +13,7 @@ from onnx import numpy_helper
 
 from compressor.errors import CompressorError
 from converters.nbits_storage import pack
-from converters.quantization.packed_codes import Builder, default_opset, replace_gather
+from converters.quantization.storage.packed_codes import Builder, default_opset, replace_gather
 
 __all__ = [
     "THREE_BIT_PARTS",

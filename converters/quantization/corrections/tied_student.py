@@ -16,8 +16,9 @@ from torch import nn
 from compressor.errors import UnmatchedWeightError
 from compressor.tied_logits import TiedLogits
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.correction import corrected_layers, weight_names
-from converters.quantization.tied_codes import TRANSPOSED, smoothing_of
+from converters.quantization.corrections.correction import corrected_layers
+from converters.quantization.rounding.int4 import weight_names
+from converters.quantization.storage.tied_codes import TRANSPOSED, smoothing_of
 
 __all__ = ["HeadCorrection", "hold_tied"]
 

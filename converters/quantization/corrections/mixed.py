@@ -34,8 +34,7 @@ from compressor.budget import Point
 from compressor.dense import dense_weight
 from compressor.errors import CompressorError
 from converters.plan import WIDTHS
-from converters.quantization.half_scales import SCALE_BYTES
-from converters.quantization.int4 import (
+from converters.quantization.rounding.int4 import (
     INT4_ACCURACY,
     INT4_BLOCK,
     matmul_weights,
@@ -45,6 +44,7 @@ from converters.quantization.int4 import (
     quiet_quantizer,
     table_gathers,
 )
+from converters.quantization.storage.half_scales import SCALE_BYTES
 
 __all__ = ["WIDTHS", "bytes_per_weight", "quantization_error", "widened", "module_nodes", "quantize_mixed"]
 

@@ -25,16 +25,15 @@ from onnx import helper, numpy_helper
 from compressor.errors import CompressorError
 from compressor.lowrank import whitened_factors
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.half_scales import SCALE_BYTES
-from converters.quantization.int4 import quiet_quantizer
-from converters.quantization.smoothing import probe_activations
+from converters.quantization.rounding.int4 import quiet_quantizer, weight_names
+from converters.quantization.rounding.smoothing import probe_activations
+from converters.quantization.storage.half_scales import SCALE_BYTES
 
 __all__ = [
     "CORRECTION_SHARE",
     "GRAM_BATCHES",
     "check_correction_share",
     "Correction",
-    "weight_names",
     "input_grams",
     "error_factors",
     "FACTOR_FORMS",
@@ -83,12 +82,6 @@ class Correction:
                 "factors_rounded": self.error_stored,
             },
         }
-
-
-def weight_names(graph: onnx.GraphProto) -> dict[str, str]:
-    """Output name → weight name of each MatMul with a constant 2-D weight."""
-    shapes = {i.name for i in graph.initializer if len(i.dims) == 2}
-    return {n.output[0]: n.input[1] for n in graph.node if n.op_type == "MatMul" and n.input[1] in shapes}
 
 
 def input_grams(model: onnx.ModelProto, feeds: list[dict]) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 
 from compressor.errors import CompressorError
 from converters.nbits_storage import pack, unpack
-from converters.quantization.packed_codes import Builder, default_opset, unpacked
+from converters.quantization.storage.packed_codes import Builder, default_opset, unpacked
 
 __all__ = ["LINEAR_BITS", "SHRINKS", "CODES_SUFFIX", "three_bit_matmuls", "three_bit_storage", "three_bit_layers"]
 

@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from converters.quantization.table_head import split_table
-from converters.quantization.tied_codes import TRANSPOSED, tied_pairs
+from converters.quantization.rounding.table_head import split_table
+from converters.quantization.storage.tied_codes import TRANSPOSED, tied_pairs
 
 __all__ = ["split_tied_head"]
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from converters.quantization.packed_codes import Builder, default_opset, unpacked
+from converters.quantization.storage.packed_codes import Builder, default_opset, unpacked
 
 __all__ = ["tied_pairs", "smoothing_of", "tied_smoothing", "share_tied_codes"]
 

@@ -35,11 +35,11 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from converters.nbits_storage import TABLE_OPSET
-from converters.quantization.codebook_table import CODEBOOK_BITS, codebook_gather, piece_of
-from converters.quantization.grid import grid_matmuls
-from converters.quantization.table_head import eight_bit_gather, split_table, word_table
-from converters.quantization.three_bit_linear import three_bit_matmuls
-from converters.quantization.three_bit_table import three_bit_gather
+from converters.quantization.rounding.grid import grid_matmuls
+from converters.quantization.rounding.table_head import eight_bit_gather, split_table, word_table
+from converters.quantization.rounding.three_bit_linear import three_bit_matmuls
+from converters.quantization.rounding.three_bit_table import three_bit_gather
+from converters.quantization.storage.codebook_table import CODEBOOK_BITS, codebook_gather, piece_of
 from eval.graph import make_session
 
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "name_nodes",
     "matmul_weights",
     "matmul_arrays",
+    "weight_names",
     "table_gathers",
     "quiet_quantizer",
 ]
@@ -120,6 +121,12 @@ def matmul_weights(graph: onnx.GraphProto) -> dict[str, tuple[int, int]]:
     """MatMul node name → (K, N) of its constant 2-D weight, for the MatMuls the quantizer takes."""
     shapes = {i.name: tuple(i.dims) for i in graph.initializer if len(i.dims) == 2}
     return {n.name: shapes[n.input[1]] for n in graph.node if n.op_type == "MatMul" and n.input[1] in shapes}
+
+
+def weight_names(graph: onnx.GraphProto) -> dict[str, str]:
+    """Output name → weight name of each MatMul with a constant 2-D weight."""
+    shapes = {i.name for i in graph.initializer if len(i.dims) == 2}
+    return {n.output[0]: n.input[1] for n in graph.node if n.op_type == "MatMul" and n.input[1] in shapes}
 
 
 def matmul_arrays(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -201,7 +208,7 @@ def quantize_tables(
 ) -> onnx.ModelProto:
     """`model` (named nodes) with its tables (axis-0 Gathers of 2-D initializers), or `only` those
     Gather nodes among them, in GatherBlockQuantized, asymmetric when `aware`; with `head` (token ids),
-    the word table's rows of those ids in 8 bits (converters.quantization.table_head); the Gathers named in
+    the word table's rows of those ids in 8 bits (converters.quantization.rounding.table_head); the Gathers named in
     `eight_bit` left as they are (a tied head's 8-bit half, whose rows tied_codes reads from its logits' codes).
     With `bits` 3 the word table (its tail, with a head: the head then in 4 bits) goes to 3 bits
     (three_bit_table), with 2, 1.33 or 1 to codes of codebooks (codebook_table). ONNX Runtime's

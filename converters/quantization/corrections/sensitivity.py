@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import torch
 
-from converters.quantization.correction import input_grams, rounding_errors
-from converters.quantization.int4 import SENSITIVITY_BATCHES, layer_losses, matmul_weights, quantize_matmuls
+from converters.quantization.corrections.correction import input_grams, rounding_errors
+from converters.quantization.rounding.int4 import SENSITIVITY_BATCHES, layer_losses, matmul_weights, quantize_matmuls
 
 __all__ = ["MEASURED_LAYERS", "gram_losses", "four_bit_losses"]
 

@@ -16,7 +16,7 @@ budget. The student runs without dropout, as the teacher does. `cuda` with bf16 
 present, else the CPU with all cores (the thread setting restored after); the best weights by the
 kind's agreement on a held-out validation split are kept. With a state file the fine-tune saves its
 state every `eval_every` steps and when stopped (Ctrl-C, SIGTERM), and `resume` goes on from it to
-the result of the same run unstopped (converters.finetune_state)."""
+the result of the same run unstopped (converters.finetune.state)."""
 
 import contextlib
 import copy
@@ -45,10 +45,10 @@ from converters.distributed import (
     world,
     wrap,
 )
-from converters.finetune_config import FinetuneConfig, FinetuneReport
-from converters.finetune_data import batches, pad, synthetic_windows, window_weights, windows
-from converters.finetune_loss import agreement, outputs, step_loss
-from converters.finetune_state import load_state, save_state
+from converters.finetune.config import FinetuneConfig, FinetuneReport
+from converters.finetune.data import batches, pad, synthetic_windows, window_weights, windows
+from converters.finetune.loss import agreement, outputs, step_loss
+from converters.finetune.state import load_state, save_state
 from converters.kinds import kind_of
 
 __all__ = ["finetune_", "trainable_parameters", "pick_device"]

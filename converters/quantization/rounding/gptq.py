@@ -16,8 +16,8 @@ import torch
 from onnx import numpy_helper
 
 from converters.nbits_storage import nbits_grid, pack
-from converters.quantization.correction import weight_names
-from converters.quantization.three_bit_linear import three_bit_layers
+from converters.quantization.rounding.int4 import weight_names
+from converters.quantization.rounding.three_bit_linear import three_bit_layers
 
 __all__ = ["DAMP", "gptq_codes", "gptq_rounded"]
 
