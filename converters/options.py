@@ -18,8 +18,8 @@ class Option:
     type must agree); `help` says what it means for this config and `default` is this config's (said
     after the help); with `many`, `run` takes several values and makes one variant per value;
     `aliases`: older spellings of the flag, still taken (a recipe's key too); `metavar`: the value's name
-    in the help; `flagged` False: a recipe's key only, with no flag of its own; `strict`: a value other than
-    the default is refused unless a config that takes the option is asked."""
+    in the help; `flagged` False: a recipe's key only, with no flag of its own; `neutral`: the value any run may
+    give, which makes the option strict: another value is refused unless a config that takes the option is asked."""
 
     flag: str
     help: str
@@ -30,7 +30,7 @@ class Option:
     default: Any = None
     metavar: str | None = None
     flagged: bool = True
-    strict: bool = False
+    neutral: Any = None
 
     @property
     def dest(self) -> str:

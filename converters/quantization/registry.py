@@ -161,10 +161,9 @@ def scheme_named(name: str) -> type[SchemeConfig]:
 @dataclass(frozen=True)
 class Taken:
     """A scheme option and the schemes that take it: by scheme, its option (the help and default as that scheme
-    says them) and its field's default."""
+    says them)."""
 
     options: dict[str, Option] = field(default_factory=dict)
-    defaults: dict[str, Any] = field(default_factory=dict)
 
     @property
     def option(self) -> Option:
@@ -180,7 +179,6 @@ def scheme_options() -> dict[str, Taken]:
             if "option" in f.metadata:
                 option = f.metadata["option"]
                 taken.setdefault(option.dest, Taken()).options[name] = option
-                taken[option.dest].defaults[name] = f.default
     return taken
 
 
@@ -192,13 +190,14 @@ def configs_of(names, options: Mapping[str, Any]) -> tuple[SchemeConfig, ...]:
 
 def check_options(names, options: Mapping[str, Any]) -> None:
     """The options given (dest → value, None where not given), before any work: each value as every scheme that
-    takes it checks it (whether `names` asks it or not: the same options make other rows), and a strict
-    option's value other than its default asked with a scheme of `names` that takes it."""
+    takes it checks it (whether `names` asks it or not: the same options make other rows), and a strict option's
+    value other than its neutral one (Option.neutral) asked with a scheme of `names` that takes it."""
     for config in schemes().values():
         if any(options.get(o.dest) is not None for o in field_options(config)):
             config_from_options(config)(options)
     for dest, taken in scheme_options().items():
         value = options.get(dest)
-        given = taken.option.strict and value is not None and value not in taken.defaults.values()
+        neutral = taken.option.neutral
+        given = neutral is not None and value is not None and value != neutral
         if given and not set(names) & set(taken.options):
             raise CompressorError(f"{taken.option.flag} goes with --quantize {' or '.join(taken.options)}")

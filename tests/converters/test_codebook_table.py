@@ -85,7 +85,7 @@ def test_widths_are_checked():
         scheme_named("w4a8")(table_bits=5)
     with pytest.raises(CompressorError, match="--table-bits 2 is for an encoder"):
         scheme_named("int4-aware")(table_bits=2).check(type("Kind", (), {"factor_form": "nbits"})())
-    with pytest.raises(CompressorError, match="goes with --quantize int4-aware"):
+    with pytest.raises(CompressorError, match="goes with --quantize .*int4-aware"):
         check_options(["int8"], {"table_bits": 1})
 
 

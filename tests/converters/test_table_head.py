@@ -59,6 +59,6 @@ def test_bad_heads_are_refused(tmp_path, head):
         split_table(model, model.graph.node[0], head)
     with pytest.raises(CompressorError, match="0 or more"):
         scheme_named("int4-aware")(table_head=-1)
-    with pytest.raises(CompressorError, match="goes with --quantize int4-aware"):
+    with pytest.raises(CompressorError, match="goes with --quantize .*int4-aware"):
         check_options(["int8", "int4"], {"table_head": 16})
     check_options(["int8", "int4-trained"], {"table_head": 16})  # run: one of its schemes takes it

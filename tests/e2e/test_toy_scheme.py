@@ -30,7 +30,7 @@ class LargeInt8Config(SchemeConfig):
     width = 8
     gate = 0.35
     min_size: int = option_field(
-        4096, Option("--min-size", "int8 the MatMuls of at least this many weights", int, strict=True)
+        4096, Option("--min-size", "int8 the MatMuls of at least this many weights", int, neutral=4096)
     )
 
     def write(self, source: Source, out: Path) -> Written:

@@ -39,7 +39,7 @@ SCALE_BITS_OPTION = Option(
     int,
     choices=SCALE_BITS,
     metavar="BITS",
-    strict=True,
+    neutral=16,
 )
 TABLE_BLOCK = Option(
     "--table-block",

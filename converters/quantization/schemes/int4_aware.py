@@ -32,7 +32,7 @@ TABLE_HEAD_OPTION = Option(
     "the word table's rows of the calibration text's ROWS most frequent tokens in 8 bits, the rest in 4; 0: none",
     int,
     metavar="ROWS",
-    strict=True,
+    neutral=TABLE_HEAD,
 )
 TABLE_BITS_OPTION = Option(
     "--table-bits",
@@ -41,7 +41,7 @@ TABLE_BITS_OPTION = Option(
     float,
     choices=TABLE_BITS,
     metavar="BITS",
-    strict=True,
+    neutral=4,
 )
 
 

@@ -60,7 +60,7 @@ LINEAR_BITS_OPTION = Option(
     int,
     choices=LINEAR_BITS,
     metavar="BITS",
-    strict=True,
+    neutral=4,
 )
 
 
