@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 
 from converters.checkpoint import load_model, read_meta, save_compressed
 from converters.compress import CompressionReport
-from converters.finetune import finetune_
+from converters.finetune import Distillation, FinetuneRun, finetune_
 from converters.finetune.config import FinetuneConfig
 from converters.kinds import kind_of
 from converters.pipeline.steps import finetune_texts
@@ -86,7 +86,11 @@ def main() -> None:
     train, val, where = finetune_texts(args.data, kind)
     cfg = FinetuneConfig(steps=args.steps, seconds=args.seconds, eval_every=args.every, device=args.device)
     measure(0, float("nan"), student)
-    report = finetune_(student, teacher, tokenizer, train, val, cfg, tuple(compact_modules().values()), on_eval=measure)
+    report = finetune_(
+        Distillation(student, teacher, tokenizer, train, val, tuple(compact_modules().values())),
+        cfg,
+        FinetuneRun(on_eval=measure),
+    )
     points[0]["validation"] = report.start_val_cosine  # the last point is the budget's last validation
     write()
     print(f"{report.steps} steps in {report.seconds:.0f} s on {report.device}: {report.steps_per_second:.2f} steps/s")

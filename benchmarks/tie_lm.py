@@ -21,7 +21,7 @@ from pathlib import Path
 from compressor.tied_logits import TiedLogits
 from compressor.tying import SCORES
 from converters import LowRankConfig, Plan, compress_, export_onnx, load_model
-from converters.finetune import finetune_
+from converters.finetune import Distillation, finetune_
 from converters.finetune.config import FinetuneConfig
 from converters.kinds import OwnLM, kind_of
 from converters.quantization.quantize import quantize_onnx
@@ -73,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             plan = Plan(entries, tie=TieConfig(init, score))
             compress_(model, plan)
             name = plan.label()
-            report = finetune_(model, original, tokenizer, train, val, cfg, tuple(compact_modules().values()))
+            report = finetune_(
+                Distillation(model, original, tokenizer, train, val, tuple(compact_modules().values())), cfg
+            )
             print(f"{name}: {report.steps} steps in {report.seconds:.0f} s on {where}", file=sys.stderr)
             variants.append((name, export_onnx(model, args.out / f"{name}.onnx").path))
     eval_texts, eval_where = kind.graph.passages(None, "eval")

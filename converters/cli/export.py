@@ -22,7 +22,7 @@ from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.pipeline.calibrating import head_frequencies, quantize_calibration, token_frequencies
 from converters.pipeline.say import say
-from converters.pipeline.steps import correction_fit
+from converters.pipeline.steps import check_schemes, correction_fit
 from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import SchemeConfig
@@ -78,8 +78,7 @@ def run(args) -> None:
         check_writable(out, "ONNX file")
     check_prior(args.freq_prior, args.prior_weight)
     kind = kind_for_config(source)
-    for scheme in quantize.schemes:
-        scheme.check(kind.graph)
+    check_schemes([quantize], kind.graph)
     if folder and lacks_tokenizer(source):
         say(
             f"warning: {str(source)!r} has no tokenizer file; the folder will hold none, and tools cannot tokenize text"

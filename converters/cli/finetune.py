@@ -4,10 +4,11 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model, read_meta, save_compressed
-from converters.cli.options import FINETUNE_DEFAULTS, finetune_options
-from converters.cli.specs import finetune_config, kind_options
+from converters.cli.options import finetune_options
+from converters.cli.specs import FINETUNE_DEFAULTS, finetune_config, kind_options
 from converters.compress import CompressionReport
 from converters.distributed import SHARD_ALONE, check_shares, world
+from converters.finetune import FinetuneRun
 from converters.finetune.state import check_resumable
 from converters.kinds import kind_named, kind_of
 from converters.pipeline.say import say
@@ -71,9 +72,8 @@ def run(args) -> None:
         say("--steps 0: nothing to fine-tune; the checkpoint is unchanged")
         return
     texts = finetune_texts(args.data, kind_of(student))
-    result = finetune_and_say(
-        student, teacher, teacher_dir, cfg, texts, state=args.state, resume=args.resume, sharded=args.shard
-    )
+    run_as = FinetuneRun(state=args.state, resume=args.resume, sharded=args.shard)
+    result = finetune_and_say(student, teacher, teacher_dir, cfg, texts, run_as)
     if not world().main:  # under torchrun the first process writes
         return
     plan = Plan.from_dict(meta["plan"])

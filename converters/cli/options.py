@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 
 from compressor.errors import CompressorError
+from converters.cli.specs import FINETUNE_DEFAULTS
 from converters.finetune.config import DEVICES, SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.quantization.quantize import CALIBRATION_PASSAGES
@@ -53,7 +54,7 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
         "--method",
         choices=sorted(known),
         nargs="+",
-        default=default,
+        default=None,
         help=f"compression method (default: {fallback}); several ({' '.join(budgeted)}) only with --budget, which "
         "then chooses among them layer by layer",
     )
@@ -76,7 +77,7 @@ def method_options(p: argparse.ArgumentParser, many: bool) -> None:
     p.add_argument(
         "--targets",
         nargs="+",
-        default=["embeddings"],
+        default=None,
         help="modules to compress: embeddings, attention, ffn, linear, all, head (an untied LM head), exact or suffix "
         "module names, or "
         '"re:REGEX" (default: embeddings)',
@@ -137,11 +138,9 @@ def prior_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-FINETUNE_DEFAULTS = FinetuneConfig()
-
-
 def finetune_options(p: argparse.ArgumentParser, run: bool, defaults: FinetuneConfig = FINETUNE_DEFAULTS) -> None:
-    """The fine-tune's options, their defaults from `defaults` (a command may have its own)."""
+    """The fine-tune's options, none given by default: their help says `defaults`' (a command may have its own),
+    which specs.finetune_config reads."""
     prefix = "finetune-" if run else ""
     p.add_argument(
         f"--{prefix}steps",
@@ -154,7 +153,7 @@ def finetune_options(p: argparse.ArgumentParser, run: bool, defaults: FinetuneCo
         f"--{prefix}time",
         dest="ft_time",
         type=float,
-        default=None if run else defaults.seconds,
+        default=None,
         help="fine-tune: stop after this many seconds"
         + (" (default: no fine-tune)" if run else f" (default: {defaults.seconds:g})"),
     )
@@ -163,49 +162,49 @@ def finetune_options(p: argparse.ArgumentParser, run: bool, defaults: FinetuneCo
         f"--{prefix}device",
         dest="ft_device",
         choices=list(DEVICES),
-        default=defaults.device,
+        default=None,
         help="fine-tune: where it runs; auto: cuda when PyTorch sees a GPU (bf16 autocast, the teacher in bf16), "
         f"else the CPU with every core (default: {defaults.device})",
     )
     p.add_argument(
         "--lr",
         type=float,
-        default=defaults.lr,
+        default=None,
         help=f"fine-tune: AdamW learning rate of the compressed tables (default: {defaults.lr:g}; linear layers: "
         "--linear-lr)",
     )
     p.add_argument(
         "--linear-lr",
         type=float,
-        default=defaults.linear_lr,
+        default=None,
         help="fine-tune: AdamW learning rate of the compressed linear layers' factors "
         f"(default: {defaults.linear_lr:g})",
     )
     p.add_argument(
         "--layer-weight",
         type=float,
-        default=defaults.layer_weight,
+        default=None,
         help="fine-tune: weight of the per-layer hidden-state matching, each layer's relative squared error to the "
         f"original's (default: {defaults.layer_weight:g}; 0: the output only)",
     )
     p.add_argument(
         "--rare-share",
         type=float,
-        default=defaults.rare_share,
+        default=None,
         help="fine-tune: the share of windows drawn in proportion to the rare tokens they hold (Σ 1/count over "
         f"their tokens) rather than uniformly (default: {defaults.rare_share:g})",
     )
     p.add_argument(
         "--synthetic",
         type=float,
-        default=defaults.synthetic,
+        default=None,
         help="fine-tune: the share of each batch made of token sequences drawn from the general-English prior "
         f"(wordfreq), to reach tokens the text lacks (default: {defaults.synthetic:g})",
     )
     p.add_argument(
         "--trainable",
         choices=list(TRAINABLE),
-        default=defaults.trainable,
+        default=None,
         help=f"fine-tune: train the compressed modules only, or every parameter (default: {defaults.trainable})",
     )
     p.add_argument(
@@ -225,13 +224,13 @@ def finetune_options(p: argparse.ArgumentParser, run: bool, defaults: FinetuneCo
     p.add_argument(
         "--rest-lr",
         type=float,
-        default=defaults.rest_lr,
+        default=None,
         help=f"fine-tune: learning rate of the other parameters with --trainable all (default: {defaults.rest_lr:g})",
     )
     p.add_argument(
         "--schedule",
         choices=list(SCHEDULES),
-        default=defaults.schedule,
+        default=None,
         help=f"fine-tune: learning rate schedule; linear warms up over {defaults.warmup_steps} steps, then decays "
         f"to 0 when the step or time budget ends (default: {defaults.schedule})",
     )

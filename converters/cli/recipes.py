@@ -21,6 +21,7 @@ from typing import Any
 from compressor.errors import CompressorError
 from converters.cli.options import finetune_options, method_options, quantize_option
 from converters.cli.specs import variant_spec
+from converters.kinds import ModelKind
 from converters.pipeline.steps import check_method_options
 from converters.quantization.registry import schemes
 from converters.registry import methods
@@ -184,12 +185,6 @@ def _quantize_keys() -> frozenset[str]:
     return frozenset(key for a in recorder.actions for key in _keys(a) if key != "quantize")
 
 
-@functools.cache
-def _variant_defaults() -> tuple[tuple[str, Any], ...]:
-    """Run's default of each variant option, by dest."""
-    return tuple({a.dest: a.default for a in _variant_options().values()}.items())
-
-
 @dataclass(frozen=True)
 class Recipe:
     """One variant of a sweep. `options`: option dest → value, as `compressor run` would parse
@@ -201,10 +196,10 @@ class Recipe:
     name: str | None = None
 
     def values(self) -> dict[str, Any]:
-        """`compressor run`'s parsed options for this variant: run's defaults, then this recipe's;
-        --quantize the recipe's schemes other than fp32."""
-        values = copy.deepcopy(dict(_variant_defaults()))  # shares no list with run or the recipe
-        values.update(copy.deepcopy(self.options), method=self.method)
+        """`compressor run`'s parsed options for this variant: this recipe's, every other variant option not given
+        (None: the configs' defaults); --quantize the recipe's schemes other than fp32."""
+        values = dict.fromkeys(a.dest for a in _variant_options().values())
+        values.update(copy.deepcopy(self.options), method=self.method)  # shares no list with the recipe
         values["quantize"] = [s for s in self.quantize if s != "fp32"] or None
         return values
 
@@ -378,20 +373,26 @@ def _method_dests() -> frozenset[str]:
     return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE, *PRIOR_DESTS}
 
 
-def default_run(values: dict[str, Any], defaults: dict[str, Any], encoder: bool = True) -> list[VariantSpec] | None:
-    """The variants of DEFAULT_RUN when `compressor run`'s parsed options `values` (`defaults`: run's) give no
-    method option, the options they give overriding DEFAULT_RECIPE's own; with --quantize given, the original
-    in its schemes and the settings given alone; for a model not an `encoder` (whose products w4a8 cannot
-    make int8), none: the run is the original's own rows; None when they give a method option."""
-    if any(values[d] != defaults[d] for d in _method_dests()):
+def default_run(values: dict[str, Any], kind: ModelKind) -> list[VariantSpec] | None:
+    """The variants of DEFAULT_RUN when `compressor run`'s parsed options `values` give no method option (an option
+    not given is None), the options they give overriding DEFAULT_RECIPE's own; with --quantize given, the original in
+    its schemes and the settings given alone; for a model `kind` whose graph DEFAULT_RUN's schemes do not take
+    (w4a8 multiplies in int8: an encoder's), none: the run is the original's own rows; None when they give a method
+    option."""
+    if any(values.get(d) is not None for d in _method_dests()):
         return None
-    given = {k: v for k, v in values.items() if k in defaults and v != defaults[k]}
+    given = {k: v for k, v in values.items() if v is not None and v is not False}
     if "quantize" in given:
         return [variant_spec({**values, "method": QUANTIZE_ONLY})]
-    if not encoder:
+    recipes = parse_recipes(DEFAULT_RUN, "the default run")
+    try:
+        for recipe in recipes:
+            for config in recipe.variant().quantize.schemes:
+                config.check(kind.graph)
+    except CompressorError:
         return []
     variants = []
-    for recipe in parse_recipes(DEFAULT_RUN, "the default run"):
+    for recipe in recipes:
         merged = {**values, **recipe.values(), **(given if recipe.name == DEFAULT_RECIPE["name"] else {})}
         variants.append(variant_spec(merged, recipe.name))
     return variants

@@ -1,6 +1,5 @@
 """compressor run [MODEL]: compress, export and bench the original and each variant in one run."""
 
-import argparse
 from pathlib import Path
 
 from converters.cli.options import (
@@ -17,7 +16,6 @@ from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
 from converters.pipeline import measure
 from converters.pipeline.say import say
-from converters.registry import default_method
 from files.atomic import check_writable
 
 HELP = "compress, export and bench the original and each variant in one run"
@@ -25,8 +23,7 @@ HELP = "compress, export and bench the original and each variant in one run"
 
 def add_arguments(p) -> None:
     p.add_argument("model", nargs="?", default=None, help=MODEL_HELP)
-    method_options(p, many=True)
-    p.set_defaults(method=None)  # none given: the default recipe (converters/cli/recipes.py)
+    method_options(p, many=True)  # none given: the default run (converters/cli/recipes.py)
     quantize_option(
         p,
         "also measure the original and every variant quantized with these schemes, as NAME-SCHEME (the "
@@ -40,16 +37,14 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> None:
-    """A sweep of one variant, the options given; or, when no method option is, the default run (DEFAULT_RUN)."""
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    """A sweep of one variant, the options given; or, when no method option is, the default run (DEFAULT_RUN):
+    argv → one spec (the options not given read from the configs) → measure."""
     values = vars(args)
-    kind = kind_for_config(resolve_model_dir(values["model"]))
-    encoder = kind.graph.factor_form == "int8"  # w4a8, the default recipe's scheme, multiplies in int8
-    variants = default_run(values, vars(parser.parse_args([])), encoder)
-    if variants is not None and values["quantize"]:
-        say(f"no method options: the original in {' and '.join(values['quantize'])}")
-    elif variants is not None and not encoder:
+    kind = kind_for_config(resolve_model_dir(args.model))
+    variants = default_run(values, kind)
+    if variants is not None and args.quantize:
+        say(f"no method options: the original in {' and '.join(args.quantize)}")
+    elif variants == []:
         say(
             f"no method options: the original's rows ({', '.join(kind.baselines)}); the default recipe "
             f"{DEFAULT_RECIPE['name']!r} is an encoder's (w4a8 and a 3-bit table)"
@@ -61,7 +56,6 @@ def run(args) -> None:
             "beside original-int8-aware and original-int4-aware (see compressor sweep)"
         )
     else:
-        values["method"] = values["method"] or default_method().name
         variants = [variant_spec(values)]
     spec = run_spec(values, variants, args.out)
     check_writable(args.out, "output folder")

@@ -3,17 +3,36 @@ once, where a command starts: the only place an option's parsed value becomes a 
 recipe's options (converters/cli/recipes.py) come through the same functions."""
 
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from converters.finetune.config import FinetuneConfig
 from converters.kinds import KINDS
 from converters.quantization.registry import scheme_options
-from converters.registry import export_forms, methods
+from converters.registry import default_method, export_forms, methods
 from converters.spec import QUANTIZE_ONLY, MethodSpec, QuantizeSpec, RunSpec, TextSpec, VariantSpec
 from texts.prior import PRIOR_WEIGHT, PRIORS, check_wordfreq
 
 __all__ = ["text_spec", "method_spec", "quantize_spec", "finetune_config", "variant_spec", "run_spec"]
+
+FINETUNE_DEFAULTS = FinetuneConfig()
+# The fine-tune's options (their dests) → the config's fields
+FINETUNE_DESTS = {
+    "ft_steps": "steps",
+    "ft_time": "seconds",
+    "ft_device": "device",
+    "lr": "lr",
+    "linear_lr": "linear_lr",
+    "rest_lr": "rest_lr",
+    "layer_weight": "layer_weight",
+    "rare_share": "rare_share",
+    "synthetic": "synthetic",
+    "schedule": "schedule",
+    "trainable": "trainable",
+    "batch_size": "batch_size",
+    "temperature": "temperature",
+}
 
 
 def _get(values: Mapping[str, Any], dest: str, default: Any = None) -> Any:
@@ -45,9 +64,10 @@ def _frozen(value: Any) -> Any:
 
 
 def method_spec(values: Mapping[str, Any], quantize: QuantizeSpec | None = None) -> MethodSpec:
-    """--method (one name, or several), each registered method's options that were given, --targets,
-    --budget, --plan, the prior; the budget's widths too with a planned scheme of `quantize` (mixed)."""
-    method = values["method"]
+    """--method (one name, or several; none: the registry's default), each registered method's options that were
+    given, --targets, --budget, --plan, the prior; the budget's widths too with a planned scheme of `quantize`
+    (mixed)."""
+    method = values.get("method") or default_method().name
     names = (method,) if isinstance(method, str) else tuple(dict.fromkeys(method))
     dests = dict.fromkeys(o.dest for m in methods().values() for o in m.options)
     default = MethodSpec(names)
@@ -70,25 +90,19 @@ def quantize_spec(values: Mapping[str, Any]) -> QuantizeSpec:
     return QuantizeSpec.of(names, tuple((d, values[d]) for d in scheme_options() if values.get(d) is not None))
 
 
-def finetune_config(values: Mapping[str, Any]) -> FinetuneConfig:
-    """The fine-tune's config from its options, checked (with --synthetic, the prior's package too)."""
-    if values["synthetic"] > 0:
+def finetune_config(
+    values: Mapping[str, Any], defaults: FinetuneConfig = FINETUNE_DEFAULTS, budgets: bool = False
+) -> FinetuneConfig:
+    """The fine-tune's config: `defaults` (a command's own, as its help says them) with the options given, checked
+    (with --synthetic, the prior's package too); `budgets`: the step and time budgets are the ones given alone
+    (run's: a fine-tune only when one is)."""
+    given = {name: values[dest] for dest, name in FINETUNE_DESTS.items() if values.get(dest) is not None}
+    if budgets:
+        given.update(steps=values.get("ft_steps"), seconds=values.get("ft_time"))
+    cfg = replace(defaults, **given)
+    if cfg.synthetic > 0:
         check_wordfreq("pass --synthetic 0: its sequences are drawn from wordfreq's English word frequencies")
-    return FinetuneConfig(
-        steps=values["ft_steps"],
-        seconds=values["ft_time"],
-        lr=values["lr"],
-        linear_lr=values["linear_lr"],
-        rest_lr=values["rest_lr"],
-        layer_weight=values["layer_weight"],
-        rare_share=values["rare_share"],
-        synthetic=values["synthetic"],
-        schedule=values["schedule"],
-        trainable=values["trainable"],
-        batch_size=values["batch_size"],
-        temperature=_get(values, "temperature", 1.0),
-        device=values["ft_device"],
-    )
+    return cfg
 
 
 def kind_options(values: Mapping[str, Any]) -> tuple[str, ...]:
@@ -100,13 +114,13 @@ def variant_spec(values: Mapping[str, Any], name: str | None = None, fp32: bool 
     """One variant from run's options (or a recipe's, over run's defaults): no fine-tune unless a step
     or time budget is given, and none with 0 steps; method QUANTIZE_ONLY: the original's rows in its
     schemes and settings, named NAME-SCHEME (NAME "original" unless given), its fp32 graph the original's."""
-    tunes = (values["ft_steps"] is not None or values["ft_time"] is not None) and values["ft_steps"] != 0
+    tunes = (values.get("ft_steps") is not None or values.get("ft_time") is not None) and values.get("ft_steps") != 0
     forms = [o.dest for f in export_forms().values() for o in (f.option, *f.options)]
     quantize = quantize_spec(values)
     return VariantSpec(
         None if values["method"] == QUANTIZE_ONLY else method_spec(values, quantize),
         quantize,
-        finetune_config(values) if tunes else None,
+        finetune_config(values, budgets=True) if tunes else None,
         export_forms=tuple((d, values.get(d)) for d in forms),
         kind_options=kind_options(values),
         name=name or ("original" if values["method"] == QUANTIZE_ONLY else None),

@@ -52,7 +52,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
     check_writable(args.out, "output folder")
-    cfg = finetune_config(vars(args))  # a bad option fails now, before the model loads
+    cfg = finetune_config(vars(args), TIE_FINETUNE)  # a bad option fails now, before the model loads
     model, source = load_original(args.model)
     check_kind_options(kind_options(vars(args)), kind_of(model))
     plan = Plan((), tie=TieConfig(args.init, args.score))

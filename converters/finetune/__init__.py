@@ -2,6 +2,14 @@
 report (config.py), loss (loss.py), state on disk (state.py) and data (data.py)."""
 
 from converters.finetune.config import FinetuneConfig, FinetuneReport
-from converters.finetune.distil import finetune_, pick_device, trainable_parameters
+from converters.finetune.distil import Distillation, FinetuneRun, finetune_, pick_device, trainable_parameters
 
-__all__ = ["FinetuneConfig", "FinetuneReport", "finetune_", "pick_device", "trainable_parameters"]
+__all__ = [
+    "Distillation",
+    "FinetuneConfig",
+    "FinetuneReport",
+    "FinetuneRun",
+    "finetune_",
+    "pick_device",
+    "trainable_parameters",
+]

@@ -1,4 +1,4 @@
-"""finetune_(student, teacher, ...): distil the original model into its compressed copy.
+"""finetune_(Distillation(student, teacher, ...), cfg): distil the original model into its compressed copy.
 
 The loss per batch is the model kind's on the outputs (an encoder: (1 − cos(pool(h_s), pool(h_t)))
 · w_cos + ‖h_s − h_t‖² / ‖h_t‖² · w_hidden over real tokens, pool = mean over real tokens) plus
@@ -26,7 +26,9 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -51,7 +53,48 @@ from converters.finetune.loss import agreement, outputs, step_loss
 from converters.finetune.state import load_state, save_state
 from converters.kinds import kind_of
 
-__all__ = ["finetune_", "trainable_parameters", "pick_device"]
+__all__ = ["Distillation", "FinetuneRun", "finetune_", "trainable_parameters", "pick_device"]
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """What a fine-tune distils: `teacher` into `student` (in place) on the passages `texts`, its best weights kept
+    by agreement on `val_texts`, both read by `tokenizer`; `compact_types`: the compact modules whose parameters
+    train; `prior` (V,): the token distribution synthetic sequences are drawn from (cfg.synthetic)."""
+
+    student: nn.Module
+    teacher: nn.Module
+    tokenizer: Any
+    texts: list[str]
+    val_texts: list[str]
+    compact_types: tuple[type, ...]
+    prior: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class FinetuneRun:
+    """How a fine-tune runs: on `device` (None: the config's), with a progress bar, its state saved to `state`
+    (None: not saved) and, with `resume`, going on from it; `on_eval(step, agreement, student)` called at each
+    validation (a recovery curve's measures); `sharded`: under torchrun, student and teacher sharded over the
+    processes by FSDP instead of a whole student on each (DistributedDataParallel)."""
+
+    device: torch.device | None = None
+    progress: bool = True
+    state: Path | None = None
+    resume: bool = False
+    on_eval: Callable[[int, float, nn.Module], None] | None = None
+    sharded: bool = False
+
+
+@dataclass(frozen=True)
+class _Start:
+    """Where the loop starts: the model kind, the device, the text's windows it draws from, and the state resumed
+    (None: a fresh start)."""
+
+    kind: Any
+    device: torch.device
+    pool: list[list[int]]
+    saved: dict | None
 
 
 def pick_device(asked: str = "auto") -> torch.device:
@@ -128,92 +171,42 @@ def _teacher_on(teacher: nn.Module, device: torch.device) -> nn.Module:
     return copy.deepcopy(teacher).to(device, torch.bfloat16).eval()
 
 
-def finetune_(
-    student: nn.Module,
-    teacher: nn.Module,
-    tokenizer,
-    texts: list[str],
-    val_texts: list[str],
-    cfg: FinetuneConfig,
-    compact_types: tuple[type, ...],
-    device: torch.device | None = None,
-    progress: bool = True,
-    prior: Tensor | None = None,
-    state: Path | None = None,
-    resume: bool = False,
-    on_eval: Callable[[int, float, nn.Module], None] | None = None,
-    sharded: bool = False,
-) -> FinetuneReport:
-    """Train `student` in place to match `teacher` on `texts` (and, with cfg.synthetic, on token
-    sequences drawn from `prior`, a (V,) distribution); keep its best weights by agreement on
-    `val_texts`. Returns what happened (steps, time, losses, why it stopped). `state`: the file the
-    fine-tune's state is saved to; `resume`: go on from it; `on_eval(step, agreement, student)`: called
-    at each validation (a recovery curve's measures); `sharded`: under torchrun, student and teacher
-    sharded over the processes by FSDP instead of a whole student on each (DistributedDataParallel)."""
-    if not texts:
+def finetune_(job: Distillation, cfg: FinetuneConfig, run: FinetuneRun = FinetuneRun()) -> FinetuneReport:
+    """Train `job.student` in place to match `job.teacher` by `cfg` (and, with cfg.synthetic, on token sequences
+    drawn from `job.prior`); keep its best weights by agreement on `job.val_texts`. Returns what happened (steps,
+    time, losses, why it stopped)."""
+    if not job.texts:
         raise CompressorError("no fine-tune text: give a file with at least one passage")
-    if not val_texts:
+    if not job.val_texts:
         raise CompressorError("no validation text for the fine-tune")
-    if cfg.synthetic > 0 and prior is None:
+    if cfg.synthetic > 0 and job.prior is None:
         raise CompressorError("a fine-tune with synthetic sequences needs a token prior to draw them from")
-    if resume and state is None:
+    if run.resume and run.state is None:
         raise CompressorError("--resume goes on from a fine-tune state: give its file")
-    if state is not None and world().size > 1:
+    if run.state is not None and world().size > 1:
         raise CompressorError("a fine-tune state is saved by one process: run --state and --resume without torchrun")
-    if sharded and world().size == 1:
+    if run.sharded and world().size == 1:
         raise CompressorError(SHARD_ALONE)
-    device = device or pick_device(cfg.device)
+    device = run.device or pick_device(cfg.device)
     report = FinetuneReport(device=str(device))
     if cfg.steps == 0:
         report.stopped = "0 steps asked: skipped"
         return report
-    kind = kind_of(student)
+    kind = kind_of(job.student)
     cfg = cfg.with_batch(kind)
     check_shares(cfg.batch_size, "windows in a batch")
-    pool = windows(tokenizer, texts, cfg.max_length)  # what each step draws from
+    pool = windows(job.tokenizer, job.texts, cfg.max_length)  # what each step draws from
     check_shares(len(pool), "windows in the fine-tune text")
-    saved = load_state(state, cfg, student) if resume else None  # a wrong state fails before any work
+    saved = load_state(run.state, cfg, job.student) if run.resume else None  # a wrong state fails before any work
     with process_group(device), _threads(device), _stop_on_sigterm():
-        _train(
-            kind,
-            student,
-            teacher,
-            tokenizer,
-            pool,
-            val_texts,
-            cfg,
-            compact_types,
-            device,
-            progress,
-            report,
-            prior,
-            (state, saved),
-            on_eval,
-            sharded,
-        )
+        _train(job, cfg, run, _Start(kind, device, pool, saved), report)
     return report
 
 
-def _train(
-    kind,
-    student,
-    teacher,
-    tokenizer,
-    pool,
-    val_texts,
-    cfg,
-    compact_types,
-    device,
-    progress,
-    report,
-    prior,
-    states,
-    on_eval,
-    sharded,
-) -> None:
-    """The loop of finetune_, drawing from `pool` (the text's windows); `states`: (the file to save the state to
-    or None, the state resumed or None)."""
-    path, saved = states
+def _train(job: Distillation, cfg: FinetuneConfig, run: FinetuneRun, start_at: _Start, report: FinetuneReport) -> None:
+    """The loop of finetune_, from `start_at`, its steps and scores in `report`."""
+    kind, device, pool, saved = start_at.kind, start_at.device, start_at.pool, start_at.saved
+    student, teacher, tokenizer, path, sharded = job.student, job.teacher, job.tokenizer, run.state, run.sharded
     here = world()  # under torchrun each process draws its share of a batch; rank 0 evaluates and logs
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed + here.rank)
@@ -225,10 +218,10 @@ def _train(
     weights = window_weights(pool, cfg.rare_share)
     made = round(cfg.synthetic * cfg.batch_size) // here.size  # synthetic windows per batch
     drawn = max(1, min(cfg.batch_size // here.size - made, len(pool)))
-    val = batches(tokenizer, val_texts, cfg)
+    val = batches(tokenizer, job.val_texts, cfg)
     evaluates = here.main or sharded  # FSDP's blocks run on all processes together
     val_targets = outputs(kind, source, val, device) if evaluates else []
-    groups = trainable_parameters(student, cfg.trainable, compact_types)
+    groups = trainable_parameters(student, cfg.trainable, job.compact_types)
     report.trainable_params = sum(p.numel() for ps in groups for p in ps)
     trained = wrap(student, device, sharded)  # DistributedDataParallel or FSDP under torchrun
     scored = trained if sharded else student  # what validation runs
@@ -279,7 +272,7 @@ def _train(
 
     start = time.perf_counter() - spent
     before_draw = generator.get_state()
-    show = progress and here.main
+    show = run.progress and here.main
     bar = tqdm(total=cfg.steps, initial=report.steps, desc="fine-tune", disable=not show, unit="step")
     try:
         while True:
@@ -292,7 +285,7 @@ def _train(
             before_draw = generator.get_state()  # a stop within this step saves the state before it
             picked = [pool[i] for i in torch.multinomial(weights, drawn, generator=generator).tolist()]
             if made:
-                picked += synthetic_windows(tokenizer, prior, made, cfg.max_length, generator)
+                picked += synthetic_windows(tokenizer, job.prior, made, cfg.max_length, generator)
             ids, mask = (t.to(device) for t in pad(tokenizer, picked))
             report.tokens += int(mask.sum()) * here.size
             loss = step_loss(kind, trained, source, ids, mask, cfg)
@@ -316,8 +309,8 @@ def _train(
                 if score > report.best_val_cosine:
                     report.best_val_cosine, report.best_step = score, report.steps
                     best_state = {k: v.detach().clone() for k, v in scored.state_dict().items()}
-                if on_eval is not None:
-                    on_eval(report.steps, score, scored)
+                if run.on_eval is not None:
+                    run.on_eval(report.steps, score, scored)
                 save(generator.get_state())
     except KeyboardInterrupt:
         save(before_draw)

@@ -7,7 +7,7 @@ import functools
 
 from compressor.errors import CompressorError
 from converters.export import check_export_forms
-from converters.kinds import kind_for_config
+from converters.kinds import ModelKind, kind_for_config
 from converters.loading import resolve_model_dir
 from converters.pipeline.calibrating import quantize_calibration, token_frequencies
 from converters.pipeline.say import say
@@ -15,6 +15,7 @@ from converters.pipeline.steps import (
     check_kind_options,
     check_method_options,
     check_plans,
+    check_schemes,
     correction_fit,
     eval_texts,
     finetune_texts,
@@ -26,7 +27,7 @@ from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 from eval.environment import batches_sha256, texts_sha256
 from texts.prior import check_prior
 
-__all__ = ["check_run", "measure"]
+__all__ = ["check_run", "check_spec", "measure"]
 
 
 def check_run(run: RunSpec) -> None:
@@ -65,24 +66,31 @@ def original_rows(run: RunSpec, baselines) -> QuantizeSpec:
     return first.with_schemes([name for name in dict.fromkeys(names) if name not in own])
 
 
+def check_spec(run: RunSpec, kind: ModelKind) -> QuantizeSpec:
+    """The whole spec against the model's kind, once, before any work: each variant's options that only another
+    kind takes, what a variant of no method asks, every row's scheme (the original's rows too) against the kind's
+    graph (check_schemes), and the rows' names; the original's rows."""
+    for variant in run.variants:
+        check_kind_options(variant.kind_options, kind)
+        if variant.method is None:
+            check_quantize_only(variant)
+    original = original_rows(run, kind.baselines)
+    check_schemes([original, *(variant.quantize for variant in run.variants)], kind.graph)
+    rounded = [f"original-{c.scheme}" for c in original.schemes]
+    rounded += [f"{v.name}-{c.scheme}" for v in run.variants if v.method is None for c in v.quantize.schemes]
+    twice = sorted({row for row in rounded if rounded.count(row) > 1})
+    if twice:
+        raise CompressorError(f"two rows are named {twice[0]!r}; give the variants of no method different names")
+    return original
+
+
 def measure(run: RunSpec) -> None:
     """The original and every variant side by side in `run.out`, each row in its variant's settings."""
     check_run(run)
     source = resolve_model_dir(run.model)
     kind = kind_for_config(source)
-    for variant in run.variants:
-        check_kind_options(variant.kind_options, kind)
-        if variant.method is None:
-            check_quantize_only(variant)
-        for config in variant.quantize.schemes:
-            config.check(kind.graph)
+    original_quantize = check_spec(run, kind)
     texts, second = eval_texts(run.texts, kind.graph), second_texts(run.texts, kind.graph)
-    original_quantize = original_rows(run, kind.baselines)
-    rounded = [f"original-{c.scheme}" for c in original_quantize.schemes]
-    rounded += [f"{v.name}-{c.scheme}" for v in run.variants if v.method is None for c in v.quantize.schemes]
-    twice = sorted({row for row in rounded if rounded.count(row) > 1})
-    if twice:
-        raise CompressorError(f"two rows are named {twice[0]!r}; give the variants of no method different names")
     schemes = [*original_quantize.schemes, *(s for variant in run.variants for s in variant.quantize.schemes)]
     schemes = list(dict.fromkeys(schemes))
     batches = quantize_calibration(run.texts, schemes, kind.graph, source)

@@ -14,7 +14,7 @@ from converters.budget import check_budget_fits, parse_budget, plan_for_budget
 from converters.calibration import Calibration, default_cache_dir, statistics_bytes
 from converters.checkpoint import is_compressed_dir, load_model, save_compressed
 from converters.compress import CompressionReport, compress_
-from converters.finetune import finetune_
+from converters.finetune import Distillation, FinetuneRun, finetune_
 from converters.finetune.config import FinetuneConfig
 from converters.kinds import KINDS, ModelKind, kind_of
 from converters.loading import available_memory
@@ -41,6 +41,7 @@ __all__ = [
     "eval_texts",
     "second_texts",
     "check_kind_options",
+    "check_schemes",
     "finetune_texts",
     "finetune_and_say",
     "correction_fit",
@@ -280,6 +281,14 @@ def second_texts(texts: TextSpec, kind_graph) -> tuple[list[str] | None, str | N
     return _held_out(texts, kind_graph, texts.second_text, SECOND)
 
 
+def check_schemes(quantizes, kind_graph) -> None:
+    """Every scheme of the QuantizeSpecs `quantizes` against the graph kind it will quantize (SchemeConfig.check: an
+    LM's graph refuses int8 products, a 3-bit table or linear layers), before any work."""
+    for quantize in quantizes:
+        for config in quantize.schemes:
+            config.check(kind_graph)
+
+
 def check_kind_options(given: tuple[str, ...], kind: ModelKind) -> None:
     """No option given (`given`: their dests) that only another model kind takes (a language model's
     --temperature on an encoder)."""
@@ -304,20 +313,17 @@ def finetune_and_say(
     source: Path,
     cfg: FinetuneConfig,
     texts,
-    state=None,
-    resume=False,
-    sharded=False,
+    run: FinetuneRun | None = None,
 ) -> dict:
-    """Distil `teacher` into `student` in place by `cfg` (`state`, `resume`: its state file, and whether
-    to go on from it; `sharded`: under FSDP); what happened, for the checkpoint and the report."""
+    """Distil `teacher` into `student` in place by `cfg` on `texts` (train, validation, where), run as `run` says
+    (its state file, a resume, FSDP; None: the defaults); what happened, for the checkpoint and the report."""
     train, val, where = texts
     compact = tuple(compact_modules().values())
     tokenizer = load_tokenizer(source)
     vocab = student.get_input_embeddings().num_embeddings
     prior = token_prior(tokenizer, vocab) if cfg.synthetic > 0 else None
-    report = finetune_(
-        student, teacher, tokenizer, train, val, cfg, compact, prior=prior, state=state, resume=resume, sharded=sharded
-    )
+    job = Distillation(student, teacher, tokenizer, train, val, compact, prior=prior)
+    report = finetune_(job, cfg, run or FinetuneRun())
     say(
         f"fine-tune on {where} ({len(train)} passages, {len(val)} held out) on {report.device}: {report.steps} steps "
         f"in {report.seconds:.0f} s ({report.steps_per_second:.2f} steps/s, {report.tokens_per_second:,.0f} tokens/s); "
@@ -353,7 +359,7 @@ def correction_fit(schemes, data: Path | None, kind: ModelKind, source: Path):
                     "correction, no norm held by one node): it stays as int4-corrected fits it"
                 )
                 return
-            report = finetune_(student, model, tokenizer, train, val, cfg, TRAINED_MODULES)
+            report = finetune_(Distillation(student, model, tokenizer, train, val, TRAINED_MODULES), cfg)
             say(
                 f"{row}: the corrections trained on {where} for {report.steps} steps in {report.seconds:.0f} "
                 f"s; {kind.agreement_name} {report.start_val_cosine:.4f} → {report.best_val_cosine:.4f}"

@@ -88,12 +88,13 @@ def quantize_onnx(
     keep_failed: bool = False,
 ) -> QuantizeResult:
     """Quantize the fp32 graph `src` of a model of `vocab` tokens into `dst` by the scheme `config` (parity-checked
-    against `src`, then renamed); `calibration`: the graph's input batches, for the calibrated schemes (and the
-    gate's text); `widths`: module → width, for a planned scheme (mixed); `train`: for a trained scheme,
-    (exported fp32 graph, its smoothed graph, the corrected graph with fp32 factors) → that graph with trained
-    factors (corrections/training.py: `trainer`); `frequencies` (V,): what ranks the word table's head rows (None:
-    the batches' counts); `keep_failed`: a graph off its gate is kept, its error in the result and the metadata,
-    not refused."""
+    against `src`, then renamed); the caller has checked `config` against the graph's kind (`config.check`, which
+    the pipeline runs once for every row before any work); `calibration`: the graph's input batches, for the
+    calibrated schemes (and the gate's text); `widths`: module → width, for a planned scheme (mixed); `train`: for
+    a trained scheme, (exported fp32 graph, its smoothed graph, the corrected graph with fp32 factors) → that graph
+    with trained factors (corrections/training.py: `trainer`); `frequencies` (V,): what ranks the word table's
+    head rows (None: the batches' counts); `keep_failed`: a graph off its gate is kept, its error in the result and
+    the metadata, not refused."""
     name = config.scheme
     if config.calibrated and not calibration:
         raise CompressorError(f"{name} needs calibration batches")
@@ -106,7 +107,6 @@ def quantize_onnx(
     if is_quantized(src):
         raise CompressorError(f"{str(src)!r} is already quantized; quantize its fp32 graph instead")
     kind = graph_kind(src)
-    config.check(kind)
     with atomic_file(dst, needed=file_bytes(src) // 3) as tmp, tempfile.TemporaryDirectory() as work:
         proto = products_as_matmul(onnx.load(str(src)))
         del proto.metadata_props[:]

@@ -20,7 +20,7 @@ from compressor.tt_embedding import TTEmbedding
 from converters.checkpoint import CHECKPOINT_WEIGHTS, load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
-from converters.finetune import finetune_
+from converters.finetune import Distillation, FinetuneRun, finetune_
 from converters.finetune.config import FinetuneConfig
 from converters.kinds import kind_of
 from converters.kinds.causal_lm import CAUSAL_LM, CausalLMGraph
@@ -165,7 +165,11 @@ def test_kl_distillation_lowers_the_kl_to_the_teacher(tiny_llama_dir):
     compress_(student, Plan((("embeddings", LowRankConfig(fit="plain", rank=3, keep=None)),)), progress=False)
     cfg = FinetuneConfig(steps=25, seconds=None, lr=1e-2, eval_every=5, layer_weight=0.0)
     compact = tuple(compact_modules().values())
-    report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], cfg, compact, progress=False)
+    report = finetune_(
+        Distillation(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], compact),
+        cfg,
+        FinetuneRun(progress=False),
+    )
     assert report.steps == 25
     assert report.best_val_cosine > report.start_val_cosine  # −KL rose
     assert report.start_val_cosine < 0

@@ -187,16 +187,20 @@ def _run_values(*argv: str) -> dict:
 
 def test_run_without_method_options_takes_the_default_run():
     from converters.cli.recipes import default_run
+    from converters.kinds import kind_named
 
-    defaults = _run_values()
-    rounded, small = default_run(_run_values("--out", "x"), defaults)
+    encoder, lm = kind_named("encoder"), kind_named("causal-lm")
+    rounded, small = default_run(_run_values("--out", "x"), encoder)
     assert (rounded.method, rounded.name, _names(rounded.quantize)) == (None, "original", ("int8-aware", "int4-aware"))
     assert rounded.quantize.schemes[1].table_bits == 4  # the comparison rows in the default settings
     assert small.name == DEFAULT_RECIPE["name"] and small.method is None
     settings = {k: v for k, v in DEFAULT_RECIPE.items() if k not in ("name", "method", "quantize")}
     assert {k: getattr(small.quantize.schemes[0], k) for k in settings} == settings
     assert _names(small.quantize) == tuple(DEFAULT_RECIPE["quantize"])
-    _, mine = default_run(_run_values("--correction-time", "7", "--runs", "3"), defaults)
+    _, mine = default_run(_run_values("--correction-time", "7", "--runs", "3"), encoder)
     assert mine.quantize.schemes[0].correction_time == 7.0 and mine.quantize.schemes[0].table_bits == 3  # given first
     for given in (["--rank", "64"], ["--method", "tt"], ["--targets", "ffn"], ["--budget", "0.5"]):
-        assert default_run(_run_values(*given), defaults) is None  # a method option given: no recipe
+        assert default_run(_run_values(*given), encoder) is None  # a method option given: no recipe
+    assert default_run(_run_values(), lm) == []  # w4a8 multiplies in int8: the LM's run is the original's rows
+    (mine,) = default_run(_run_values("--quantize", "int4", "--block-size", "64"), lm)
+    assert _names(mine.quantize) == ("int4",) and mine.quantize.schemes[0].block_size == 64

@@ -14,7 +14,7 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.export import export_onnx, sample_inputs
-from converters.finetune import finetune_
+from converters.finetune import Distillation, finetune_
 from converters.finetune.config import FinetuneConfig
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan
@@ -163,7 +163,7 @@ def test_a_few_steps_through_the_rounding_raise_the_agreement(wide):
     texts = [" ".join(WORDS[(i * k) % len(WORDS)] for k in range(1, 12)) for i in range(1, 60)]
     cfg = FinetuneConfig(steps=30, seconds=None, linear_lr=1e-3, eval_every=10, batch_size=8, warmup_steps=2)
     trained = (CorrectedLinear, GraphLayerNorm)
-    report = finetune_(student, model, load_tokenizer(path), texts[:48], texts[48:], cfg, trained)
+    report = finetune_(Distillation(student, model, load_tokenizer(path), texts[:48], texts[48:], trained), cfg)
     corrections = [p for m in student.modules() if isinstance(m, trained) for p in m.parameters()]
     assert report.trainable_params == sum(p.numel() for p in corrections)  # factors, their biases, LayerNorms
     assert report.best_val_cosine > report.start_val_cosine

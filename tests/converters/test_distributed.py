@@ -18,7 +18,7 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.distributed import Shards, process_group, world, wrap
-from converters.finetune import finetune_, trainable_parameters
+from converters.finetune import Distillation, FinetuneRun, finetune_, trainable_parameters
 from converters.finetune.config import FinetuneConfig
 from converters.finetune.loss import step_loss
 from converters.kinds.encoder import ENCODER
@@ -81,7 +81,9 @@ def _worker(rank: int, port: int, model_dir: str, out: str) -> None:
         for sharded in (False, True):
             student, teacher, tokenizer = _pair(model_dir)
             report = finetune_(
-                student, teacher, tokenizer, TEXTS, TEXTS[:8], COSINE_ONLY, COMPACT, progress=False, sharded=sharded
+                Distillation(student, teacher, tokenizer, TEXTS, TEXTS[:8], COMPACT),
+                COSINE_ONLY,
+                FinetuneRun(progress=False, sharded=sharded),
             )
             result["sharded" * sharded + "report"] = report.to_dict()
             result["sharded" * sharded + "weights"] = student.state_dict()
@@ -138,4 +140,8 @@ def test_more_processes_than_windows_are_refused(tiny_bert_dir, monkeypatch, bat
     monkeypatch.setenv("WORLD_SIZE", "4")  # refused before any process group is sought
     cfg = replace(COSINE_ONLY, batch_size=batch)
     with pytest.raises(CompressorError, match=f"4 processes cannot share {shared}"):
-        finetune_(student, teacher, tokenizer, TEXTS[:texts], TEXTS[:4], cfg, COMPACT, progress=False)
+        finetune_(
+            Distillation(student, teacher, tokenizer, TEXTS[:texts], TEXTS[:4], COMPACT),
+            cfg,
+            FinetuneRun(progress=False),
+        )

@@ -8,7 +8,7 @@ from compressor.errors import CompressorError
 from converters.checkpoint import load_model, save_compressed
 from converters.compress import compress_
 from converters.export import export_onnx
-from converters.finetune import finetune_
+from converters.finetune import Distillation, FinetuneRun, finetune_
 from converters.finetune.config import FinetuneConfig
 from converters.kinds.encoder import ENCODER
 from converters.methods.lowrank import LowRankConfig
@@ -45,7 +45,7 @@ def test_a_few_steps_lower_the_loss_and_train_only_the_compressed_layers(pair):
     cfg = FinetuneConfig(steps=30, seconds=None, lr=1e-2, batch_size=8, eval_every=10)
     frozen = {k: v.clone() for k, v in student.state_dict().items() if "word_embeddings" not in k}
     before = loss_on(student, teacher, tok, cfg)
-    report = finetune_(student, teacher, tok, TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
+    report = finetune_(Distillation(student, teacher, tok, TEXTS, TEXTS[:8], COMPACT), cfg, FinetuneRun(progress=False))
     assert report.steps == 30 and report.device == "cpu"
     lengths = [len(w) for w in fd.windows(tok, TEXTS, cfg.max_length)]  # the real tokens of each step's 8 windows
     assert 30 * 8 * min(lengths) <= report.tokens <= 30 * 8 * max(lengths)
@@ -65,7 +65,11 @@ def test_all_trains_the_rest_at_its_own_learning_rate(pair, monkeypatch):
     seen, adamw = [], torch.optim.AdamW
     monkeypatch.setattr(ft.torch.optim, "AdamW", lambda groups, **kw: seen.append(groups) or adamw(groups, **kw))
     cfg = FinetuneConfig(steps=3, seconds=None, lr=1e-2, rest_lr=1e-3, trainable="all", batch_size=8, eval_every=1)
-    report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
+    report = finetune_(
+        Distillation(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], COMPACT),
+        cfg,
+        FinetuneRun(progress=False),
+    )
     compact, rest = seen[0]
     assert (compact["initial_lr"], rest["initial_lr"]) == (1e-2, 1e-3)
     assert {id(p) for p in compact["params"]} == {id(p) for p in student.get_input_embeddings().parameters()}
@@ -107,7 +111,11 @@ def test_distill_loss_terms():
 def test_finetuned_checkpoint_round_trips_and_exports(pair, tmp_path):
     student, teacher, source, report = pair
     cfg = FinetuneConfig(steps=5, seconds=None, batch_size=8, eval_every=5)
-    result = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], cfg, COMPACT, progress=False)
+    result = finetune_(
+        Distillation(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], COMPACT),
+        cfg,
+        FinetuneRun(progress=False),
+    )
     path = save_compressed(student, PLAN, report, source, tmp_path / "ft", finetune=result.to_dict())
     loaded, _ = load_model(path)
     assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in student.state_dict().items())
@@ -126,7 +134,11 @@ def test_nan_loss_stops_and_keeps_the_best_weights(pair, monkeypatch):
 
     monkeypatch.setattr(type(ENCODER), "distill_loss", poisoned)
     cfg = FinetuneConfig(steps=10, seconds=None, batch_size=8, eval_every=100)
-    report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], cfg, COMPACT, progress=False)
+    report = finetune_(
+        Distillation(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], COMPACT),
+        cfg,
+        FinetuneRun(progress=False),
+    )
     assert "at step 3" in report.stopped and report.steps == 2
     assert all(torch.isfinite(v).all() for v in student.state_dict().values() if v.is_floating_point())
     assert all(torch.equal(v, start[k]) for k, v in student.state_dict().items())  # no eval beat the start
@@ -134,7 +146,11 @@ def test_nan_loss_stops_and_keeps_the_best_weights(pair, monkeypatch):
 
 def test_zero_steps_skip(pair):
     student, teacher, source, _ = pair
-    report = finetune_(student, teacher, None, TEXTS, TEXTS, FinetuneConfig(steps=0), COMPACT, progress=False)
+    report = finetune_(
+        Distillation(student, teacher, None, TEXTS, TEXTS, COMPACT),
+        FinetuneConfig(steps=0),
+        FinetuneRun(progress=False),
+    )
     assert report.steps == 0 and "skipped" in report.stopped
 
 
@@ -164,14 +180,18 @@ def test_bad_configs_raise(kwargs, message):
 def test_no_data_raises(pair):
     student, teacher, source, _ = pair
     with pytest.raises(CompressorError, match="no fine-tune text"):
-        finetune_(student, teacher, load_tokenizer(source), [], TEXTS, FinetuneConfig(steps=2), COMPACT)
+        finetune_(Distillation(student, teacher, load_tokenizer(source), [], TEXTS, COMPACT), FinetuneConfig(steps=2))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
 def test_gpu_path_lowers_the_loss(pair):
     student, teacher, source, _ = pair
     cfg = FinetuneConfig(steps=20, seconds=None, lr=1e-2, batch_size=8, eval_every=10)
-    report = finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
+    report = finetune_(
+        Distillation(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], COMPACT),
+        cfg,
+        FinetuneRun(progress=False),
+    )
     assert report.device.startswith("cuda") and report.best_val_cosine > report.start_val_cosine
 
 
@@ -193,7 +213,11 @@ def test_the_process_thread_setting_is_restored(pair):
     torch.set_num_threads(1)  # the fine-tune uses every core, then gives the setting back
     try:
         cfg = FinetuneConfig(steps=1, seconds=None, batch_size=8)
-        finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], cfg, COMPACT, progress=False)
+        finetune_(
+            Distillation(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], COMPACT),
+            cfg,
+            FinetuneRun(progress=False),
+        )
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
@@ -227,7 +251,7 @@ def test_per_layer_matching_lowers_the_summed_layer_loss(tiny_bert_dir):
         layer_weight=1.0,
     )
     before = layer_loss_on(student, teacher, tok, cfg)
-    finetune_(student, teacher, tok, TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
+    finetune_(Distillation(student, teacher, tok, TEXTS, TEXTS[:8], COMPACT), cfg, FinetuneRun(progress=False))
     after = layer_loss_on(student, teacher, tok, cfg)
     assert after < 0.9 * before
 
@@ -250,7 +274,11 @@ def test_linear_factors_and_tables_train_at_their_own_rates(tiny_bert_dir, monke
     seen, adamw = [], torch.optim.AdamW
     monkeypatch.setattr(ft.torch.optim, "AdamW", lambda groups, **kw: seen.append(groups) or adamw(groups, **kw))
     cfg = FinetuneConfig(steps=1, seconds=None, lr=1e-2, linear_lr=1e-3, batch_size=8)
-    finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], cfg, COMPACT, progress=False)
+    finetune_(
+        Distillation(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:8], COMPACT),
+        cfg,
+        FinetuneRun(progress=False),
+    )
     tables, linear = seen[0]
     assert (tables["initial_lr"], linear["initial_lr"]) == (1e-2, 1e-3)
     assert {id(p) for p in tables["params"]} == {id(p) for p in student.get_input_embeddings().parameters()}
@@ -281,7 +309,11 @@ def test_synthetic_sequences_need_a_prior(pair):
     student, teacher, source, _ = pair
     cfg = FinetuneConfig(steps=1, synthetic=0.25)
     with pytest.raises(CompressorError, match="prior"):
-        finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS, cfg, COMPACT, progress=False)
+        finetune_(
+            Distillation(student, teacher, load_tokenizer(source), TEXTS, TEXTS, COMPACT),
+            cfg,
+            FinetuneRun(progress=False),
+        )
 
 
 def test_the_student_trains_without_dropout(pair, monkeypatch):
@@ -294,5 +326,9 @@ def test_the_student_trains_without_dropout(pair, monkeypatch):
 
     monkeypatch.setattr(type(ENCODER), "outputs", watched)
     cfg = FinetuneConfig(steps=2, seconds=None, batch_size=8)
-    finetune_(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], cfg, COMPACT, progress=False)
+    finetune_(
+        Distillation(student, teacher, load_tokenizer(source), TEXTS, TEXTS[:4], COMPACT),
+        cfg,
+        FinetuneRun(progress=False),
+    )
     assert (True, False) in modes and all(not training for _, training in modes)

@@ -8,7 +8,7 @@ import converters.finetune.distil as ft
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.compress import compress_
-from converters.finetune import finetune_
+from converters.finetune import Distillation, FinetuneRun, finetune_
 from converters.finetune.config import FinetuneConfig
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
@@ -30,7 +30,9 @@ def _pair(tiny_bert_dir, rank=2):
 
 def _tune(pair, **kw):
     student, teacher, tok = pair
-    return finetune_(student, teacher, tok, TEXTS, TEXTS[:8], CFG, COMPACT, progress=False, **kw)
+    return finetune_(
+        Distillation(student, teacher, tok, TEXTS, TEXTS[:8], COMPACT), CFG, FinetuneRun(progress=False, **kw)
+    )
 
 
 @pytest.fixture

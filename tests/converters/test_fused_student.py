@@ -9,7 +9,7 @@ import torch
 from compressor.corrected_linear import CorrectedLinear
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
-from converters.finetune import finetune_
+from converters.finetune import Distillation, finetune_
 from converters.finetune.config import FinetuneConfig
 from converters.quantization.corrections.fused_student import SIDE_BY_SIDE, Slice
 from converters.quantization.corrections.training import trainer
@@ -71,7 +71,9 @@ def test_int4_trained_trains_an_lm_on_a_gpu_and_its_graph_computes_the_trained_s
     reports, students = [], []
 
     def fit(student):
-        reports.append(finetune_(student, model, tokenizer, PASSAGES[:9], PASSAGES[9:], cfg, (CorrectedLinear,)))
+        reports.append(
+            finetune_(Distillation(student, model, tokenizer, PASSAGES[:9], PASSAGES[9:], (CorrectedLinear,)), cfg)
+        )
         students.append(student)
 
     text = encode_passages(tokenizer, PASSAGES)

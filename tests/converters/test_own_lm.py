@@ -11,7 +11,7 @@ from compressor.tied_logits import TiedLogits
 from converters.checkpoint import save_compressed
 from converters.compress import CompressionReport, compress_
 from converters.export import export_onnx
-from converters.finetune import finetune_
+from converters.finetune import Distillation, finetune_
 from converters.finetune.config import FinetuneConfig
 from converters.kinds import OwnLM, kind_of
 from converters.methods.lowrank import LowRankConfig
@@ -70,7 +70,9 @@ def test_tied_compressed_finetuned_and_exported_by_module_name(tiny_gpt2_dir, tm
     assert head.embedding is model.module.embedding
     assert sum(p.numel() for p in model.parameters()) < table_before - len(tokenizer) * 16
     cfg = FinetuneConfig(steps=4, seconds=None, batch_size=4, eval_every=2, trainable="all", layer_weight=0.0)
-    report = finetune_(model, teacher, tokenizer, TEXTS[:24], TEXTS[24:], cfg, tuple(compact_modules().values()))
+    report = finetune_(
+        Distillation(model, teacher, tokenizer, TEXTS[:24], TEXTS[24:], tuple(compact_modules().values())), cfg
+    )
     assert report.steps == 4 and report.best_val_cosine >= report.start_val_cosine
     assert export_onnx(model, tmp_path / "tied.onnx").parity_max_abs < 1e-4
 
