@@ -103,6 +103,20 @@ def test_the_default_recipes_are_valid():
     assert shares == (THREE_BIT_RECIPE["correction_share"], TINY_RECIPE["correction_share"]) == (0.03, 0.045)
 
 
+def test_a_schemes_field_may_be_a_recipes_key_without_a_flag():
+    """correction_lr, the trained schemes' learning rate (Option(flagged=False)): a recipe sets it, the command line
+    has no --correction-lr, and each scheme keeps its own default otherwise."""
+    from converters.cli import build_parser
+
+    entry = {"method": "none", "quantize": ["int4-trained", "w4a8"]}
+    trained, w4a8 = parse_recipes(one({**entry, "correction_lr": 1e-3}), "test")[0].variant().quantize.schemes
+    assert trained.correction_lr == w4a8.correction_lr == 1e-3
+    trained, w4a8 = parse_recipes(one(entry), "test")[0].variant().quantize.schemes
+    assert (trained.correction_lr, w4a8.correction_lr) == (2e-4, 3e-3)  # each scheme's own
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--quantize", "w4a8", "--correction-lr", "1e-3"])
+
+
 def test_a_recipe_of_no_method_is_the_original_in_its_own_settings():
     entry = {"method": "none", "quantize": ["fp32", "w4a8"], "table_bits": 3, "correction_time": 5}
     original, named = parse_recipes({"variants": [entry, {**entry, "name": "small"}]}, "test")
