@@ -11,7 +11,7 @@ from converters.quantization.corrections.training import CORRECTION_SECONDS
 from converters.quantization.registry import register
 from converters.quantization.schemes.int4_corrected import Int4CorrectedConfig
 
-__all__ = ["CORRECTION_LR", "Int4TrainedConfig"]
+__all__ = ["CORRECTION_LR_OPTION", "Int4TrainedConfig"]
 
 CORRECTION_TIME = Option(
     "--correction-time",
@@ -19,7 +19,7 @@ CORRECTION_TIME = Option(
     float,
     metavar="SECONDS",
 )
-CORRECTION_LR = Option(
+CORRECTION_LR_OPTION = Option(
     "--correction-lr",
     "the learning rate of the corrections, gains, biases and norms the fine-tune trains",
     float,
@@ -38,7 +38,7 @@ class Int4TrainedConfig(Int4CorrectedConfig):
     summary = "int4-aware with low-rank corrections of the rounding error, trained"
     trains = True
     correction_time: float = option_field(CORRECTION_SECONDS, CORRECTION_TIME)
-    correction_lr: float = option_field(2e-4, CORRECTION_LR)
+    correction_lr: float = option_field(2e-4, CORRECTION_LR_OPTION)
 
     def __post_init__(self):
         super().__post_init__()

@@ -11,7 +11,7 @@ from converters.options import option_field
 from converters.quantization.corrections.int8_products import int8_layers, int8_products
 from converters.quantization.registry import QuantizeResult, register
 from converters.quantization.rounding.target_cpu import NATIVE, int8_level, resolve_target
-from converters.quantization.schemes.int4_trained import CORRECTION_LR, Int4TrainedConfig
+from converters.quantization.schemes.int4_trained import CORRECTION_LR_OPTION, Int4TrainedConfig
 from converters.quantization.schemes.int8 import TARGET_CPU
 from eval.kinds import GraphKind
 
@@ -28,7 +28,7 @@ class W4A8Config(Int4TrainedConfig):
 
     scheme = "w4a8"
     summary = "(encoders) int4-trained's file multiplied in int8"
-    correction_lr: float = option_field(3e-3, CORRECTION_LR)
+    correction_lr: float = option_field(3e-3, CORRECTION_LR_OPTION)
     target_cpu: str = option_field(NATIVE, TARGET_CPU)
 
     def __post_init__(self):
