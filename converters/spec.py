@@ -124,6 +124,7 @@ class RunSpec:
     runs: int = 50
     freq_prior: str = PRIORS[0]
     prior_weight: float = PRIOR_WEIGHT
+    goal: str | None = None  # what the report's row to deploy is chosen for (eval.choice; None: its default goal)
 
     def __post_init__(self):
         check_runs(self.runs)

@@ -1,7 +1,6 @@
 """README.md's quick starts run as written, a tiny random model in place of the user's: its shell commands
 (taken from the README's own blocks, the placeholder path swapped for the tiny model's) through the command
-line, then its Python blocks as they stand, in a folder of their own. The one change: the default recipe
-trains its corrections for 240 s, and the tiny model's run is given `--correction-time 2`."""
+line, then its Python blocks as they stand, in a folder of their own."""
 
 import re
 import shlex
@@ -102,9 +101,10 @@ def test_the_encoder_quick_start(tmp_path, capsys, monkeypatch, texts_cache):
     monkeypatch.setenv("XDG_CACHE_HOME", str(texts_cache))
     monkeypatch.chdir(tmp_path)  # the README's relative paths (runs/yours) land here
     model = write_tiny_bert(tmp_path / "your-model")
-    run_quick_start(capsys, "An encoder", model, "path/to/your-model", extra=("--correction-time", 2))
+    run_quick_start(capsys, "An encoder", model, "path/to/your-model")
     rows = sorted(p.name for p in (tmp_path / "runs" / "yours").iterdir() if p.is_dir())
-    assert rows == ["original", "original-int4-aware", "original-int8", "original-int8-aware", "original-small-w4a8"]
+    table = "original-table3-int8-aware-table"
+    assert rows == ["original", "original-int4-aware", "original-int8", "original-int8-aware", table]
     run_python("An encoder")
     out = capsys.readouterr().out
     assert "(2, " in out and "(1, 48)" in out, out  # the hidden states, then one pooled embedding

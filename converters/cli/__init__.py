@@ -1,4 +1,5 @@
-"""The command line, one module per command: compress, tie, finetune, export, bench, generate, run, sweep. The only
+"""The command line, one module per command: compress, tie, finetune, export, bench, generate, run, sweep, recipes
+(catalog.py). The only
 place that wires compressor, converters and eval together; it names no method and no model kind
 (it reads the method registry and the kind adapters)."""
 
@@ -6,7 +7,7 @@ import argparse
 import os
 
 from compressor.errors import CompressorError
-from converters.cli import bench, compress, export, finetune, generate, pack, run, sweep, tie
+from converters.cli import bench, catalog, compress, export, finetune, generate, pack, run, sweep, tie
 from converters.distributed import world
 from converters.pipeline.say import say
 
@@ -22,6 +23,7 @@ COMMANDS = {
     "generate": generate,
     "run": run,
     "sweep": sweep,
+    "recipes": catalog,
 }
 
 

@@ -326,3 +326,16 @@ def bench_options(p: argparse.ArgumentParser) -> None:
         help="use only the first N passages of each held-out text (default: all)",
     )
     p.add_argument("--runs", type=int, default=50, help="timed runs per latency setting (default: 50)")
+
+
+def shown_alone(p: argparse.ArgumentParser, shown: tuple[str, ...]) -> None:
+    """`p --help` lists -h and the options `shown` (their flags); every other option is still taken, unlisted, and
+    the help's last line says so."""
+    for action in p._actions:
+        flags = set(action.option_strings)
+        if flags and not flags & {"-h", *shown}:
+            action.help = argparse.SUPPRESS
+    p.epilog = (
+        "The expert options of earlier releases (a method's, a scheme's, the fine-tune's) are still taken for one "
+        "release, as overrides of the goal's or recipe's settings; `compressor recipes` lists the recipes."
+    )

@@ -28,9 +28,8 @@ from converters.registry import methods
 from converters.spec import QUANTIZE_ONLY, TextSpec, VariantSpec
 
 __all__ = [
-    "DEFAULT_RECIPE",
+    "SMALL_RECIPE",
     "DEFAULT_RECIPES",
-    "DEFAULT_RUN",
     "quantize_choices",
     "Recipe",
     "parse_recipes",
@@ -40,15 +39,14 @@ __all__ = [
 
 SWEEP_WIDE = ("calib", "calib_passages", "no_cache", "data")  # options of the sweep, not of a variant
 PRIOR_DESTS = ("freq_prior", "prior_weight")  # a recipe may set them; alone they do not replace the default recipe
-# What `compressor run` does without method options (and so `make demo`): of the points measured on the size
-# front at about half of original-int8's bytes, the one that keeps the most (BENCHMARKS.md, "The word table in
-# 3 bits, trained scales, scales in one byte"): the original in w4a8 with the word table's 4,096 most frequent
-# rows in 4 bits and the rest in 3 (blocks of 128), the linear layers' block scales in one byte, corrections
-# of 0.5 % of the 4-bit bytes, all trained for 240 s against the fp32 model (at w4a8's learning rate, 3e-3):
-# 0.126× the file, recall@10 0.907 / 0.896 (pydoc / news; BENCHMARKS.md, "GPTQ on every layer off a grid":
-# the codes chosen by GPTQ, the head's rows ranked by the whole fit text and the prior). The factorized recipes
-# that were the default before (emb4: 0.160×, 0.810 / 0.756) never reach the front above it.
-DEFAULT_RECIPE = {
+# The 4-bit recipe the size goal measures (converters/cli/goals.py; `compressor run` measured it by default before the
+# goals): of the points measured on the size front at about half of original-int8's bytes, the one that keeps the
+# most (docs/lab-notes/benchmarks-history.md, "The word table in 3 bits, trained scales, scales in one byte"): the
+# original in w4a8 with the word table's 4,096 most frequent rows in 4 bits and the rest in 3 (blocks of 128), the
+# linear layers' block scales in one byte, corrections of 0.5 % of the 4-bit bytes, all trained for 240 s against
+# the fp32 model: 0.126× the file, recall@10 0.907 / 0.896 (pydoc / news), at 1.8× int8's peak memory (its codes
+# become int8 weights when the session starts: docs/lab-notes/2026-11-28-deployment.md).
+SMALL_RECIPE = {
     "name": "original-small",
     "method": QUANTIZE_ONLY,
     "quantize": ["w4a8"],
@@ -58,13 +56,10 @@ DEFAULT_RECIPE = {
     "table_block": 128,
     "scale_bits": 8,
 }
-# The default run: the default recipe beside what a user would do otherwise, the original rounded in one line
-# (original-int8-aware, original-int4-aware; original-int8 is in every report).
-DEFAULT_RUN = {"variants": [{"method": QUANTIZE_ONLY, "quantize": ["int8-aware", "int4-aware"]}, DEFAULT_RECIPE]}
 # The original in w4a8 with its linear layers in 3 bits too (three_bit_linear) and corrections of 3 % of the 4-bit
 # bytes: 0.117× the file (BENCHMARKS.md, "Linear layers in 3 bits"), 0.114× since the budget offers 4 bits.
 THREE_BIT_RECIPE = {
-    **DEFAULT_RECIPE,
+    **SMALL_RECIPE,
     "name": "original-3bit-linear",
     "linear_bits": 3,
     "correction_share": 0.03,
@@ -111,7 +106,7 @@ DEFAULT_RECIPES = {
             "quantize": ["fp32", "int8-aware", "int4-aware", "int4-trained", "w4a8"],
         },
         MEDIUM_RECIPE,
-        DEFAULT_RECIPE,
+        SMALL_RECIPE,
         THREE_BIT_RECIPE,
         TINY_RECIPE,
         {
@@ -373,26 +368,31 @@ def _method_dests() -> frozenset[str]:
     return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE, *PRIOR_DESTS}
 
 
-def default_run(values: dict[str, Any], kind: ModelKind) -> list[VariantSpec] | None:
-    """The variants of DEFAULT_RUN when `compressor run`'s parsed options `values` give no method option (an option
-    not given is None), the options they give overriding DEFAULT_RECIPE's own; with --quantize given, the original in
-    its schemes and the settings given alone; for a model `kind` whose graph DEFAULT_RUN's schemes do not take
-    (w4a8 multiplies in int8: an encoder's), none: the run is the original's own rows; None when they give a method
-    option."""
+def default_run(
+    values: dict[str, Any], kind: ModelKind, run: dict, source: str, strict: bool = False
+) -> list[VariantSpec] | None:
+    """The variants of `run` (a recipe file's content: a goal's, converters/cli/goals.py, or a recipe's) when
+    `compressor run`'s parsed options `values` give no method option (an option not given is None), the options they
+    give overriding its named recipes' own; with --quantize given, the original in its schemes and the settings
+    given alone; for a model `kind` whose graph the run's schemes do not take (w4a8 and the narrow tables are an
+    encoder's), none: the run is the original's own rows (`strict`: refused, the scheme's reason said); None when they
+    give a method option."""
     if any(values.get(d) is not None for d in _method_dests()):
         return None
     given = {k: v for k, v in values.items() if v is not None and v is not False}
     if "quantize" in given:
         return [variant_spec({**values, "method": QUANTIZE_ONLY})]
-    recipes = parse_recipes(DEFAULT_RUN, "the default run")
+    recipes = parse_recipes(run, source)
     try:
         for recipe in recipes:
             for config in recipe.variant().quantize.schemes:
                 config.check(kind.graph)
-    except CompressorError:
+    except CompressorError as e:
+        if strict:
+            raise CompressorError(f"{source} is not for this model: {e}") from None
         return []
     variants = []
     for recipe in recipes:
-        merged = {**values, **recipe.values(), **(given if recipe.name == DEFAULT_RECIPE["name"] else {})}
+        merged = {**values, **recipe.values(), **(given if recipe.name is not None else {})}
         variants.append(variant_spec(merged, recipe.name))
     return variants

@@ -1,7 +1,11 @@
 """compressor run [MODEL]: compress, export and bench the original and each variant in one run."""
 
+import json
 from pathlib import Path
 
+from compressor.errors import CompressorError
+from converters.cli.catalog import builtin_recipes
+from converters.cli.goals import DEFAULT_GOAL, GOAL_MINUTES, GOAL_RUNS, GOALS, goal_said
 from converters.cli.options import (
     MODEL_HELP,
     bench_options,
@@ -9,8 +13,9 @@ from converters.cli.options import (
     finetune_options,
     method_options,
     quantize_option,
+    shown_alone,
 )
-from converters.cli.recipes import DEFAULT_RECIPE, default_run
+from converters.cli.recipes import default_run
 from converters.cli.specs import run_spec, variant_spec
 from converters.kinds import kind_for_config
 from converters.loading import resolve_model_dir
@@ -19,6 +24,28 @@ from converters.pipeline.say import say
 from files.atomic import check_writable
 
 HELP = "compress, export and bench the original and each variant in one run"
+# The options `run --help` lists; the others (a method's, a scheme's, the fine-tune's settings) are still taken, as
+# overrides of the goal's or recipe's settings, for one release
+SHOWN = (
+    "--goal",
+    "--recipe",
+    "--out",
+    "--method",
+    "--rank",
+    "--targets",
+    "--budget",
+    "--plan",
+    "--quantize",
+    "--target-cpu",
+    "--calib",
+    "--data",
+    "--eval-text",
+    "--second-text",
+    "--runs",
+    "--finetune-time",
+    "--finetune-device",
+    "--no-cache",
+)
 
 
 def add_arguments(p) -> None:
@@ -32,29 +59,41 @@ def add_arguments(p) -> None:
     )
     export_form_options(p, many=True)
     p.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: runs/latest)")
+    p.add_argument(
+        "--goal",
+        choices=tuple(GOAL_RUNS),
+        default=None,
+        help=f"what the row to deploy is chosen for, measured on this model and CPU against original-int8: "
+        f"{'; '.join(f'{goal}: {what}' for goal, what in GOALS.items())} (default: {DEFAULT_GOAL}; compressor "
+        "recipes lists each goal's rows)",
+    )
+    p.add_argument(
+        "--recipe",
+        default=None,
+        metavar="NAME|FILE",
+        help="run a built-in recipe (compressor recipes lists them) or a JSON recipe file instead of the goal's rows",
+    )
     finetune_options(p, run=True)
     bench_options(p)
+    shown_alone(p, SHOWN)
 
 
 def run(args) -> None:
-    """A sweep of one variant, the options given; or, when no method option is, the default run (DEFAULT_RUN):
-    argv → one spec (the options not given read from the configs) → measure."""
+    """A sweep of one variant, the options given; or, when no method option is, a goal's rows (goals.GOAL_RUNS) or a
+    recipe's: argv → one spec (the options not given read from the configs) → measure."""
     values = vars(args)
+    values["goal"] = goal = args.goal or DEFAULT_GOAL
+    recipes, source = _recipes_of(args.recipe, goal)
     kind = kind_for_config(resolve_model_dir(args.model))
-    variants = default_run(values, kind)
+    variants = default_run(values, kind, recipes, source, strict=args.recipe is not None)
     if variants is not None and args.quantize:
         say(f"no method options: the original in {' and '.join(args.quantize)}")
     elif variants == []:
-        say(
-            f"no method options: the original's rows ({', '.join(kind.baselines)}); the default recipe "
-            f"{DEFAULT_RECIPE['name']!r} is an encoder's (w4a8 and a 3-bit table)"
-        )
+        say(f"no method options: the original's rows ({', '.join(kind.baselines)}); {source} is an encoder's")
+    elif variants is not None and args.recipe:
+        say(f"{source}, beside original-int8; deploy {GOALS[goal]}")
     elif variants is not None:
-        options = ", ".join(f"{k} {v}" for k, v in DEFAULT_RECIPE.items() if k not in ("name", "method"))
-        say(
-            f"no method options: the default recipe {DEFAULT_RECIPE['name']!r}, the original quantized ({options}), "
-            "beside original-int8-aware and original-int4-aware (see compressor sweep)"
-        )
+        say(f"goal {goal}: {goal_said(goal)} (about {GOAL_MINUTES[goal]} minutes for MiniLM on 2 cores)")
     else:
         variants = [variant_spec(values)]
     spec = run_spec(values, variants, args.out)
@@ -62,3 +101,22 @@ def run(args) -> None:
     if args.ft_steps == 0:
         say("--finetune-steps 0: the fine-tune is skipped")
     measure(spec)
+
+
+def _recipes_of(recipe: str | None, goal: str) -> tuple[dict, str]:
+    """(the recipe file's content a run makes, what to call it): the goal's rows, a built-in recipe by name, or a
+    JSON recipe file; a name that is neither is refused, the built-in ones listed."""
+    if recipe is None:
+        return GOAL_RUNS[goal], f"goal {goal}"
+    known = builtin_recipes()
+    if recipe in known:
+        return {"variants": [known[recipe]]}, f"recipe {recipe!r}"
+    path = Path(recipe)
+    if not path.is_file():
+        raise CompressorError(f"--recipe is a built-in recipe ({', '.join(known)}) or a recipe file; got {recipe!r}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), f"recipe file {recipe!r}"
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CompressorError(
+            f'{recipe!r} is not JSON ({e}); a recipe file is an object with a "variants" list'
+        ) from None

@@ -139,4 +139,5 @@ def run_spec(values: Mapping[str, Any], variants: list[VariantSpec], out: Path) 
         runs=values["runs"],
         freq_prior=_get(values, "freq_prior", PRIORS[0]),
         prior_weight=_get(values, "prior_weight", PRIOR_WEIGHT),
+        goal=values.get("goal"),
     )

@@ -182,6 +182,7 @@ class Variants:
             second_texts=second[0],
             second_text=second[1],
             runs=run.runs,
+            **({} if run.goal is None else {"goal": run.goal}),
         )
         for row, extra in zip(report["variants"], self.details):
             row.update(extra)
@@ -189,6 +190,9 @@ class Variants:
         json_path, md_path = write_report(report, self.out / "report.json")
         print(markdown_table(report))
         say(f"wrote {json_path} and {md_path}")
+        choice = report.get("choice")
+        if choice:
+            say(f"deploy {choice['row'] or 'nothing'} (goal {choice['goal']}): {choice['why']}")
         for axis, name in PLOTS.items():
             try:
                 say(f"wrote {plot_front(report, self.out / name, x=axis)} ({front_quality(report)} against {axis})")

@@ -7,8 +7,8 @@ import pytest
 
 from compressor.errors import CompressorError
 from converters.cli.recipes import (
-    DEFAULT_RECIPE,
     DEFAULT_RECIPES,
+    SMALL_RECIPE,
     THREE_BIT_RECIPE,
     TINY_RECIPE,
     Recipe,
@@ -88,7 +88,7 @@ def test_the_default_recipes_are_valid():
     assert set(quantize_choices()) == {"fp32", *schemes()}
     first = recipes[0].variant()  # its corrected rows, and so original-int4-trained and original-w4a8
     assert first.method is not None and _names(first.quantize)[-2:] == ("int4-trained", "w4a8")
-    small = next(r.variant() for r in recipes if r.name == DEFAULT_RECIPE["name"])
+    small = next(r.variant() for r in recipes if r.name == SMALL_RECIPE["name"])
     assert small.method is None and not small.fp32 and _names(small.quantize) == ("w4a8",)
     (w4a8,) = small.quantize.schemes
     assert (w4a8.table_bits, w4a8.table_head, w4a8.scale_bits, w4a8.linear_bits) == (3, 4096, 8, 4)
@@ -200,21 +200,26 @@ def _run_values(*argv: str) -> dict:
 
 
 def test_run_without_method_options_takes_the_default_run():
-    from converters.cli.recipes import default_run
+    from converters.cli.goals import GOAL_RUNS, TABLE_RECIPE
+    from converters.cli.recipes import default_run as run_of
     from converters.kinds import kind_named
 
+    def default_run(values, kind):  # the size goal's rows: the rounded baseline, the 3-bit table, the w4a8 recipe
+        return run_of(values, kind, GOAL_RUNS["size"], "goal size")
+
     encoder, lm = kind_named("encoder"), kind_named("causal-lm")
-    rounded, small = default_run(_run_values("--out", "x"), encoder)
-    assert (rounded.method, rounded.name, _names(rounded.quantize)) == (None, "original", ("int8-aware", "int4-aware"))
-    assert rounded.quantize.schemes[1].table_bits == 4  # the comparison rows in the default settings
-    assert small.name == DEFAULT_RECIPE["name"] and small.method is None
-    settings = {k: v for k, v in DEFAULT_RECIPE.items() if k not in ("name", "method", "quantize")}
+    rounded, table, small = default_run(_run_values("--out", "x"), encoder)
+    assert table.name == TABLE_RECIPE["name"] and table.quantize.schemes[0].table_bits == 3
+    assert (rounded.method, rounded.name, _names(rounded.quantize)) == (None, "original", ("int4-aware",))
+    assert rounded.quantize.schemes[0].table_bits == 4  # the comparison rows in the default settings
+    assert small.name == SMALL_RECIPE["name"] and small.method is None
+    settings = {k: v for k, v in SMALL_RECIPE.items() if k not in ("name", "method", "quantize")}
     assert {k: getattr(small.quantize.schemes[0], k) for k in settings} == settings
-    assert _names(small.quantize) == tuple(DEFAULT_RECIPE["quantize"])
-    _, mine = default_run(_run_values("--correction-time", "7", "--runs", "3"), encoder)
+    assert _names(small.quantize) == tuple(SMALL_RECIPE["quantize"])
+    *_, mine = default_run(_run_values("--correction-time", "7", "--runs", "3"), encoder)
     assert mine.quantize.schemes[0].correction_time == 7.0 and mine.quantize.schemes[0].table_bits == 3  # given first
     for given in (["--rank", "64"], ["--method", "tt"], ["--targets", "ffn"], ["--budget", "0.5"]):
         assert default_run(_run_values(*given), encoder) is None  # a method option given: no recipe
-    assert default_run(_run_values(), lm) == []  # w4a8 multiplies in int8: the LM's run is the original's rows
+    assert default_run(_run_values(), lm) == []  # an encoder's schemes: the LM's run is the original's rows
     (mine,) = default_run(_run_values("--quantize", "int4", "--block-size", "64"), lm)
     assert _names(mine.quantize) == ("int4",) and mine.quantize.schemes[0].block_size == 64

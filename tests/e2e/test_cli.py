@@ -380,18 +380,19 @@ def test_export_int4_trained_and_a_bad_correction_time(tmp_path, eval_text_file,
     assert not (tmp_path / "x.onnx").exists()
 
 
-def test_run_without_method_options_measures_the_default_recipe(tmp_path, eval_text_file, capsys, monkeypatch):
-    from converters.cli.recipes import DEFAULT_RECIPE
+def test_run_without_method_options_measures_the_size_goals_recipes(tmp_path, eval_text_file, capsys, monkeypatch):
+    from converters.cli.recipes import SMALL_RECIPE
 
     monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
     wide = write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256)
     texts = ("--calib", eval_text_file, "--data", eval_text_file, "--eval-text", eval_text_file)
     options = ("--second-text", "none", "--runs", 2, "--correction-time", 2)
-    code, _, err = run_cli(capsys, "run", wide, *texts, *options, "--out", tmp_path / "run")
-    assert code == 0 and "the default recipe 'original-small'" in err, err
+    code, _, err = run_cli(capsys, "run", wide, *texts, *options, "--goal", "size", "--out", tmp_path / "run")
+    assert code == 0 and "goal size: original-int4-aware, original-table3-int8-aware-table, original-small" in err, err
     rows = {v["name"]: v for v in json.loads((tmp_path / "run" / "report.json").read_text())["variants"]}
-    small = f"{DEFAULT_RECIPE['name']}-w4a8"
-    assert list(rows) == ["original", "original-int8", "original-int8-aware", "original-int4-aware", small]
+    small = f"{SMALL_RECIPE['name']}-w4a8"
+    table = "original-table3-int8-aware-table"
+    assert list(rows) == ["original", "original-int8", "original-int4-aware", table, small]
     quantization = rows[small]["quantization"]
     assert (quantization["table_head"], quantization["scale_bits"], quantization["table_block"]) == (4096, 8, 128)
     assert (rows["original-int4-aware"]["quantization"]["scale_bits"], quantization["correction_share"]) == (16, 0.005)

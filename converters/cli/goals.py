@@ -1,0 +1,61 @@
+"""The goals of `compressor run` (--goal): each the rows a run measures on the user's own model beside
+original-int8 (what the user would do otherwise) and the rule that picks the row to deploy on the CPU it runs on
+(eval.choice). A goal's rows are recipes (converters/cli/recipes.py) chosen by what can win by its rule, measured
+on MiniLM and a 110M MPNet (docs/lab-notes/2026-11-28-deployment.md):
+
+- balanced (the default): int8-aware, int4-aware and the word table in 3 bits beside int8-aware's products;
+- size: int4-aware, the 3-bit table and the 4-bit w4a8 recipe (0.126× on MiniLM, trained 240 s);
+- memory: int8-aware, int4-aware and the 3-bit table (the least memory that keeps int8's recall);
+- latency: int8-aware (as fast as int8, and the recall smoothing buys);
+- quality: int8-aware and the word table in 4 bits (its frequent rows in 8).
+
+w4a8 is measured for size alone: its codes become int8 weights when the session starts, which holds 1.8× int8's
+peak memory on MiniLM (2.9× on the MPNet), so by the other goals' rules it cannot win and its minutes are spent
+for nothing."""
+
+from converters.cli.recipes import SMALL_RECIPE
+from converters.spec import QUANTIZE_ONLY
+from eval.choice import DEFAULT_GOAL, GOALS
+
+__all__ = ["GOALS", "DEFAULT_GOAL", "TABLE_RECIPE", "WIDE_TABLE_RECIPE", "GOAL_RUNS", "GOAL_MINUTES", "goal_said"]
+
+# int8-aware's products, the word table in 3 bits (its 4,096 most frequent rows in 4, blocks of 32): on MiniLM
+# 0.73× int8's file, 0.95× its peak RSS, recall@10 0.931 / 0.924 against int8's 0.906 / 0.915; on the MPNet 0.89×,
+# 0.95×, 0.914 / 0.911 (against int4-aware's 0.892 / 0.902 at 1.06× the memory)
+TABLE_RECIPE = {
+    "name": "original-table3",
+    "method": QUANTIZE_ONLY,
+    "quantize": ["int8-aware-table"],
+    "table_bits": 3,
+    "table_head": 4096,
+    "table_block": 32,
+}
+# The same with the table in 4 bits and its frequent rows in 8: MiniLM 0.86× int8's file, recall 0.940 / 0.943
+WIDE_TABLE_RECIPE = {**TABLE_RECIPE, "name": "original-table4", "table_bits": 4}
+
+
+def _rounded(*schemes: str) -> dict:
+    return {"method": QUANTIZE_ONLY, "quantize": list(schemes)}
+
+
+GOAL_RUNS = {
+    "balanced": {"variants": [_rounded("int8-aware", "int4-aware"), TABLE_RECIPE]},
+    "size": {"variants": [_rounded("int4-aware"), TABLE_RECIPE, SMALL_RECIPE]},
+    "memory": {"variants": [_rounded("int8-aware", "int4-aware"), TABLE_RECIPE]},
+    "latency": {"variants": [_rounded("int8-aware")]},
+    "quality": {"variants": [_rounded("int8-aware"), WIDE_TABLE_RECIPE]},
+}
+
+
+# Each goal's run of MiniLM on 2 cores, about, in minutes (install and the texts' first build aside): size trains
+# the w4a8 recipe 240 s
+GOAL_MINUTES = {"balanced": 4, "size": 10, "memory": 4, "latency": 3, "quality": 4}
+
+
+def goal_said(goal: str) -> str:
+    """What the goal measures and how it picks, in a sentence."""
+    rows = []
+    for variant in GOAL_RUNS[goal]["variants"]:
+        name = variant.get("name", "original")
+        rows += [f"{name}-{scheme}" for scheme in variant["quantize"]]
+    return f"{', '.join(rows)} beside original-int8; deploy {GOALS[goal]}"

@@ -1,0 +1,82 @@
+"""The front door of `compressor run`: a goal measures its rows on the user's model and names the row to deploy,
+a built-in recipe or a recipe file runs instead, `compressor recipes` lists them, the help lists at most 25
+options while the expert ones are still taken, and a goal, recipe or recipe file that is not there is refused in
+one sentence before any work."""
+
+import json
+
+import pytest
+
+from converters.cli import build_parser
+from converters.cli.catalog import builtin_recipes
+from converters.cli.goals import GOAL_RUNS
+from tests.conftest import run_cli, write_tiny_lm
+
+
+def test_a_goal_runs_its_rows_and_names_the_row_to_deploy(tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1), (8, 128, 2)))
+    out = tmp_path / "run"
+    code, _, err = run_cli(
+        capsys, "run", tiny_bert_dir, "--goal", "latency", "--eval-text", eval_text_file, "--runs", 2, "--out", out
+    )
+    assert code == 0, err
+    assert "goal latency: original-int8-aware beside original-int8" in err
+    report = json.loads((out / "report.json").read_text())
+    assert [v["name"] for v in report["variants"]] == ["original", "original-int8", "original-int8-aware"]
+    choice = report["choice"]
+    assert choice["goal"] == "latency" and choice["row"] in ("original-int8", "original-int8-aware")
+    assert (
+        f"deploy {choice['row']}" in err
+        and f"**deploy {choice['row']}** (goal latency" in (out / "report.md").read_text()
+    )
+
+
+def test_a_recipe_by_name_or_file_runs_instead(tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
+    recipe = tmp_path / "mine.json"
+    recipe.write_text(
+        json.dumps({"variants": [{"name": "narrow", "method": "none", "quantize": ["int8-aware-table"]}]})
+    )
+    for given, row in (("original-table4", "original-table4-int8-aware-table"), (recipe, "narrow-int8-aware-table")):
+        out = tmp_path / str(row)
+        code, _, err = run_cli(
+            capsys, "run", tiny_bert_dir, "--recipe", given, "--eval-text", eval_text_file, "--runs", 1, "--out", out
+        )
+        assert code == 0, err
+        names = [v["name"] for v in json.loads((out / "report.json").read_text())["variants"]]
+        assert names == ["original", "original-int8", row]
+
+
+def test_a_goal_or_recipe_not_there_is_refused(tiny_bert_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["run", "--goal", "smallest"])
+    assert stopped.value.code == 2 and "invalid choice: 'smallest' (choose from 'balanced'" in capsys.readouterr().err
+    code, _, err = run_cli(capsys, "run", tiny_bert_dir, "--recipe", "nosuch", "--out", tmp_path / "x")
+    assert code == 2 and "--recipe is a built-in recipe (original-table3, original-table4," in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_recipe_file_with_an_unknown_key_or_for_another_kind_is_refused(tiny_bert_dir, tmp_path, capsys):
+    typo = tmp_path / "typo.json"
+    typo.write_text(json.dumps({"variants": [{"method": "none", "quantize": ["int8"], "tabel_bits": 3}]}))
+    code, _, err = run_cli(capsys, "run", tiny_bert_dir, "--recipe", typo, "--out", tmp_path / "x")
+    assert code == 2 and "table_bits" in err  # the closest key
+    lm = write_tiny_lm(tmp_path / "lm")
+    code, _, err = run_cli(capsys, "run", lm, "--recipe", "original-table3", "--out", tmp_path / "y")
+    assert code == 2 and "is not for this model" in err and not (tmp_path / "y").exists()
+
+
+def test_the_help_lists_at_most_25_options_and_the_others_are_still_taken(capsys):
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "--help"])
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("-")]
+    assert len(shown) <= 25
+    args = parser.parse_args(["run", "--table-head", "512", "--correction-share", "0.1"])  # hidden, still taken
+    assert (args.table_head, args.correction_share) == (512, 0.1)
+
+
+def test_recipes_lists_every_recipe_and_goal(capsys):
+    code, out, _ = run_cli(capsys, "recipes")
+    assert code == 0
+    assert all(name in out for name in builtin_recipes()) and all(f"  {goal} " in out for goal in GOAL_RUNS)
