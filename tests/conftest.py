@@ -136,6 +136,20 @@ def _cache_in_tmp(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
+@pytest.fixture(scope="module")
+def tiny_bert_graph(tmp_path_factory) -> tuple[Path, int, list[dict]]:
+    """A tiny BERT's fp32 graph, its vocabulary and four calibration batches of random ids (8 × 12)."""
+    from converters.checkpoint import load_model
+    from converters.export import export_onnx, sample_inputs
+
+    path = write_tiny_bert(tmp_path_factory.mktemp("bert") / "bert", hidden=64, intermediate=128)
+    model, _ = load_model(path)
+    vocab = model.get_input_embeddings().num_embeddings
+    names = ("input_ids", "attention_mask")
+    feeds = [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
+    return export_onnx(model, path.parent / "m.onnx").path, vocab, feeds
+
+
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory) -> Path:
     return write_tiny_bert(tmp_path_factory.mktemp("tiny") / "bert")

@@ -7,28 +7,17 @@ import pytest
 
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
-from converters.export import export_onnx, sample_inputs
+from converters.export import export_onnx
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
 from converters.quantization.rounding.target_cpu import INT16_MAX, widest_pair
 from eval.kinds import graph_kind
-from tests.conftest import write_tiny_bert, write_tiny_lm
-
-NAMES = ("input_ids", "attention_mask")
-
-
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    path = write_tiny_bert(tmp_path_factory.mktemp("bert") / "bert", hidden=64, intermediate=128)
-    model, _ = load_model(path)
-    vocab = model.get_input_embeddings().num_embeddings
-    feeds = [dict(zip(NAMES, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
-    return export_onnx(model, path.parent / "m.onnx").path, vocab, feeds
+from tests.conftest import write_tiny_lm
 
 
 @pytest.mark.parametrize("bits", [3, 4])
-def test_the_word_table_narrows_and_every_product_stays_int8(bert, tmp_path, bits):
-    fp32, vocab, feeds = bert
+def test_the_word_table_narrows_and_every_product_stays_int8(tiny_bert_graph, tmp_path, bits):
+    fp32, vocab, feeds = tiny_bert_graph
     config = scheme_named("int8-aware-table")(table_bits=bits, table_head=8, table_block=16, target_cpu="avx2")
     table = quantize_onnx(fp32, tmp_path / "table.onnx", config, feeds, vocab=vocab)
     assert table.table_bits == bits and table.parity_rel < config.gate

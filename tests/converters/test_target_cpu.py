@@ -9,8 +9,6 @@ import pytest
 from onnx import numpy_helper
 
 from compressor.errors import CompressorError
-from converters.checkpoint import load_model
-from converters.export import export_onnx, sample_inputs
 from converters.quantization.quantize import TARGET_KEY, quantize_onnx
 from converters.quantization.registry import scheme_named
 from converters.quantization.rounding.target_cpu import (
@@ -22,18 +20,6 @@ from converters.quantization.rounding.target_cpu import (
     widest_pair,
 )
 from eval.environment import integer_path
-from tests.conftest import write_tiny_bert
-
-NAMES = ("input_ids", "attention_mask")
-
-
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory):
-    path = write_tiny_bert(tmp_path_factory.mktemp("bert") / "bert", hidden=64, intermediate=128)
-    model, _ = load_model(path)
-    vocab = model.get_input_embeddings().num_embeddings
-    feeds = [dict(zip(NAMES, (x.numpy() for x in sample_inputs(vocab, 8, 12, seed)))) for seed in range(4)]
-    return export_onnx(model, path.parent / "m.onnx").path, vocab, feeds
 
 
 def _int8_weights(path) -> list[np.ndarray]:
@@ -45,8 +31,8 @@ def _int8_weights(path) -> list[np.ndarray]:
 
 @pytest.mark.parametrize("scheme", ["int8", "int8-aware"])
 @pytest.mark.parametrize("target", sorted(TARGETS))
-def test_each_targets_int8_weights_fit_its_integer_path(bert, tmp_path, scheme, target):
-    fp32, vocab, feeds = bert
+def test_each_targets_int8_weights_fit_its_integer_path(tiny_bert_graph, tmp_path, scheme, target):
+    fp32, vocab, feeds = tiny_bert_graph
     result = quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named(scheme)(target_cpu=target), feeds, vocab=vocab)
     weights = _int8_weights(result.path)
     assert weights, "the graph multiplies int8 weights"
