@@ -164,6 +164,9 @@ def heading(file: str, report: dict) -> list[str]:
     ]
     if _original(report).get("name") != "original":
         lines.append(f"- ratios to the first row, `{_original(report).get('name')}` (no row is named original)")
+    choice = report.get("choice")
+    if choice:
+        lines.append(f"- **deploy `{choice['row']}`** (goal {choice['goal']}, {choice['rule']}): {choice['why']}")
     return [f"### {_said(report.get('model'))} (`benchmarks/results/{file}`)", "", *lines]
 
 
