@@ -1,0 +1,158 @@
+"""Bench a run's int8 and narrow-table rows on another machine without network: recall@10, p50 and peak RSS there,
+against reference embeddings made here. Two steps:
+
+    .venv/bin/python benchmarks/second_cpu.py pack runs/demo carry/ original-int8 original-int8-aware …
+    python3 benchmarks/second_cpu.py bench carry/            # there: numpy and onnxruntime alone
+
+`pack` copies each row's graph (the fp32 original stays: the reference embeddings of the eval and second texts,
+and their token batches, go in data.npz instead), so that the folder stays small (the device machine takes 64
+MiB); `bench` prints the CPU, its integer path and ONNX Runtime's version, then each row's figures as JSON."""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PATHS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx512bw", "avx2")  # the flags of the integer paths, best first
+
+
+def pack(run: Path, out: Path, rows: list[str]) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from eval.graph import make_session
+    from eval.kinds import graph_kind
+    from files.model_folder import graph_in
+    from texts.corpus import SECOND, passages
+    from texts.tokens import encode_passages, load_tokenizer
+
+    original = graph_in(run / "original")
+    kind, tokenizer, data = graph_kind(original), load_tokenizer(run / "original"), {}
+    session = make_session(original, threads=2)
+    for key, texts in (("eval", kind.passages(None, "eval")[0]), ("second", passages(None, SECOND)[0][:300])):
+        batches = encode_passages(tokenizer, texts)
+        data[f"{key}_n"] = np.array(len(batches))
+        for i, batch in enumerate(batches):
+            data[f"{key}_{i}_ids"], data[f"{key}_{i}_mask"] = batch["input_ids"], batch["attention_mask"]
+        data[f"{key}_ref"] = kind.represent(session, batches)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out / "data.npz", **data)
+    for row in rows:
+        shutil.copy(graph_in(run / row), out / f"{row}.onnx")
+
+
+def _session(path: Path, threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _feed(session, ids: np.ndarray, mask: np.ndarray) -> dict:
+    given = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    return {i.name: given[i.name] for i in session.get_inputs()}
+
+
+def _embed(session, data, key: str) -> np.ndarray:
+    """Mean-pooled last hidden states of the packed batches of `key`."""
+    out = []
+    for i in range(int(data[f"{key}_n"])):
+        ids, mask = data[f"{key}_{i}_ids"], data[f"{key}_{i}_mask"]
+        hidden = session.run(None, _feed(session, ids, mask))[0]
+        weights = mask[..., None].astype(np.float32)
+        out.append((hidden * weights).sum(1) / np.maximum(weights.sum(1), 1e-9))
+    return np.concatenate(out)
+
+
+def _recall(reference: np.ndarray, other: np.ndarray, k: int = 10) -> float:
+    """Mean over passages of |kNN_ref ∩ kNN_other| / k, neighbours by cosine, self excluded (eval.quality's)."""
+
+    def neighbours(x):
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+        similarity = x @ x.T
+        np.fill_diagonal(similarity, -np.inf)
+        return np.argsort(-similarity, axis=1)[:, :k]
+
+    return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(neighbours(reference), neighbours(other))]))
+
+
+def _peak(graph: str, folder: Path) -> int:
+    """VmHWM of a fresh process that loads `graph` ("none": nothing) and runs a (1,16) and an (8,128) batch."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    done = subprocess.run([sys.executable, __file__, "probe", str(folder), graph], capture_output=True, env=env)
+    return int(done.stdout)
+
+
+def probe(folder: Path, graph: str) -> None:
+    if graph != "none":
+        session = _session(Path(graph), 2)
+        stream = np.load(folder / "data.npz")["eval_0_ids"].ravel()
+        for batch, seq in ((1, 16), (8, 128)):
+            ids = np.resize(stream, batch * seq).reshape(batch, seq).astype(np.int64)
+            session.run(None, _feed(session, ids, np.ones_like(ids)))
+    status = Path("/proc/self/status").read_text().splitlines()
+    print(next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:")))
+
+
+def bench(folder: Path, runs: int = 30) -> None:
+    import onnxruntime as ort
+
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "")
+    flags = [flag for flag in PATHS if f" {flag}" in cpuinfo]
+    said = {"cpu": model, "flags": flags, "cores": os.cpu_count(), "onnxruntime": ort.__version__}
+    print(json.dumps({**said, "python": platform.python_version(), "numpy": np.__version__}))
+    data, rows = np.load(folder / "data.npz"), {}
+    for path in sorted(folder.glob("*.onnx")):
+        session = _session(path, 2)
+        rows[path.stem] = {
+            "file_bytes": path.stat().st_size,
+            "recall_at_10": _recall(data["eval_ref"], _embed(session, data, "eval")),
+            "recall_at_10_second": _recall(data["second_ref"], _embed(session, data, "second")),
+            "peak_rss_bytes": min(_peak(str(path), folder) for _ in range(2)),
+        }
+    stream = data["eval_0_ids"].ravel()
+    for batch, seq, threads in ((1, 16, 1), (8, 128, 2)):
+        sessions = {name: _session(folder / f"{name}.onnx", threads) for name in rows}
+        ids = np.resize(stream, batch * seq).reshape(batch, seq).astype(np.int64)
+        times = {name: [] for name in rows}
+        for _ in range(runs + 1):  # the graphs taking turns; the first round warms them
+            for name, session in sessions.items():
+                start = time.perf_counter()
+                session.run(None, _feed(session, ids, np.ones_like(ids)))
+                times[name].append(time.perf_counter() - start)
+        for name in rows:
+            rows[name][f"p50_b{batch}_s{seq}_t{threads}_ms"] = 1000 * float(np.median(times[name][1:]))
+    print(json.dumps({"baseline_rss_bytes": _peak("none", folder), "rows": rows}, indent=1))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="step", required=True)
+    packing = sub.add_parser("pack")
+    packing.add_argument("run", type=Path)
+    packing.add_argument("out", type=Path)
+    packing.add_argument("rows", nargs="+")
+    sub.add_parser("bench").add_argument("folder", type=Path)
+    probing = sub.add_parser("probe")
+    probing.add_argument("folder", type=Path)
+    probing.add_argument("graph")
+    args = parser.parse_args()
+    if args.step == "pack":
+        pack(args.run, args.out, args.rows)
+    elif args.step == "bench":
+        bench(args.folder)
+    else:
+        probe(args.folder, args.graph)
+
+
+if __name__ == "__main__":
+    main()
