@@ -86,6 +86,10 @@ def run(args) -> None:
     recipes, source = _recipes_of(args.recipe, goal)
     kind = kind_for_config(resolve_model_dir(args.model))
     variants = default_run(values, kind, recipes, source, strict=args.recipe is not None)
+    if args.recipe is not None and (variants is None or args.quantize):
+        raise CompressorError(
+            f"--recipe runs {source} in place of method options and --quantize: give one or the other"
+        )
     if variants is not None and args.quantize:
         say(f"no method options: the original in {' and '.join(args.quantize)}")
     elif variants == []:

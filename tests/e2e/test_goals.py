@@ -53,6 +53,10 @@ def test_a_goal_or_recipe_not_there_is_refused(tiny_bert_dir, tmp_path, capsys):
     assert stopped.value.code == 2 and "invalid choice: 'smallest' (choose from 'balanced'" in capsys.readouterr().err
     code, _, err = run_cli(capsys, "run", tiny_bert_dir, "--recipe", "nosuch", "--out", tmp_path / "x")
     assert code == 2 and "--recipe is a built-in recipe (original-table3, original-table4," in err
+    code, _, err = run_cli(
+        capsys, "run", tiny_bert_dir, "--recipe", "original-table3", "--rank", 8, "--out", tmp_path / "x"
+    )
+    assert code == 2 and "give one or the other" in err
     assert not (tmp_path / "x").exists()
 
 
