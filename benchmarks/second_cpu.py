@@ -146,6 +146,12 @@ def main() -> None:
     probing.add_argument("folder", type=Path)
     probing.add_argument("graph")
     args = parser.parse_args()
+    if args.step == "pack":  # every input there before any work: one sentence, exit 2
+        missing = [r for r in ("original", *args.rows) if not (args.run / r / "onnx").is_dir()]
+        if missing:
+            parser.error(f"{args.run} has no ready folder {missing[0]!r} (a run's rows: original, original-int8, …)")
+    elif not (args.folder / "data.npz").is_file():
+        parser.error(f"{args.folder} holds no data.npz: make the folder with `second_cpu.py pack` first")
     if args.step == "pack":
         pack(args.run, args.out, args.rows)
     elif args.step == "bench":
