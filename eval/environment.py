@@ -41,6 +41,9 @@ INTEGER_PATHS = {
     "avx2": "avx2",
     "arm64_dot": "asimddp",
 }
+# numpy's CPUID features → the /proc/cpuinfo flags that cannot be used without them (AMX and AVX-VNNI CPUs have
+# AVX-512 VNNI or are seen without it only under an emulator, which offers neither)
+CPUID_FLAGS = {"AVX512VNNI": ("avx512_vnni", "amx_int8", "avx_vnni"), "AVX512BW": ("avx512bw",), "AVX2": ("avx2",)}
 PAIRS_IN_INT16 = frozenset({"avx512", "avx2", "sse"})  # the paths whose u8 × s8 pairs are summed in int16
 VERSIONS = ("onnxruntime", "onnx", "torch", "transformers", "numpy", "tokenizers")
 
@@ -57,10 +60,23 @@ def _flags(cpuinfo: str) -> set[str]:
     return set()
 
 
+def _cpuid_allows(flags: set[str]) -> set[str]:
+    """`flags` less those the process's own CPUID denies (numpy reads it, as ONNX Runtime does): /proc/cpuinfo is
+    the host's even under an emulator (`qemu-x86_64 -cpu EPYC-Rome`) or a CPU model that masks features."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:
+        return flags
+    if not features.get("SSE2"):  # not x86-64
+        return flags
+    denied = {flag for feature, implied in CPUID_FLAGS.items() if not features.get(feature) for flag in implied}
+    return flags - denied
+
+
 def integer_path(cpuinfo: str | None = None) -> str:
     """This machine's integer path (INTEGER_PATHS' name; `sse` or `arm64` when none of them), from `cpuinfo`
-    (the text of /proc/cpuinfo; default: this machine's)."""
-    flags = _flags(_cpuinfo() if cpuinfo is None else cpuinfo)
+    (the text of /proc/cpuinfo; default: this machine's, less the flags this process's CPUID denies)."""
+    flags = _flags(cpuinfo) if cpuinfo is not None else _cpuid_allows(_flags(_cpuinfo()))
     for path, flag in INTEGER_PATHS.items():
         if flag in flags:
             return path
@@ -83,8 +99,12 @@ def _version(package: str) -> str | None:
 
 
 def machine() -> dict:
-    """{"cpu", "integer_path", "cores", "python", and each of VERSIONS}: what every figure of a report ran on."""
+    """{"cpu", "integer_path", "cores", "python", and each of VERSIONS}: what every figure of a report ran on;
+    "emulated" where the process's CPUID shows another path than the host's /proc/cpuinfo."""
     record = {"cpu": cpu_model(), "integer_path": integer_path(), "cores": os.cpu_count()}
+    host = integer_path(_cpuinfo())
+    if host != record["integer_path"]:  # times under an emulator are not the hardware's
+        record["emulated"] = f"CPUID shows {record['integer_path']}, /proc/cpuinfo {host}"
     record["python"] = platform.python_version()
     record.update({package: _version(package) for package in VERSIONS})
     return record

@@ -368,15 +368,20 @@ def _method_dests() -> frozenset[str]:
     return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE, *PRIOR_DESTS}
 
 
+# The options that say which machine the graphs are for, not how a recipe rounds: every row takes them, the
+# comparison rows in default settings too
+MACHINE_DESTS = ("target_cpu",)
+
+
 def default_run(
     values: dict[str, Any], kind: ModelKind, run: dict, source: str, strict: bool = False
 ) -> list[VariantSpec] | None:
     """The variants of `run` (a recipe file's content: a goal's, converters/cli/goals.py, or a recipe's) when
     `compressor run`'s parsed options `values` give no method option (an option not given is None), the options they
-    give overriding its named recipes' own; with --quantize given, the original in its schemes and the settings
-    given alone; for a model `kind` whose graph the run's schemes do not take (w4a8 and the narrow tables are an
-    encoder's), none: the run is the original's own rows (`strict`: refused, the scheme's reason said); None when they
-    give a method option."""
+    give overriding its named recipes' own (MACHINE_DESTS: every row's); with --quantize given, the original in its
+    schemes and the settings given alone; for a model `kind` whose graph the run's schemes do not take (w4a8 and the
+    narrow tables are an encoder's), none: the run is the original's own rows (`strict`: refused, the scheme's reason
+    said); None when they give a method option."""
     if any(values.get(d) is not None for d in _method_dests()):
         return None
     given = {k: v for k, v in values.items() if v is not None and v is not False}
@@ -393,6 +398,7 @@ def default_run(
         return []
     variants = []
     for recipe in recipes:
-        merged = {**values, **recipe.values(), **(given if recipe.name is not None else {})}
+        overrides = given if recipe.name is not None else {d: given[d] for d in MACHINE_DESTS if d in given}
+        merged = {**values, **recipe.values(), **overrides}
         variants.append(variant_spec(merged, recipe.name))
     return variants

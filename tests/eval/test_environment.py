@@ -1,6 +1,8 @@
 """What a report records of the machine and its inputs (eval/environment.py): the integer path read from the CPU's
 flags, the hashes that tell two inputs apart."""
 
+import platform
+
 import numpy as np
 import pytest
 
@@ -32,6 +34,20 @@ def _cpuinfo(flags: str) -> str:
 )
 def test_the_integer_path_is_the_best_instruction_set_the_flags_show(flags, path):
     assert integer_path(_cpuinfo(flags)) == path
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64's CPUID")
+def test_the_path_is_the_one_the_process_cpuid_allows(monkeypatch):
+    """Under qemu-x86_64 -cpu EPYC-Rome /proc/cpuinfo is still the host's: the CPUID (numpy's reading) decides."""
+    import numpy._core._multiarray_umath as umath
+
+    from eval import environment
+
+    monkeypatch.setattr(environment, "_cpuinfo", lambda: _cpuinfo("avx2 avx512bw avx512_vnni avx_vnni amx_int8"))
+    monkeypatch.setattr(umath, "__cpu_features__", {**umath.__cpu_features__, "AVX512VNNI": True, "AVX512BW": True})
+    assert integer_path() == "amx" and "emulated" not in machine()
+    monkeypatch.setattr(umath, "__cpu_features__", {**umath.__cpu_features__, "AVX512VNNI": False, "AVX512BW": False})
+    assert integer_path() == "avx2" and machine()["emulated"] == "CPUID shows avx2, /proc/cpuinfo amx"
 
 
 def test_the_paths_without_vnni_sum_pairs_in_int16():
