@@ -3,6 +3,7 @@ against reference embeddings made here. Two steps:
 
     .venv/bin/python benchmarks/second_cpu.py pack runs/demo carry/ original-int8 original-int8-aware …
     python3 benchmarks/second_cpu.py bench carry/            # there: numpy and onnxruntime alone
+    qemu-x86_64 -cpu EPYC-Rome .venv/bin/python benchmarks/second_cpu.py bench carry/ --recall-only  # AVX2's kernels
 
 `pack` copies each row's graph (the fp32 original stays: the reference embeddings of the eval and second texts,
 and their token batches, go in data.npz instead), so that the folder stays small (the device machine takes 64
@@ -27,7 +28,7 @@ def pack(run: Path, out: Path, rows: list[str]) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from eval.graph import make_session
     from eval.kinds import graph_kind
-    from files.model_folder import graph_in
+    from files.model_folder import graph_in, targets_held
     from texts.corpus import SECOND, passages
     from texts.tokens import encode_passages, load_tokenizer
 
@@ -42,8 +43,12 @@ def pack(run: Path, out: Path, rows: list[str]) -> None:
         data[f"{key}_ref"] = kind.represent(session, batches)
     out.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(out / "data.npz", **data)
-    for row in rows:
-        shutil.copy(graph_in(run / row), out / f"{row}.onnx")
+    for row in rows:  # a row written for several CPUs: each graph, as ROW.TARGET.onnx
+        held = targets_held(run / row)
+        for target, graph in held.items():
+            shutil.copy(graph, out / f"{row}.{target}.onnx")
+        if not held:
+            shutil.copy(graph_in(run / row), out / f"{row}.onnx")
 
 
 def _session(path: Path, threads: int):
@@ -102,14 +107,23 @@ def probe(folder: Path, graph: str) -> None:
     print(next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:")))
 
 
-def bench(folder: Path, runs: int = 30) -> None:
+def _cpuid() -> list[str]:
+    """The x86 features this process's CPUID shows (numpy reads it as ONNX Runtime does): under an emulator
+    (`qemu-x86_64 -cpu EPYC-Rome`) /proc/cpuinfo is still the host's."""
+    from numpy._core._multiarray_umath import __cpu_features__ as features
+
+    return [name for name in ("AVX2", "AVX512BW", "AVX512VNNI") if features.get(name)]
+
+
+def bench(folder: Path, runs: int = 30, timed: bool = True) -> None:
+    """Each graph's recall@10 on both texts; with `timed`, its peak RSS and p50s too (not under an emulator)."""
     import onnxruntime as ort
 
     cpuinfo = Path("/proc/cpuinfo").read_text()
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "")
     flags = [flag for flag in PATHS if f" {flag}" in cpuinfo]
-    said = {"cpu": model, "flags": flags, "cores": os.cpu_count(), "onnxruntime": ort.__version__}
-    print(json.dumps({**said, "python": platform.python_version(), "numpy": np.__version__}))
+    said = {"cpu": model, "flags": flags, "cpuid": _cpuid(), "cores": os.cpu_count(), "onnxruntime": ort.__version__}
+    print(json.dumps({**said, "python": platform.python_version(), "numpy": np.__version__}), flush=True)
     data, rows = np.load(folder / "data.npz"), {}
     for path in sorted(folder.glob("*.onnx")):
         session = _session(path, 2)
@@ -117,8 +131,12 @@ def bench(folder: Path, runs: int = 30) -> None:
             "file_bytes": path.stat().st_size,
             "recall_at_10": _recall(data["eval_ref"], _embed(session, data, "eval")),
             "recall_at_10_second": _recall(data["second_ref"], _embed(session, data, "second")),
-            "peak_rss_bytes": min(_peak(str(path), folder) for _ in range(2)),
         }
+        if timed:
+            rows[path.stem]["peak_rss_bytes"] = min(_peak(str(path), folder) for _ in range(2))
+        print(json.dumps({path.stem: rows[path.stem]}), flush=True)
+    if not timed:
+        return
     stream = data["eval_0_ids"].ravel()
     for batch, seq, threads in ((1, 16, 1), (8, 128, 2)):
         sessions = {name: _session(folder / f"{name}.onnx", threads) for name in rows}
@@ -141,7 +159,13 @@ def main() -> None:
     packing.add_argument("run", type=Path)
     packing.add_argument("out", type=Path)
     packing.add_argument("rows", nargs="+")
-    sub.add_parser("bench").add_argument("folder", type=Path)
+    benching = sub.add_parser("bench")
+    benching.add_argument("folder", type=Path)
+    benching.add_argument(
+        "--recall-only",
+        action="store_true",
+        help="recall alone, no time or memory: for an emulated CPU (qemu-x86_64 -cpu EPYC-Rome: AVX2's kernels)",
+    )
     probing = sub.add_parser("probe")
     probing.add_argument("folder", type=Path)
     probing.add_argument("graph")
@@ -155,7 +179,7 @@ def main() -> None:
     if args.step == "pack":
         pack(args.run, args.out, args.rows)
     elif args.step == "bench":
-        bench(args.folder)
+        bench(args.folder, timed=not args.recall_only)
     else:
         probe(args.folder, args.graph)
 

@@ -31,6 +31,8 @@ __all__ = [
     "lacks_tokenizer",
     "graph_in",
     "folder_of",
+    "TARGET_KEY",
+    "targets_held",
 ]
 
 GRAPH_DIR = "onnx"
@@ -53,15 +55,31 @@ SOURCE_FILES = (
 )
 TOKENIZERS = ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model")
 CHECKPOINT_MARK = "compressor.json"  # converters.checkpoint.CHECKPOINT_META
+TARGETED = {8: "model_qint8_", 4: "model_q4_"}  # width → the name of a graph written for one CPU, before its target
+TARGET_KEY = "compressor.target_cpu"  # the metadata naming the CPU an int8 graph's weights were written for
 
 
-def graph_file(width: int | None) -> str:
+def graph_file(width: int | None, target: str | None = None) -> str:
     """The graph's path in the folder: onnx/model.onnx for fp32 (None), model_quantized.onnx for
-    8-bit weights, model_q4.onnx for 4-bit (a mix of 4 and 8 bits counts as 4)."""
+    8-bit weights, model_q4.onnx for 4-bit (a mix of 4 and 8 bits counts as 4); one of several graphs each
+    written for a CPU `target` (target_cpu.TARGETS), sentence-transformers' name for it: model_qint8_avx2.onnx,
+    model_qint8_avx512_vnni.onnx … (model_q4_TARGET.onnx for 4-bit codes with int8 products)."""
     names = {None: "model.onnx", 8: "model_quantized.onnx", 4: "model_q4.onnx"}
     if width not in names:
         raise CompressorError(f"no graph name for {width}-bit weights; the names are for fp32, 8 and 4 bits")
+    if target is not None and width is not None:
+        return f"{GRAPH_DIR}/{TARGETED[width]}{target}.onnx"
     return f"{GRAPH_DIR}/{names[width]}"
+
+
+def targets_held(folder: Path) -> dict[str, Path]:
+    """The graphs of a model folder written one per CPU target (graph_file's names), by target."""
+    held = {}
+    for graph in sorted((Path(folder) / GRAPH_DIR).glob("*.onnx")):
+        for prefix in TARGETED.values():
+            if graph.stem.startswith(prefix):
+                held[graph.stem[len(prefix) :]] = graph
+    return held
 
 
 def _ours(folder: Path) -> bool:
@@ -101,14 +119,14 @@ def copied_files(source: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def model_folder(folder: Path, source: Path, width: int | None) -> Iterator[Path]:
-    """Yield the path to write the graph to; then copy the source's files beside it (those the
-    folder lacks: a checkpoint keeps its own config.json). A new folder appears only when whole; in
+def model_folder(folder: Path, source: Path, width: int | None, target: str | None = None) -> Iterator[Path]:
+    """Yield the path to write the graph to (graph_file(width, target)); then copy the source's files beside it
+    (those the folder lacks: a checkpoint keeps its own config.json). A new folder appears only when whole; in
     a folder of ours, each file is replaced whole."""
     folder, source = Path(folder), Path(source)
     new = not folder.exists()
     with atomic_dir(folder) if new else contextlib.nullcontext(folder) as work:
-        graph = work / graph_file(width)
+        graph = work / graph_file(width, target)
         graph.parent.mkdir(parents=True, exist_ok=True)
         try:
             yield graph
@@ -155,16 +173,43 @@ def load_lines(folder: Path, graph: str, kind: str) -> list[str]:
     return lines
 
 
-def graph_in(path: Path) -> Path:
-    """The graph `path` names: an ONNX file, or a model folder's one graph under onnx/."""
+def graph_in(path: Path, target: str | None = None, fallback: str | None = None) -> Path:
+    """The graph `path` names: an ONNX file, or a model folder's one graph under onnx/, or of its graphs written
+    one per CPU (graph_file), the one for `target` (not given: for `fallback`, the machine's own). A graph asked
+    for a `target` it was not written for (its metadata names another) is refused."""
     path = Path(path)
-    if not path.is_dir():
-        return path
+    graph = _graph_of_folder(path, target or fallback) if path.is_dir() else path
+    written = _written_for(graph)
+    if target is not None and written is not None and written != target:
+        raise CompressorError(
+            f"{str(graph)!r} was written for {written}, not {target}: its int8 weights are that CPU's (compressor "
+            f"export --quantize SCHEME --target-cpu {target} writes one for {target})"
+        )
+    return graph
+
+
+def _graph_of_folder(path: Path, target: str | None) -> Path:
     graphs = sorted((path / GRAPH_DIR).glob("*.onnx"))
+    held = targets_held(path)
+    if held and target not in held:
+        raise CompressorError(
+            f"{str(path)!r} holds graphs for {', '.join(held)} ({', '.join(g.name for g in held.values())}), "
+            f"not for {target or 'no CPU named'}: ask one of those (--target-cpu)"
+        )
+    if held:
+        return held[target]
     if len(graphs) != 1:
-        held = ", ".join(g.name for g in graphs) or "none"
-        raise CompressorError(f"{str(path)!r} holds {len(graphs)} graphs under {GRAPH_DIR}/ ({held}); name the file")
+        names = ", ".join(g.name for g in graphs) or "none"
+        raise CompressorError(f"{str(path)!r} holds {len(graphs)} graphs under {GRAPH_DIR}/ ({names}); name the file")
     return graphs[0]
+
+
+def _written_for(graph: Path) -> str | None:
+    """The CPU target a graph's metadata says its int8 weights were written for (None: none said)."""
+    if not graph.is_file():
+        return None
+    props = onnx.load(str(graph), load_external_data=False).metadata_props
+    return next((p.value for p in props if p.key == TARGET_KEY), None)
 
 
 def folder_of(graph: Path) -> Path:

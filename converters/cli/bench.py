@@ -7,6 +7,7 @@ from converters.cli.specs import text_spec
 from converters.loading import default_model_path
 from converters.pipeline.say import say
 from converters.pipeline.steps import eval_texts, second_texts
+from converters.quantization.rounding.target_cpu import NATIVE, TARGETS, resolve_target
 from converters.spec import check_runs
 from eval.benchmark import bench
 from eval.kinds import graph_kind
@@ -36,6 +37,13 @@ def add_arguments(p) -> None:
         default=Path("report.json"),
         help="report path; report.md is written beside it (default: report.json)",
     )
+    p.add_argument(
+        "--target-cpu",
+        default=None,
+        metavar="PATH",
+        help=f"of a folder's graphs written one per CPU (model_qint8_TARGET.onnx), the one to measure: "
+        f"{', '.join(TARGETS)}; a graph written for another is refused (default: this machine's)",
+    )
     bench_options(p)
 
 
@@ -43,7 +51,8 @@ def run(args) -> None:
     check_runs(args.runs)
     text = text_spec(vars(args))
     check_writable(args.json, "report file")
-    graphs = [graph_in(p) for p in args.onnx]
+    target = None if args.target_cpu is None else resolve_target(args.target_cpu)
+    graphs = [graph_in(p, target, fallback=resolve_target(NATIVE)) for p in args.onnx]
     kind = graph_kind(graphs[0])
     texts, where = eval_texts(text, kind)
     second, second_where = second_texts(text, kind)

@@ -24,7 +24,7 @@ from converters.pipeline.calibrating import head_frequencies, quantize_calibrati
 from converters.pipeline.say import say
 from converters.pipeline.steps import check_schemes, correction_fit
 from converters.quantization.corrections.training import trainer
-from converters.quantization.quantize import quantize_onnx
+from converters.quantization.quantize import quantize_for_targets
 from converters.quantization.registry import SchemeConfig
 from files.atomic import check_writable
 from files.model_folder import check_model_folder, graph_file, lacks_tokenizer, load_lines, model_folder, own_ops
@@ -71,6 +71,10 @@ def run(args) -> None:
             f"--quantize {config.scheme} takes each layer's width from a byte budget: use compressor run --budget SIZE "
             f"--quantize {config.scheme}"
         )
+    if config is not None and len(config.targets()) > 1 and not folder:
+        raise CompressorError(
+            f"--target-cpu {config.target_cpu} writes one graph for each CPU into a model folder: give --out a folder"
+        )
     if folder:
         check_model_folder(out)
         check_writable(out, "model folder")
@@ -92,12 +96,17 @@ def run(args) -> None:
     )
     model = in_export_form(model, values, frequencies)
     width = None if config is None else config.width
-    with model_folder(out, source, width) if folder else contextlib.nullcontext(out) as path:
+    several = config is not None and len(config.targets()) > 1
+    target = config.target() if several else None  # one graph a target, under sentence-transformers' names
+    with model_folder(out, source, width, target) if folder else contextlib.nullcontext(out) as path:
         checked = _export(model, path, config, args.opset, vocab, fit_for, batches, frequencies)
     if not folder:
         say(f"wrote {out} ({checked})")
         return
-    graph = graph_file(width)
+    graph = graph_file(width, target)
+    if several:
+        beside = ", ".join(graph_file(width, t) for t in config.targets() if t != target)
+        say(f"beside {graph}, for the other CPUs asked: {beside}")
     say(f"wrote the model folder {out}, its graph {graph} ({checked}); it loads with:")
     for line in load_lines(out, graph, kind.graph.name):
         print(f"  {line}")
@@ -117,7 +126,7 @@ def _export(
     fit = None if fit_for is None else fit_for(model, config, config.scheme)
     with tempfile.TemporaryDirectory() as work:
         fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=opset)
-        result = quantize_onnx(
+        result = quantize_for_targets(
             fp32.path,
             path,
             config,

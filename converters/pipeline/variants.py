@@ -20,7 +20,7 @@ from converters.pipeline.calibrating import head_frequencies, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
 from converters.quantization.corrections.training import trainer
-from converters.quantization.quantize import quantize_onnx
+from converters.quantization.quantize import quantize_for_targets
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 from eval.benchmark import bench
 from eval.pareto import front_quality
@@ -89,9 +89,12 @@ class Variants:
         self.names.update(rows)
         for config, row in zip(quantize.schemes, rows):
             fit = self.fit_for(model, config, row) if config.trains else None
+            target = config.target() if len(config.targets()) > 1 else None  # several: one file each, by name
+            if target is not None:
+                say(f"{row}: one graph for each of {', '.join(config.targets())}; measured here: {target}'s")
             try:
-                with model_folder(self.out / row, self.source, config.width) as graph:
-                    result = quantize_onnx(
+                with model_folder(self.out / row, self.source, config.width, target) as graph:
+                    result = quantize_for_targets(
                         path,
                         graph,
                         config,
@@ -105,7 +108,7 @@ class Variants:
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
                 continue
-            self.graphs.append((row, self.out / row / graph_file(config.width)))
+            self.graphs.append((row, self.out / row / graph_file(config.width, target)))
             quantization = {
                 "scheme": config.scheme,
                 "parity_rel_to_fp32": result.parity_rel,

@@ -22,14 +22,14 @@ from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
 from eval.probe import full_feed
 from files.atomic import atomic_file
+from files.model_folder import TARGET_KEY, graph_file
 
-__all__ = ["CALIBRATION_PASSAGES", "TARGET_KEY", "quantize_onnx", "is_quantized"]
+__all__ = ["CALIBRATION_PASSAGES", "TARGET_KEY", "quantize_onnx", "quantize_for_targets", "is_quantized"]
 
 # Passages of the calibration text the aware schemes read: the maxima it takes grow with the text (on
 # all-MiniLM-L6-v2, 256 pydoc passages: recall@10 0.936; all 292: 0.943).
 CALIBRATION_PASSAGES = 1024
 PARITY_BATCHES = 4  # batches of the calibration text the gate reads
-TARGET_KEY = "compressor.target_cpu"  # the metadata naming the CPU an int8 graph's weights were written for
 QUANTIZED_OPS = {
     "DynamicQuantizeLinear",
     "DynamicQuantizeMatMul",
@@ -130,3 +130,15 @@ def quantize_onnx(
     bits = 3 if three_bit_outputs(proto.graph) else codebook_bits(proto.graph) or 4
     measured = {"path": dst, "parity_max_abs": worst, "parity_rel": rel, "parity_input": fed}
     return QuantizeResult(**vars(written), **measured, table_bits=bits, gate_failed=failed)
+
+
+def quantize_for_targets(src: Path, dst: Path, config: SchemeConfig, calibration=None, **given) -> QuantizeResult:
+    """quantize_onnx into `dst` for the target measured here (config.target()), then, when `config` asks several
+    CPUs (--target-cpu avx2,avx512_vnni), beside it for each other one under its name in a model folder
+    (graph_file: model_qint8_TARGET.onnx …); the measured graph's result."""
+    result = quantize_onnx(src, dst, config, calibration, **given)
+    for target in config.targets():
+        if target != config.target():
+            other = Path(dst).with_name(Path(graph_file(config.width, target)).name)
+            quantize_onnx(src, other, config.for_target(target), calibration, **given)
+    return result

@@ -9,7 +9,7 @@ what it needs of the pipeline (calibration batches, a plan's widths, a trainer o
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -115,6 +115,14 @@ class SchemeConfig:
         """The CPU its int8 products are written for (target_cpu.TARGETS; the graph's metadata names it), or
         None when it writes none."""
         return None
+
+    def targets(self) -> tuple[str, ...]:
+        """Every CPU it writes a graph for (target() the one measured here); () when it writes no int8 products."""
+        return ()
+
+    def for_target(self, target: str) -> "SchemeConfig":
+        """This config writing for `target` alone."""
+        return replace(self, target_cpu=target)
 
     def check(self, kind: GraphKind) -> None:
         """Refuse a graph kind the scheme cannot quantize, before any work."""

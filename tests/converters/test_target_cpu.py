@@ -20,6 +20,7 @@ from converters.quantization.rounding.target_cpu import (
     widest_pair,
 )
 from eval.environment import integer_path
+from tests.conftest import run_cli
 
 
 def _int8_weights(path) -> list[np.ndarray]:
@@ -52,3 +53,38 @@ def test_native_is_this_machines_path_and_an_unknown_target_is_refused():
 def test_the_widest_pair_is_of_the_two_largest_magnitudes():
     assert widest_pair(np.array([[1, -64], [64, 3]], np.int8)) == 255 * 128 <= INT16_MAX
     assert widest_pair(np.array([[-128, 127]], np.int8)) == 255 * 255 > INT16_MAX
+
+
+def test_several_targets_are_one_file_each_under_sentence_transformers_names(tiny_bert_dir, tmp_path, capsys):
+    """--target-cpu avx2,avx512_vnni: onnx/model_qint8_avx2.onnx and model_qint8_avx512_vnni.onnx in one folder,
+    each bounded for its path and named in its metadata; bench takes the one asked and refuses one not there."""
+    from files.model_folder import graph_in, targets_held
+
+    out = tmp_path / "folder"
+    code, _, err = run_cli(
+        capsys, "export", tiny_bert_dir, "--quantize", "int8-aware", "--target-cpu", "avx2,avx512_vnni", "--out", out
+    )
+    assert code == 0, err
+    held = targets_held(out)
+    assert sorted(p.name for p in held.values()) == ["model_qint8_avx2.onnx", "model_qint8_avx512_vnni.onnx"]
+    for target, graph in held.items():
+        props = {p.key: p.value for p in onnx.load(str(graph), load_external_data=False).metadata_props}
+        assert props[TARGET_KEY] == target
+        widest = max(widest_pair(w) for w in _int8_weights(graph))
+        assert (widest <= INT16_MAX) == reduces_range(target)
+    assert graph_in(out, "avx2") == held["avx2"] and graph_in(out, fallback="avx512_vnni") == held["avx512_vnni"]
+    with pytest.raises(CompressorError, match="holds graphs for avx2, avx512_vnni .*not for arm64"):
+        graph_in(out, "arm64")
+    with pytest.raises(CompressorError, match="was written for avx2, not avx512_vnni"):
+        graph_in(held["avx2"], "avx512_vnni")
+    code, _, err = run_cli(capsys, "bench", out, out, "--target-cpu", "arm64", "--json", tmp_path / "r.json")
+    assert code == 2 and "not for arm64" in err and not (tmp_path / "r.json").exists()
+
+
+def test_several_targets_need_a_folder_and_known_names(tiny_bert_dir, tmp_path, capsys):
+    for targets, said in (("avx2,avx512_vnni", "give --out a folder"), ("avx2,avx3", "got 'avx3'")):
+        code, _, err = run_cli(
+            capsys, "export", tiny_bert_dir, "--quantize", "int8", "--target-cpu", targets, "--out", tmp_path / "q.onnx"
+        )
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "q.onnx").exists()

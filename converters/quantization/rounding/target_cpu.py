@@ -6,14 +6,25 @@ neighbouring products in int16, which saturates: a₁w₁ + a₂w₂ ≤ 255 (|w
 weights keep to 7 bits, |w| ≤ 64 (255 · 128 = 32,640) — ONNX Runtime's own `reduce_range`, and the reason Optimum
 and sentence-transformers write one int8 file per instruction set. Each target's int8 graph holds int8 weights
 of at most TARGETS[target] in magnitude: int8 and int8-aware through `quantize_dynamic(reduce_range=…)`, w4a8's
-int8 products through their folded codes' level (int8_products)."""
+int8 products through their folded codes' level (int8_products). Several targets (`avx2,avx512_vnni`): one graph
+each, under sentence-transformers' names (files.model_folder.graph_file), the one this machine runs measured."""
 
 import numpy as np
 
 from compressor.errors import CompressorError
 from eval.environment import integer_path
 
-__all__ = ["TARGETS", "INT16_MAX", "NATIVE", "resolve_target", "int8_level", "reduces_range", "widest_pair"]
+__all__ = [
+    "TARGETS",
+    "INT16_MAX",
+    "NATIVE",
+    "resolve_target",
+    "targets_of",
+    "measured_target",
+    "int8_level",
+    "reduces_range",
+    "widest_pair",
+]
 
 TARGETS = {"avx2": 64, "avx512": 64, "avx512_vnni": 127, "arm64": 127}  # target → largest |int8 weight|
 # Each machine's integer path (eval.environment) → the target whose files it runs exactly and fastest
@@ -35,6 +46,20 @@ def resolve_target(name: str | None) -> str:
             f"files), got {name!r}"
         )
     return name
+
+
+def targets_of(name: str | None) -> tuple[str, ...]:
+    """The targets `name` asks, each resolved and checked (resolve_target), once each: one, or several joined by
+    commas (`avx2,avx512_vnni`)."""
+    parts = (name or NATIVE).split(",")
+    return tuple(dict.fromkeys(resolve_target(part.strip()) for part in parts))
+
+
+def measured_target(name: str | None) -> str:
+    """Of the targets `name` asks, the one a graph is measured for on this machine: its own if asked, else the
+    first (a graph for another path runs here too, only its figures are not the ones it will have there)."""
+    targets, own = targets_of(name), resolve_target(NATIVE)
+    return own if own in targets else targets[0]
 
 
 def int8_level(target: str) -> int:

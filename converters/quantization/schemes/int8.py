@@ -11,14 +11,15 @@ import onnx
 from converters.options import Option, option_field
 from converters.quantization.registry import QuantizeResult, SchemeConfig, Source, Written, register
 from converters.quantization.rounding.int4 import quiet_quantizer
-from converters.quantization.rounding.target_cpu import NATIVE, TARGETS, reduces_range, resolve_target
+from converters.quantization.rounding.target_cpu import NATIVE, TARGETS, measured_target, reduces_range, targets_of
 
 __all__ = ["TARGET_CPU", "Int8Config"]
 
 TARGET_CPU = Option(
     "--target-cpu",
-    f"the CPU the int8 products are written for: {NATIVE} (this machine's), {', '.join(TARGETS)}; avx2 and avx512 "
-    "(no VNNI) sum pairs of products in int16, so their int8 weights keep to 7 bits",
+    f"the CPU the int8 products are written for: {NATIVE} (this machine's), {', '.join(TARGETS)}, or several joined "
+    "by commas (one graph each, model_qint8_TARGET.onnx); avx2 and avx512 (no VNNI) sum pairs of products in int16, "
+    "so their int8 weights keep to 7 bits",
     metavar="PATH",
 )
 
@@ -39,10 +40,13 @@ class Int8Config(SchemeConfig):
     target_cpu: str = option_field(NATIVE, TARGET_CPU)
 
     def __post_init__(self):
-        resolve_target(self.target_cpu)
+        targets_of(self.target_cpu)
 
     def target(self) -> str:
-        return resolve_target(self.target_cpu)
+        return measured_target(self.target_cpu)
+
+    def targets(self) -> tuple[str, ...]:
+        return targets_of(self.target_cpu)
 
     def smoothed(self, source: Source) -> tuple[onnx.ModelProto, dict | None]:
         """The graph the int8 weights are rounded from, and the layers whose inputs hold outliers (None: not

@@ -10,7 +10,7 @@ from compressor.errors import CompressorError
 from converters.options import option_field
 from converters.quantization.corrections.int8_products import int8_layers, int8_products
 from converters.quantization.registry import QuantizeResult, register
-from converters.quantization.rounding.target_cpu import NATIVE, int8_level, resolve_target
+from converters.quantization.rounding.target_cpu import NATIVE, int8_level, measured_target, targets_of
 from converters.quantization.schemes.int4_trained import CORRECTION_LR_OPTION, Int4TrainedConfig
 from converters.quantization.schemes.int8 import TARGET_CPU
 from eval.kinds import GraphKind
@@ -33,10 +33,13 @@ class W4A8Config(Int4TrainedConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        resolve_target(self.target_cpu)
+        targets_of(self.target_cpu)
 
     def target(self) -> str:
-        return resolve_target(self.target_cpu)
+        return measured_target(self.target_cpu)
+
+    def targets(self) -> tuple[str, ...]:
+        return targets_of(self.target_cpu)
 
     def check(self, kind: GraphKind) -> None:
         """Int8 products go with a graph kind whose products are int8 (an encoder's)."""
