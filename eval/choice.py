@@ -1,7 +1,7 @@
 """Which row of a report to deploy for a goal, measured against what a user would do otherwise (`original-int8`,
 ONNX Runtime's one line) on the CPU the report was measured on. "Keeps recall" is recall@10 ≥ int8's − 0.01 on
 both texts (0.05 for `size`); "as cheap as int8" is peak RSS and p50 at (1,16) one thread and (8,128) two threads
-within 3 % of int8's.
+within 3 % of int8's, each p50 the median of three benches' (eval.latency.ROUNDS), taken in turns with int8's.
 
 - **balanced** (the default): the smallest file that beats int8 on every axis (file ≤ ½ int8's, peak RSS and both
   p50 ≤ int8's, keeps recall); else the smallest file as cheap as int8 that keeps recall; int8 itself at worst.

@@ -27,24 +27,39 @@ def _timed(session, feed: dict, runs: int) -> list[float]:
     return times
 
 
-def _percentiles(times: list[float]) -> dict:
+ROUNDS = 3  # a p50 is the median of this many benches' p50s: one slow spell moves one of them, not the figure
+
+
+def _percentiles(rounds: list[list[float]]) -> dict:
+    """p50: the median of the rounds' p50s (each round a bench of its own); p90 over every timed run."""
+    times = [t for one in rounds for t in one]
+    p50s = [round(float(np.percentile(one, 50)), 4) for one in rounds]
     return {
-        "p50": round(float(np.percentile(times, 50)), 4),
+        "p50": round(float(np.median(p50s)), 4),
         "p90": round(float(np.percentile(times, 90)), 4),
+        "p50_rounds": p50s,
     }
 
 
-def time_side_by_side(sessions, feed: dict, runs: int = 50, warmup: int = 5, per_turn: int = 2) -> list[dict]:
-    """{"p50": ms, "p90": ms} per session. The sessions take turns, `per_turn` timed calls each,
-    until each has `runs`: a slow spell of a noisy machine falls on all of them alike."""
+def time_side_by_side(
+    sessions, feed: dict, runs: int = 50, warmup: int = 5, per_turn: int = 2, rounds: int = ROUNDS
+) -> list[dict]:
+    """{"p50": ms, "p90": ms, "p50_rounds": [ms, …]} per session: `rounds` benches of runs/rounds timed calls each
+    (at least one), the p50 the median of theirs (_percentiles). In each, the sessions take turns, `per_turn` timed
+    calls each: a slow spell of a noisy machine falls on all of them alike."""
     feeds = [full_feed(session, feed) for session in sessions]
     for session, fed in zip(sessions, feeds):
         _timed(session, fed, warmup)
+    each = max(1, -(-runs // rounds))
     samples = [[] for _ in sessions]
-    while len(samples[0]) < runs:
-        for session, fed, times in zip(sessions, feeds, samples):
-            times += _timed(session, fed, min(per_turn, runs - len(times)))
-    return [_percentiles(times) for times in samples]
+    for _ in range(rounds):
+        bench = [[] for _ in sessions]
+        while len(bench[0]) < each:
+            for session, fed, times in zip(sessions, feeds, bench):
+                times += _timed(session, fed, min(per_turn, each - len(times)))
+        for kept, times in zip(samples, bench):
+            kept.append(times)
+    return [_percentiles(rounds_of) for rounds_of in samples]
 
 
 def measure_latency(

@@ -76,7 +76,16 @@ def test_latency_has_the_contract_keys(tiny_onnx):
     assert set(first) == set(second)
     lat = second
     assert set(lat) == {latency_key(1, 16, 1), latency_key(2, 8, 2)} == {"b1_s16_t1", "b2_s8_t2"}
-    assert all(0 < v["p50"] <= v["p90"] for v in lat.values())
+    assert all(0 < v["p50"] <= v["p90"] and len(v["p50_rounds"]) == 3 for v in lat.values())
+
+
+def test_a_p50_is_the_median_of_three_benches_so_one_slow_spell_moves_one_of_them():
+    from eval.latency import _percentiles
+
+    rounds = [[1.0, 1.0, 10.0], [1.0, 1.0, 10.0], [10.0, 10.0, 10.0]]  # the whole third bench in a slow spell
+    figures = _percentiles(rounds)
+    assert figures["p50_rounds"] == [1.0, 1.0, 10.0] and figures["p50"] == 1.0  # all nine runs' median: 10
+    assert figures["p90"] == 10.0
 
 
 def test_text_batches_are_consecutive_windows_of_the_stream():
