@@ -13,11 +13,22 @@ w4a8 is measured for size alone: its codes become int8 weights when the session 
 peak memory on MiniLM (2.9× on the MPNet), so by the other goals' rules it cannot win and its minutes are spent
 for nothing."""
 
+from pathlib import Path
+
 from converters.cli.recipes import SMALL_RECIPE
 from converters.spec import QUANTIZE_ONLY
 from eval.choice import DEFAULT_GOAL, GOALS
 
-__all__ = ["GOALS", "DEFAULT_GOAL", "TABLE_RECIPE", "WIDE_TABLE_RECIPE", "GOAL_RUNS", "GOAL_MINUTES", "goal_said"]
+__all__ = [
+    "GOALS",
+    "DEFAULT_GOAL",
+    "TABLE_RECIPE",
+    "WIDE_TABLE_RECIPE",
+    "GOAL_RUNS",
+    "GOAL_MINUTES",
+    "goal_minutes",
+    "goal_said",
+]
 
 # int8-aware's products, the word table in 3 bits (its 4,096 most frequent rows in 4, blocks of 32): on MiniLM
 # 0.73× int8's file, 0.95× its peak RSS, recall@10 0.931 / 0.924 against int8's 0.906 / 0.915; on the MPNet 0.89×,
@@ -50,6 +61,15 @@ GOAL_RUNS = {
 # Each goal's run of MiniLM on 2 cores, about, in minutes (install and the texts' first build aside): size trains
 # the w4a8 recipe 240 s
 GOAL_MINUTES = {"balanced": 4, "size": 10, "memory": 4, "latency": 3, "quality": 4}
+MINILM_WEIGHT_BYTES = 90_868_376  # all-MiniLM-L6-v2's model.safetensors, which GOAL_MINUTES were timed on
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
+
+
+def goal_minutes(goal: str, model_dir: Path) -> int:
+    """About how many minutes the goal's run takes on 2 cores for the model in `model_dir`: MiniLM's
+    (GOAL_MINUTES), times its weights' bytes over MiniLM's (export, calibration and bench read every weight)."""
+    weights = sum(p.stat().st_size for pattern in WEIGHT_FILES for p in Path(model_dir).glob(pattern))
+    return max(1, round(GOAL_MINUTES[goal] * max(1.0, weights / MINILM_WEIGHT_BYTES)))
 
 
 def goal_said(goal: str) -> str:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from converters.cli.catalog import builtin_recipes
-from converters.cli.goals import DEFAULT_GOAL, GOAL_MINUTES, GOAL_RUNS, GOALS, goal_said
+from converters.cli.goals import DEFAULT_GOAL, GOAL_RUNS, GOALS, goal_minutes, goal_said
 from converters.cli.options import (
     MODEL_HELP,
     bench_options,
@@ -84,7 +84,8 @@ def run(args) -> None:
     values = vars(args)
     values["goal"] = goal = args.goal or DEFAULT_GOAL
     recipes, source = _recipes_of(args.recipe, goal)
-    kind = kind_for_config(resolve_model_dir(args.model))
+    model_dir = resolve_model_dir(args.model)
+    kind = kind_for_config(model_dir)
     variants = default_run(values, kind, recipes, source, strict=args.recipe is not None)
     if args.recipe is not None and (variants is None or args.quantize):
         raise CompressorError(
@@ -97,7 +98,8 @@ def run(args) -> None:
     elif variants is not None and args.recipe:
         say(f"{source}, beside original-int8; deploy {GOALS[goal]}")
     elif variants is not None:
-        say(f"goal {goal}: {goal_said(goal)} (about {GOAL_MINUTES[goal]} minutes for MiniLM on 2 cores)")
+        minutes = goal_minutes(goal, model_dir)
+        say(f"goal {goal}: {goal_said(goal)} (about {minutes} minutes on 2 cores for a model of this size)")
     else:
         variants = [variant_spec(values)]
     spec = run_spec(values, variants, args.out)

@@ -84,3 +84,13 @@ def test_recipes_lists_every_recipe_and_goal(capsys):
     code, out, _ = run_cli(capsys, "recipes")
     assert code == 0
     assert all(name in out for name in builtin_recipes()) and all(f"  {goal} " in out for goal in GOAL_RUNS)
+
+
+def test_the_time_said_before_a_goal_grows_with_the_models_weights(tmp_path):
+    from converters.cli.goals import GOAL_MINUTES, MINILM_WEIGHT_BYTES, goal_minutes
+
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.truncate(5 * MINILM_WEIGHT_BYTES)  # sparse: a 110M model's bytes, none written
+    assert goal_minutes("balanced", tmp_path) == 5 * GOAL_MINUTES["balanced"]
+    (tmp_path / "model.safetensors").unlink()
+    assert goal_minutes("size", tmp_path) == GOAL_MINUTES["size"]  # smaller than MiniLM: MiniLM's
