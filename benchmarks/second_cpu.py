@@ -21,7 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-PATHS = ("amx_int8", "avx512_vnni", "avx_vnni", "avx512bw", "avx2")  # the flags of the integer paths, best first
+# The flags of the integer paths (eval/environment.py's names), best first, and the CPUID feature each needs
+PATHS = {"amx_int8": "amx", "avx512_vnni": "avx512_vnni", "avx_vnni": "avx_vnni", "avx512bw": "avx512", "avx2": "avx2"}
+NEEDS = {"amx_int8": "AVX512VNNI", "avx512_vnni": "AVX512VNNI", "avx_vnni": "AVX512VNNI", "avx512bw": "AVX512BW"}
+NEEDS["avx2"] = "AVX2"
 
 
 def pack(run: Path, out: Path, rows: list[str]) -> None:
@@ -43,6 +46,9 @@ def pack(run: Path, out: Path, rows: list[str]) -> None:
         data[f"{key}_ref"] = kind.represent(session, batches)
     out.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(out / "data.npz", **data)
+    report = json.loads((run / "report.json").read_text()) if (run / "report.json").is_file() else {}
+    said = {key: report.get(key) for key in ("model", "eval_text", "second_text")}
+    (out / "meta.json").write_text(json.dumps({**said, "original_bytes": original.stat().st_size}, indent=1))
     for row in rows:  # a row written for several CPUs: each graph, as ROW.TARGET.onnx
         held = targets_held(run / row)
         for target, graph in held.items():
@@ -115,15 +121,25 @@ def _cpuid() -> list[str]:
     return [name for name in ("AVX2", "AVX512BW", "AVX512VNNI") if features.get(name)]
 
 
-def bench(folder: Path, runs: int = 30, timed: bool = True) -> None:
-    """Each graph's recall@10 on both texts; with `timed`, its peak RSS and p50s too (not under an emulator)."""
+def _integer_path(flags: list[str], cpuid: list[str]) -> str:
+    """eval.environment's name of the best path the flags show and this process's CPUID allows."""
+    return next((PATHS[f] for f in PATHS if f in flags and NEEDS[f] in cpuid), "sse")
+
+
+def bench(folder: Path, out: Path | None, runs: int = 30, timed: bool = True) -> None:
+    """Each graph's recall@10 on both texts; with `timed`, its peak RSS and p50s too (not under an emulator). With
+    `out`, a report.json of them too (tools/benchmarks_page.py reads it like a run's)."""
     import onnxruntime as ort
 
     cpuinfo = Path("/proc/cpuinfo").read_text()
     model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "")
-    flags = [flag for flag in PATHS if f" {flag}" in cpuinfo]
-    said = {"cpu": model, "flags": flags, "cpuid": _cpuid(), "cores": os.cpu_count(), "onnxruntime": ort.__version__}
-    print(json.dumps({**said, "python": platform.python_version(), "numpy": np.__version__}), flush=True)
+    flags, cpuid = [flag for flag in PATHS if f" {flag}" in cpuinfo], _cpuid()
+    host = _integer_path(flags, [NEEDS[f] for f in flags])
+    env = {"cpu": model, "integer_path": _integer_path(flags, cpuid), "cores": os.cpu_count()}
+    if env["integer_path"] != host:
+        env["emulated"] = f"CPUID shows {env['integer_path']}, /proc/cpuinfo {host}"
+    env.update(onnxruntime=ort.__version__, python=platform.python_version(), numpy=np.__version__)
+    print(json.dumps(env), flush=True)
     data, rows = np.load(folder / "data.npz"), {}
     for path in sorted(folder.glob("*.onnx")):
         session = _session(path, 2)
@@ -135,21 +151,49 @@ def bench(folder: Path, runs: int = 30, timed: bool = True) -> None:
         if timed:
             rows[path.stem]["peak_rss_bytes"] = min(_peak(str(path), folder) for _ in range(2))
         print(json.dumps({path.stem: rows[path.stem]}), flush=True)
-    if not timed:
-        return
-    stream = data["eval_0_ids"].ravel()
-    for batch, seq, threads in ((1, 16, 1), (8, 128, 2)):
-        sessions = {name: _session(folder / f"{name}.onnx", threads) for name in rows}
-        ids = np.resize(stream, batch * seq).reshape(batch, seq).astype(np.int64)
-        times = {name: [] for name in rows}
-        for _ in range(runs + 1):  # the graphs taking turns; the first round warms them
-            for name, session in sessions.items():
-                start = time.perf_counter()
-                session.run(None, _feed(session, ids, np.ones_like(ids)))
-                times[name].append(time.perf_counter() - start)
-        for name in rows:
-            rows[name][f"p50_b{batch}_s{seq}_t{threads}_ms"] = 1000 * float(np.median(times[name][1:]))
-    print(json.dumps({"baseline_rss_bytes": _peak("none", folder), "rows": rows}, indent=1))
+    if timed:
+        stream = data["eval_0_ids"].ravel()
+        for batch, seq, threads in ((1, 16, 1), (8, 128, 2)):
+            sessions = {name: _session(folder / f"{name}.onnx", threads) for name in rows}
+            ids = np.resize(stream, batch * seq).reshape(batch, seq).astype(np.int64)
+            times = {name: [] for name in rows}
+            for _ in range(runs + 1):  # the graphs taking turns; the first round warms them
+                for name, session in sessions.items():
+                    start = time.perf_counter()
+                    session.run(None, _feed(session, ids, np.ones_like(ids)))
+                    times[name].append(time.perf_counter() - start)
+            for name in rows:
+                rows[name][f"p50_b{batch}_s{seq}_t{threads}_ms"] = 1000 * float(np.median(times[name][1:]))
+        print(json.dumps({"baseline_rss_bytes": _peak("none", folder), "rows": rows}, indent=1))
+    if out is not None:
+        out.write_text(json.dumps(_report(folder, env, rows), indent=1) + "\n")
+
+
+def _report(folder: Path, env: dict, rows: dict) -> dict:
+    """The figures in a report.json's shape: the original's row (the reference: recall 1) first."""
+    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").is_file() else {}
+    original = {"name": "original", "quality": {"recall_at_10": 1.0}, "quality_second_text": {"recall_at_10": 1.0}}
+    if meta.get("original_bytes"):
+        original["file_bytes"] = meta["original_bytes"]
+    variants = [original]
+    for name, figures in rows.items():
+        row = {"name": name, "file_bytes": figures["file_bytes"]}
+        row["quality"] = {"recall_at_10": round(figures["recall_at_10"], 4)}
+        row["quality_second_text"] = {"recall_at_10": round(figures["recall_at_10_second"], 4)}
+        if "peak_rss_bytes" in figures:
+            row["peak_rss_bytes"] = figures["peak_rss_bytes"]
+        timed = {k[4:-3]: {"p50": round(v, 4)} for k, v in figures.items() if k.startswith("p50_")}
+        if timed:
+            row["latency_ms"] = timed
+        variants.append(row)
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    run = {"command": " ".join(["python", "benchmarks/second_cpu.py", *sys.argv[1:]]), "date": date}
+    return {
+        **{k: meta.get(k) for k in ("model", "eval_text", "second_text")},
+        "environment": env,
+        "run": run,
+        "variants": variants,
+    }
 
 
 def main() -> None:
@@ -161,6 +205,7 @@ def main() -> None:
     packing.add_argument("rows", nargs="+")
     benching = sub.add_parser("bench")
     benching.add_argument("folder", type=Path)
+    benching.add_argument("--json", type=Path, default=None, help="also write the figures as a report.json")
     benching.add_argument(
         "--recall-only",
         action="store_true",
@@ -179,7 +224,7 @@ def main() -> None:
     if args.step == "pack":
         pack(args.run, args.out, args.rows)
     elif args.step == "bench":
-        bench(args.folder, timed=not args.recall_only)
+        bench(args.folder, args.json, timed=not args.recall_only)
     else:
         probe(args.folder, args.graph)
 

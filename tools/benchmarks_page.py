@@ -162,6 +162,11 @@ def heading(file: str, report: dict) -> list[str]:
         f"- commit: `{_said(run.get('commit'))}`; date: {_said(run.get('date'))}",
         f"- quality on: {_said(report.get('eval_text'))}; 2nd: {_said(report.get('second_text'))}",
     ]
+    if env.get("emulated"):
+        lines.append(
+            f"- emulated ({env['emulated']}): the integer path's own kernels, under qemu-x86_64; time and memory "
+            "there are the emulator's, so none are given"
+        )
     if _original(report).get("name") != "original":
         lines.append(f"- ratios to the first row, `{_original(report).get('name')}` (no row is named original)")
     choice = report.get("choice")
