@@ -4,7 +4,8 @@ both texts (0.05 for `size`); "as cheap as int8" is peak RSS and p50 at (1,16) o
 within 3 % of int8's, each p50 the median of three benches' (eval.latency.ROUNDS), taken in turns with int8's.
 
 - **balanced** (the default): the smallest file that beats int8 on every axis (file ≤ ½ int8's, peak RSS and both
-  p50 ≤ int8's, keeps recall); else the smallest file as cheap as int8 that keeps recall; int8 itself at worst.
+  p50 ≤ int8's, keeps recall); else the smallest file as cheap as int8 that keeps recall; int8 itself at worst, or
+  where int8 is off its gate, the fastest row no larger than it in file and peak RSS.
 - **size**: the smallest file that keeps recall within 0.05.
 - **memory**: the least peak RSS that keeps recall.
 - **latency**: the least p50 at (8,128) on two threads that keeps recall.
@@ -85,12 +86,29 @@ def _balanced(rows: dict[str, dict], base: dict) -> tuple[str, str, str]:
         return name, "beats int8", f"{name} beats {BASELINE} on every axis"
     cheap = {n: f for n, f in rows.items() if _costs_at_most(f, base, COST_SLACK) and _keeps_recall(f, base)}
     name = _least(cheap, "file")
+    if name is None and base["off_gate"]:
+        return _in_int8s_place(rows, base)
     return name and (
         name,
         "as cheap as int8",
         (
             f"no row beats {BASELINE} on every axis on this CPU; {name} is the smallest file as cheap as it (peak RSS "
             f"and p50 within {COST_SLACK - 1:.0%}) that keeps its recall"
+        ),
+    )
+
+
+def _in_int8s_place(rows: dict[str, dict], base: dict) -> tuple[str, str, str] | None:
+    """int8 off its gate (activations one int8 scale cannot hold) is no row to deploy: in its place, of the rows
+    no larger than it in file and peak RSS (within SAME and COST_SLACK), the fastest at (8,128) t2."""
+    fits = {n: f for n, f in rows.items() if f["file"] <= SAME * base["file"] and f["rss"] <= COST_SLACK * base["rss"]}
+    name = _least(fits, LATENCIES[1])
+    return name and (
+        name,
+        "in int8's place",
+        (
+            f"{BASELINE} is off its gate and no row is as cheap as it on this CPU; {name} is the fastest at (8,128) t2 "
+            f"of the rows no larger than it in file and peak RSS"
         ),
     )
 
@@ -133,6 +151,7 @@ def choose(report: dict, goal: str = DEFAULT_GOAL) -> dict | None:
     base = _figures(rows[BASELINE]) if BASELINE in rows else None
     if base is None:
         return None
+    base["off_gate"] = bool(rows[BASELINE].get("gate_failed"))
     measured = {
         name: f
         for name, row in rows.items()

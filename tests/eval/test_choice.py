@@ -70,6 +70,21 @@ def test_an_int8_row_off_its_gate_is_the_measure_but_not_a_choice():
     assert choose(report(off))["row"] is None
 
 
+def test_in_place_of_an_int8_off_its_gate_the_fastest_row_no_larger_in_file_and_memory():
+    """The 110M MPNet of issue 62: int8 off its gate, no row within 3 % of its p50 (1.46× at (1,16) t1)."""
+    off = row("original-int8", 110.08, 230, 8.66, 753.4, 0.728, 0.795, gate_failed="off by 0.595")
+    rows = (
+        row("original-int8-aware", 110.36, 231, 12.67, 753.2, 0.922, 0.908),  # 0.3 % larger: one size with int8
+        row("original-int4-aware", 66.70, 234, 13.48, 1424.0, 0.892, 0.902),
+        row("original-table3", 97.74, 219, 9.02, 790.6, 0.916, 0.903),
+        row("heavy", 60.0, 300, 5.0, 500.0, 0.95, 0.95),  # the fastest, but more memory than int8
+    )
+    chosen = choose(report(off, *rows))
+    assert (chosen["row"], chosen["rule"]) == ("original-int8-aware", "in int8's place")
+    assert chosen["why"].startswith("original-int8 is off its gate and no row is as cheap as it")
+    assert choose(report({**off, "gate_failed": None}, *rows))["row"] == "original-int8"  # on its gate: itself
+
+
 ROWS = (
     INT8,
     row("aware", 23, 123, 1.8, 80.0, 0.942, 0.948),
