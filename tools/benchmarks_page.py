@@ -141,7 +141,8 @@ def table(report: dict) -> list[str]:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in report["variants"]:
         fronts = _fronts(row)
-        name = f"`{row.get('name', '?')}`" + (f" ({', '.join(fronts)})" if fronts else "")
+        marks = [*fronts, *(["off its gate"] if row.get("gate_failed") else [])]
+        name = f"`{row.get('name', '?')}`" + (f" ({', '.join(marks)})" if marks else "")
         cells = [name, _file(row, base), _rss(row, base), *(_p50(row, base, s) for s in SETTINGS)]
         lines.append("| " + " | ".join([*cells, _quality(row, metric)]) + " |")
     return lines
@@ -197,8 +198,9 @@ def _front_line(report: dict, cost: str, what: str) -> str | None:
 def standing(file: str, report: dict) -> list[str]:
     """A report's lines at the top of the page: where it ran, and its rows on each front, cheapest first."""
     env, metric = _block(report, "environment"), quality_metric(report)
+    emulated = ", emulated" if env.get("emulated") else ""
     lines = [
-        f"- **{_said(report.get('model'))}** on {_said(env.get('cpu'))} (`{integer_path(report)}`), "
+        f"- **{_said(report.get('model'))}** on {_said(env.get('cpu'))} (`{integer_path(report)}`{emulated}), "
         f"`{_said(_block(report, 'run').get('command'))}`; {QUALITY_NAMES.get(metric, metric)} eval / 2nd in brackets:"
     ]
     fronts = (
@@ -207,7 +209,10 @@ def standing(file: str, report: dict) -> list[str]:
         ("memory", "least peak RSS for its quality (RSS front)"),
     )
     said = [line for cost, what in fronts if (line := _front_line(report, cost, what))]
-    lines += [f"  - {line}" for line in said] or ["  - no row but the original is on a front (or no fronts marked)"]
+    rows = ", ".join(
+        f"`{v.get('name')}` ({_quality(v, metric)})" for v in report["variants"] if v.get("name") != "original"
+    )
+    lines += [f"  - {line}" for line in said] or [f"  - no fronts marked (quality alone): {rows}"]
     return lines
 
 
@@ -227,6 +232,17 @@ tried and not kept, is in [docs/lab-notes/](docs/lab-notes/).
 """
 
 HOW = """\
+## Why the paths differ
+
+Without VNNI (`avx2`, `avx512`) ONNX Runtime sums two u8 × s8 products in int16 before int32, which saturates
+past 32,767 unless the weights keep to 7 bits. Graphs written for a VNNI CPU (8-bit weights) lose recall
+there: int8-aware's smoothing fills more of the activations' range, so it loses most (MiniLM 0.942 → 0.914 on
+the eval text; issue 62 measured 0.916 on a real AVX2 CPU), the one-line int8 a little (0.906 → 0.904, 0.904
+measured there). `--target-cpu avx2` (the default on such a CPU) keeps them to 7 bits, and they hold (0.935,
+0.924 for the 3-bit table). The `avx2` figures are of ONNX Runtime's own AVX2 kernels under QEMU's emulator
+(recall only); how that was checked against the hardware's is in
+[docs/lab-notes/2026-11-28-deployment.md](docs/lab-notes/2026-11-28-deployment.md).
+
 ## How the figures are taken
 
 - file: the ONNX graph's bytes (with its external data). peak RSS: a fresh process that loads the graph and
