@@ -179,8 +179,8 @@ def graph_in(path: Path, target: str | None = None, fallback: str | None = None)
     for a `target` it was not written for (its metadata names another) is refused."""
     path = Path(path)
     graph = _graph_of_folder(path, target or fallback) if path.is_dir() else path
-    written = _written_for(graph)
-    if target is not None and written is not None and written != target:
+    written = None if target is None else _written_for(graph)  # a graph's metadata read only when asked
+    if written is not None and written != target:
         raise CompressorError(
             f"{str(graph)!r} was written for {written}, not {target}: its int8 weights are that CPU's (compressor "
             f"export --quantize SCHEME --target-cpu {target} writes one for {target})"
