@@ -41,9 +41,10 @@ INTEGER_PATHS = {
     "avx2": "avx2",
     "arm64_dot": "asimddp",
 }
-# numpy's CPUID features → the /proc/cpuinfo flags that cannot be used without them (AMX and AVX-VNNI CPUs have
-# AVX-512 VNNI or are seen without it only under an emulator, which offers neither)
-CPUID_FLAGS = {"AVX512VNNI": ("avx512_vnni", "amx_int8", "avx_vnni"), "AVX512BW": ("avx512bw",), "AVX2": ("avx2",)}
+# numpy's CPUID features → the /proc/cpuinfo flag each is; the flags numpy does not read (AMX, AVX-VNNI) are
+# dropped too where it denies one of those (an emulator or a masked CPU model, which offers neither)
+CPUID_FLAGS = {"AVX512VNNI": "avx512_vnni", "AVX512BW": "avx512bw", "AVX2": "avx2"}
+UNSEEN_FLAGS = frozenset({"amx_int8", "avx_vnni"})
 PAIRS_IN_INT16 = frozenset({"avx512", "avx2", "sse"})  # the paths whose u8 × s8 pairs are summed in int16
 VERSIONS = ("onnxruntime", "onnx", "torch", "transformers", "numpy", "tokenizers")
 
@@ -69,8 +70,8 @@ def _cpuid_allows(flags: set[str]) -> set[str]:
         return flags
     if not features.get("SSE2"):  # not x86-64
         return flags
-    denied = {flag for feature, implied in CPUID_FLAGS.items() if not features.get(feature) for flag in implied}
-    return flags - denied
+    denied = {flag for feature, flag in CPUID_FLAGS.items() if flag in flags and not features.get(feature)}
+    return flags - denied - (UNSEEN_FLAGS if denied else frozenset())
 
 
 def integer_path(cpuinfo: str | None = None) -> str:

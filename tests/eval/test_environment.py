@@ -48,6 +48,8 @@ def test_the_path_is_the_one_the_process_cpuid_allows(monkeypatch):
     assert integer_path() == "amx" and "emulated" not in machine()
     monkeypatch.setattr(umath, "__cpu_features__", {**umath.__cpu_features__, "AVX512VNNI": False, "AVX512BW": False})
     assert integer_path() == "avx2" and machine()["emulated"] == "CPUID shows avx2, /proc/cpuinfo amx"
+    monkeypatch.setattr(environment, "_cpuinfo", lambda: _cpuinfo("avx2 avx_vnni"))  # Alder Lake: no AVX-512 at all
+    assert integer_path() == "avx_vnni" and "emulated" not in machine()
 
 
 def test_the_paths_without_vnni_sum_pairs_in_int16():
