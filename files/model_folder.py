@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
+from google.protobuf.message import DecodeError
 
 from compressor.errors import CompressorError
 from files.atomic import atomic_dir, atomic_file
@@ -206,9 +207,10 @@ def _graph_of_folder(path: Path, target: str | None) -> Path:
 
 def _written_for(graph: Path) -> str | None:
     """The CPU target a graph's metadata says its int8 weights were written for (None: none said)."""
-    if not graph.is_file():
+    try:
+        props = onnx.load(str(graph), load_external_data=False).metadata_props
+    except (OSError, DecodeError):  # not there, or not ONNX: the graph's own checks say so, in a sentence
         return None
-    props = onnx.load(str(graph), load_external_data=False).metadata_props
     return next((p.value for p in props if p.key == TARGET_KEY), None)
 
 

@@ -229,6 +229,8 @@ def test_finetune_without_its_teacher_says_so(tiny_bert_dir, tmp_path, capsys):
         (["compress", "{tiny}", "--rel-eps", "1.5", "--out", "{tmp}/o"], "in (0, 1)"),
         (["compress", "{tiny}", "--plan", "{tmp}/none.json", "--out", "{tmp}/o"], "does not exist"),
         (["bench", "{tmp}/bad.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "ONNX"),
+        (["bench", "{tmp}/bad.onnx", "--target-cpu", "avx2", "--eval-text", "{text}"], "not an ONNX model"),
+        (["bench", "{tmp}/bad.onnx", "--target-cpu", "avx3", "--eval-text", "{text}"], "one of native, avx2"),
         (["bench", "{tmp}/lookup.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "not a graph of a kind"),
         (["bench", "{tmp}/missing.onnx", "--tokenizer", "{tiny}", "--eval-text", "{text}"], "does not exist"),
         (["run", "{tiny}", "--eval-text", "{tmp}/empty.txt", "--out", "{tmp}/o"], "at least 11 are needed"),
