@@ -1,8 +1,8 @@
 """compressor recipes: the built-in recipes (what `compressor run --recipe NAME` runs and the goals are made of),
 one line each on what it is for, and the goals (`compressor run --goal`)."""
 
+from converters.cli.builtin_recipes import DEFAULT_RECIPES
 from converters.cli.goals import DEFAULT_GOAL, GOAL_RUNS, GOALS, TABLE_RECIPE, WIDE_TABLE_RECIPE, goal_said
-from converters.cli.recipes import DEFAULT_RECIPES
 
 __all__ = ["HELP", "PURPOSES", "builtin_recipes", "add_arguments", "run"]
 

@@ -1,7 +1,7 @@
-"""The goals of `compressor run` (--goal): each the rows a run measures on the user's own model beside
-original-int8 (what the user would do otherwise) and the rule that picks the row to deploy on the CPU it runs on
-(eval.choice). A goal's rows are recipes (converters/cli/recipes.py) chosen by what can win by its rule, measured
-on MiniLM and a 110M MPNet (docs/lab-notes/2026-11-28-deployment.md):
+"""The goals of `compressor run` (--goal): each the rows a run measures on the user's own model beside original-int8
+(what the user would do otherwise) and the rule that picks the row to deploy on the CPU it runs on (eval.choice). A
+goal's rows are recipes (converters/cli/builtin_recipes.py, parsed by recipes.py) chosen by what can win by its rule,
+measured on MiniLM and a 110M MPNet (docs/lab-notes/2026-11-28-deployment.md):
 
 - balanced (the default): int8-aware, int4-aware and the word table in 3 bits beside int8-aware's products;
 - size: int4-aware, the 3-bit table and the 4-bit w4a8 recipe (0.126× on MiniLM, trained 240 s);
@@ -15,7 +15,7 @@ for nothing."""
 
 from pathlib import Path
 
-from converters.cli.recipes import SMALL_RECIPE
+from converters.cli.builtin_recipes import SMALL_RECIPE
 from converters.spec import QUANTIZE_ONLY
 from eval.choice import DEFAULT_GOAL, GOALS
 

@@ -6,11 +6,8 @@ import json
 import pytest
 
 from compressor.errors import CompressorError
+from converters.cli.builtin_recipes import DEFAULT_RECIPES, SMALL_RECIPE, THREE_BIT_RECIPE, TINY_RECIPE
 from converters.cli.recipes import (
-    DEFAULT_RECIPES,
-    SMALL_RECIPE,
-    THREE_BIT_RECIPE,
-    TINY_RECIPE,
     Recipe,
     load_recipes,
     parse_recipes,

@@ -383,7 +383,7 @@ def test_export_int4_trained_and_a_bad_correction_time(tmp_path, eval_text_file,
 
 
 def test_run_without_method_options_measures_the_size_goals_recipes(tmp_path, eval_text_file, capsys, monkeypatch):
-    from converters.cli.recipes import SMALL_RECIPE
+    from converters.cli.builtin_recipes import SMALL_RECIPE
 
     monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
     wide = write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256)
