@@ -20,6 +20,7 @@ __all__ = ["bench", "parity_of", "GATE_FAILED_KEY"]
 
 PARITY_KEY = "compressor.parity_max_abs"
 GATE_FAILED_KEY = "compressor.gate_failed"  # a graph kept off its gate says why (quantize_onnx's keep_failed)
+WIDTH_KEY = "compressor.width"  # the bits a quantized graph's weights are named by (8: the rows int8 is measured by)
 LATENCY_INPUT = "the eval text's first batch × seq tokens, in windows of seq"
 
 
@@ -95,9 +96,11 @@ def bench(
                 "parity_max_abs": parity_of(path),
             }
         )
-        failed = _props(path).get(GATE_FAILED_KEY)
-        if failed:
-            rows[-1]["gate_failed"] = failed
+        props = _props(path)
+        if props.get(GATE_FAILED_KEY):
+            rows[-1]["gate_failed"] = props[GATE_FAILED_KEY]
+        if props.get(WIDTH_KEY):
+            rows[-1]["width"] = int(props[WIDTH_KEY])
     paths, stream = [p for _, p in variants], stream if len(stream) else None
     latencies = measure_latency(paths, vocab, settings, runs, progress=progress, stream=stream)
     for row, latency in zip(rows, latencies):

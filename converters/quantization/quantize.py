@@ -17,7 +17,7 @@ from converters.quantization.registry import QuantizeResult, SchemeConfig, Sourc
 from converters.quantization.rounding.products import products_as_matmul
 from converters.quantization.rounding.three_bit_table import three_bit_outputs
 from converters.quantization.storage.codebook_table import codebook_bits
-from eval.benchmark import PARITY_KEY
+from eval.benchmark import PARITY_KEY, WIDTH_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
 from eval.probe import full_feed
@@ -122,6 +122,7 @@ def quantize_onnx(
                 raise ExportParityError(failed)
         proto = onnx.load(str(tmp))
         props = {PARITY_KEY: repr(worst), "compressor.parity_rel": repr(rel), "compressor.parity_input": fed}
+        props[WIDTH_KEY] = str(config.width)
         props.update({"compressor.gate_failed": failed} if failed else {})
         target = config.target()
         props.update({TARGET_KEY: target} if target is not None else {})
