@@ -217,7 +217,7 @@ def test_run_without_method_options_takes_the_default_run():
     assert mine.quantize.schemes[0].correction_time == 7.0 and mine.quantize.schemes[0].table_bits == 3  # given first
     rows = run_of(_run_values("--target-cpu", "avx2"), encoder, GOAL_RUNS["balanced"], "goal balanced")
     targets = [c.target_cpu for row in rows for c in row.quantize.schemes if hasattr(c, "target_cpu")]
-    assert targets == ["avx2", "avx2"]  # the machine's option: int8-aware's and the table's, unnamed row or not
+    assert targets == ["avx2"] * 3  # the machine's option: int8-aware's, int8-w4's and the table's, unnamed row or not
     for given in (["--rank", "64"], ["--method", "tt"], ["--targets", "ffn"], ["--budget", "0.5"]):
         assert default_run(_run_values(*given), encoder) is None  # a method option given: no recipe
     assert default_run(_run_values(), lm) == []  # an encoder's schemes: the LM's run is the original's rows

@@ -136,7 +136,8 @@ def test_a_checkpoint_is_refused_by_sentence_transformers(st_model, tmp_path, ca
 
 
 @pytest.mark.parametrize(
-    ("scheme", "graph"), [(None, "model.onnx"), ("int8", "model_quantized.onnx"), ("int4", "model_q4.onnx")]
+    ("scheme", "graph"),
+    [(None, "model.onnx"), ("int8", "model_quantized.onnx"), ("int4", "model_q4.onnx"), ("int8-w4", "model_q4.onnx")],
 )
 def test_sentence_transformers_and_optimum_agree_with_the_bench(st_model, tmp_path, capsys, scheme, graph):
     from optimum.onnxruntime import ORTModelForFeatureExtraction
@@ -164,7 +165,7 @@ def _transformers_js() -> bool:
 
 
 @pytest.mark.skipif(not _transformers_js(), reason="needs Node with @huggingface/transformers (NODE_PATH)")
-@pytest.mark.parametrize(("scheme", "dtype"), [(None, "fp32"), ("int8", "q8")])
+@pytest.mark.parametrize(("scheme", "dtype"), [(None, "fp32"), ("int8", "q8"), ("int8-w4", "q4")])
 def test_transformers_js_agrees_with_the_bench(st_model, tmp_path, capsys, scheme, dtype):
     out = tmp_path / "m"
     quantize = ["--quantize", scheme] if scheme else []

@@ -54,16 +54,20 @@ class Int8Config(SchemeConfig):
         return source.fp32, None
 
     def write(self, source: Source, out: Path) -> Written:
+        model, outlying = self.smoothed(source)
+        self.write_int8(model, source, out)
+        return Written(outliers=outlying)
+
+    def write_int8(self, model: onnx.ModelProto, source: Source, out: Path) -> None:
+        """`model` through ONNX Runtime's quantize_dynamic into `out`, at the target's int8 range."""
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        model, outlying = self.smoothed(source)
         plain = source.work / "plain.onnx"  # without the fp32 parity of the metadata
         onnx.save_model(model, str(plain))
         with quiet_quantizer():
             reduce = reduces_range(self.target())
             per_channel = source.kind.int8_per_channel
             quantize_dynamic(plain, out, per_channel=per_channel, weight_type=QuantType.QInt8, reduce_range=reduce)
-        return Written(outliers=outlying)
 
     def report(self, result: QuantizeResult) -> dict:
         return {"target_cpu": self.target()}

@@ -1,0 +1,91 @@
+"""int8-w4 (encoders): the linear layers stored in 4 bits and multiplied in int8. int8-aware-table's graph (dynamic
+int8 products, the word table in 3 bits) with each layer's int8 weight replaced by 4-bit codes with one scale a
+column (rounding/column_int4.py: clip search, GPTQ in act-order, scales refitted, on the layer's input Gram), stored
+as ONNX INT4 behind one Cast to int8 (storage/int4_cast.py), which ONNX Runtime folds when the session starts: the
+file about half of int8's, the process and the products int8's. The layers whose 4 bits cost the most output
+error (relative, on calibration batches) may stay in int8, up to `int8_share` of the linear weights.
+
+Smoothed at W4_ALPHA: SmoothQuant's α 0.8 holds the activations in one int8 scale but moves their range into the
+weights, which 4 bits then round worse (MiniLM recall@10 0.754 / 0.769 at 0.8, docs/schemes/int8-w4.md).
+4-bit codes never leave int16 in AVX2's pair sums (2 · 255 · 8 = 4,080), so only the layers kept in int8 are
+bounded for a CPU (`target_cpu`)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+from onnx import numpy_helper
+
+from compressor.errors import CompressorError
+from converters.options import Option, option_field
+from converters.quantization.corrections.correction import input_grams
+from converters.quantization.registry import QuantizeResult, Source, Written, register
+from converters.quantization.rounding.column_int4 import column_codes, relative_output_error
+from converters.quantization.rounding.int4 import weight_names
+from converters.quantization.schemes.int8_aware_table import Int8AwareTableConfig
+from converters.quantization.storage.int4_cast import store_int4
+
+__all__ = ["W4_ALPHA", "Int8W4Config"]
+
+W4_ALPHA = 0.5  # SmoothQuant's α before 4-bit columns (int4's)
+INT8_SHARE = Option(
+    "--int8-share",
+    "int8-w4: the most of the linear layers' weights kept in int8, those whose 4 bits cost the most output error "
+    "first (0: every layer in 4 bits)",
+    type=float,
+    metavar="SHARE",
+)
+
+
+@register
+@dataclass(frozen=True)
+class Int8W4Config(Int8AwareTableConfig):
+    """int8-aware-table at W4_ALPHA with its linear layers' codes in 4 bits (one scale a column), up to `int8_share`
+    of their weights kept in int8."""
+
+    scheme = "int8-w4"
+    summary = "(encoders) 4-bit weights multiplied in int8, the word table in 3 bits"
+    width = 4
+    gate = 0.5  # int4's: 4-bit weights leave more output error than int8's 0.35
+    alpha = W4_ALPHA
+    int8_share: float = option_field(0.0, INT8_SHARE)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 <= self.int8_share <= 1:
+            raise CompressorError(
+                f"--int8-share is a share of the linear weights, from 0 to 1, got {self.int8_share:g}"
+            )
+
+    def write(self, source: Source, out: Path) -> Written:
+        """int8-aware-table's graph at W4_ALPHA, then each layer's int8 weight in 4-bit columns but those kept."""
+        model, outlying = self.smoothed(source)
+        self.write_int8(model, source, out)
+        grams = input_grams(model, source.calibration)
+        held = {i.name: i for i in model.graph.initializer}
+        quantized = onnx.load(str(out))
+        int8 = {i.name for i in quantized.graph.initializer}
+        layers = {}  # MatMul output → (weight name, codes, scales, relative output error)
+        for output, name in weight_names(model.graph).items():
+            if f"{name}_quantized" not in int8 or output not in grams:
+                continue
+            weight = numpy_helper.to_array(held[name])
+            gram = grams[output].numpy()
+            codes, scales = column_codes(weight, gram)
+            layers[output] = (name, codes, scales, relative_output_error(weight, codes * scales, gram))
+        kept, budget = [], self.int8_share * sum(codes.size for _, codes, _, _ in layers.values())
+        for output in sorted(layers, key=lambda o: -layers[o][3]):
+            if layers[output][1].size <= budget:
+                kept.append(output)
+                budget -= layers[output][1].size
+        scales_of = {i.name: i for i in quantized.graph.initializer}
+        for output, (name, codes, scales, _) in layers.items():
+            if output not in kept:
+                store_int4(quantized, f"{name}_quantized", codes)
+                scales_of[f"{name}_scale"].CopyFrom(numpy_helper.from_array(scales, f"{name}_scale"))
+        onnx.save_model(quantized, str(out))
+        nodes = {n.output[0]: n.name for n in model.graph.node}
+        return Written(eight_bit=tuple(nodes[output] for output in kept), outliers=outlying)
+
+    def report(self, result: QuantizeResult) -> dict:
+        return {**super().report(result), "int8_share": self.int8_share, "int8_layers": list(result.eight_bit)}
