@@ -121,3 +121,10 @@ def test_an_lm_is_refused(tmp_path):
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
     with pytest.raises(CompressorError, match="narrows an encoder's word table"):
         scheme_named("int8-w4")().check(graph_kind(fp32))
+
+
+def test_only_the_activations_with_outliers_are_smoothed():
+    """Smoothing moves a range into the weights that 4 bits round: only where one int8 scale cannot hold it."""
+    absmax = {"outlying": np.array([1.0, 1.0, 1.0, 40.0]), "even": np.array([1.0, 2.0, 3.0, 20.0])}
+    assert set(scheme_named("int8-w4")().channels(None, absmax)) == {"outlying"}
+    assert set(scheme_named("int8-aware")().channels(None, absmax)) == {"outlying", "even"}

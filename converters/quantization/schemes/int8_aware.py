@@ -4,6 +4,7 @@ fp32), so that one int8 scale a tensor holds the activations; the layers whose i
 
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 from converters.quantization.registry import Source, register
@@ -23,5 +24,9 @@ class Int8AwareConfig(Int8Config):
     calibrated = True
     alpha = SMOOTH_ALPHA
 
+    def channels(self, model: onnx.ModelProto, absmax: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The activations smoothed, of their maxima `absmax`: all of them."""
+        return absmax
+
     def smoothed(self, source: Source) -> tuple[onnx.ModelProto, dict]:
-        return smoothed(source.fp32, source.calibration, self.alpha)
+        return smoothed(source.fp32, source.calibration, self.alpha, self.channels)
