@@ -3,8 +3,9 @@
 goal's rows are recipes (converters/cli/builtin_recipes.py, parsed by recipes.py) chosen by what can win by its rule,
 measured on MiniLM and a 110M MPNet (docs/lab-notes/2026-11-28-deployment.md):
 
-- balanced (the default): int8-aware, int8-w4 (4-bit weights multiplied in int8: 0.48× int8's file at its memory and
-  p50) and the word table in 3 bits beside int8-aware's products;
+- balanced (the default): int8-aware, int8-w4 (4-bit weights multiplied in int8: on MiniLM 0.48× int8's file, 0.95×
+  its peak RSS, its p50 within the noise, recall 0.07–0.09 short: docs/lab-notes/2026-11-29-int4-in-int8.md) and
+  the word table in 3 bits beside int8-aware's products;
 - size: int4-aware, the 3-bit table and the 4-bit w4a8 recipe (0.126× on MiniLM, trained 240 s);
 - memory: int8-aware, int4-aware and the 3-bit table (the least memory that keeps int8's recall);
 - latency: int8-aware (as fast as int8, and the recall smoothing buys);

@@ -36,3 +36,12 @@ def test_an_lm_is_refused(tmp_path):
     fp32 = export_onnx(model, tmp_path / "lm.onnx").path
     with pytest.raises(CompressorError, match="narrows an encoder's word table"):
         scheme_named("int8-aware-table")().check(graph_kind(fp32))
+
+
+@pytest.mark.parametrize("scheme", ["int8-aware-table", "int8-w4"])
+def test_a_graph_without_a_word_table_to_narrow_is_refused_nothing_written(tiny_bert_graph, tmp_path, scheme):
+    fp32, vocab, feeds = tiny_bert_graph  # rows of 64: no whole number of blocks of 128
+    config = scheme_named(scheme)(table_block=128)
+    with pytest.raises(CompressorError, match=f"{scheme} narrows the word table, and this graph reads none"):
+        quantize_onnx(fp32, tmp_path / "t.onnx", config, feeds, vocab=vocab)
+    assert not list(tmp_path.iterdir())

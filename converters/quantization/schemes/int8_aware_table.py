@@ -62,8 +62,13 @@ class Int8AwareTableConfig(Int8AwareConfig):
         head = frequent_ids(source.calibration, source.vocab, self.table_head, source.frequencies)
         head = head if len(head) else None
         word = word_table(model.graph, table_gathers(model.graph), self.table_block)
-        only = () if word is None else (word.name,)
-        return quantize_tables(model, self.table_block, True, only=only, head=head, bits=self.table_bits), outlying
+        if word is None:
+            raise CompressorError(
+                f"{self.scheme} narrows the word table, and this graph reads none (a 2-D table gathered by the input "
+                f"ids, its rows a whole number of blocks of {self.table_block}): use int8-aware"
+            )
+        narrowed = quantize_tables(model, self.table_block, True, only=(word.name,), head=head, bits=self.table_bits)
+        return narrowed, outlying
 
     def report(self, result: QuantizeResult) -> dict:
         figures = {"table_bits": result.table_bits, "table_head": self.table_head, "table_block": self.table_block}
