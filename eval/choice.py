@@ -1,7 +1,7 @@
 """Which row of a report to deploy for a goal, measured against what a user would do otherwise (`original-int8`,
 ONNX Runtime's one line) on the CPU the report was measured on. "Keeps recall" is recall@10 ≥ int8's − 0.01 on
 both texts (0.05 for `size`). "As cheap as int8" reads the run's own noise: at (1,16) one thread and (8,128) two
-threads, the row's benches (eval.latency: 3 to 7, taken in turns with int8's) and int8's overlap — its fastest
+threads, the row's benches (eval.latency: 5 to 7, taken in turns with int8's) and int8's overlap — its fastest
 bench's p50 no slower than int8's slowest, so that the run cannot tell the two apart — peak RSS (the least of fresh
 processes, steady to well under 1 %) within 1 % of int8's and the file within FILE_SAME of it.
 

@@ -27,7 +27,10 @@ def _timed(session, feed: dict, runs: int) -> list[float]:
     return times
 
 
-ROUNDS = 3  # a p50 is the median of this many benches' p50s: one slow spell moves one of them, not the figure
+# A p50 is the median of this many benches' p50s: one slow spell moves one of them, not the figure. Their spread is
+# what eval.choice reads as the run's noise: with three, int8-aware's 3 % at (1,16) t1 on MiniLM (its 24 smoothing
+# Muls, 4 µs each) fell in or out of int8's by 0.3 % from one make demo to the next
+ROUNDS = 5
 # More benches while a graph's p50s spread wider than this (max − min over their median), up to MAX_ROUNDS: the
 # spread is what eval.choice reads as the run's noise, and one too wide decides nothing (the demo's int8 at (8,128)
 # t2 on a busy 2-core machine: 77.8–84.0 ms, 8 %)

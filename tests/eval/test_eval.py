@@ -12,7 +12,7 @@ from converters.export import export_onnx
 from eval.benchmark import bench, parity_of
 from eval.environment import file_sha256, integer_path, texts_sha256
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
-from eval.latency import MAX_ROUNDS, latency_key, measure_latency, time_side_by_side
+from eval.latency import MAX_ROUNDS, ROUNDS, latency_key, measure_latency, time_side_by_side
 from eval.memory import peak_rss
 from eval.probe import text_batch
 from eval.quality import cosine_mean, recall_at_k
@@ -76,7 +76,7 @@ def test_latency_has_the_contract_keys(tiny_onnx):
     assert set(first) == set(second)
     lat = second
     assert set(lat) == {latency_key(1, 16, 1), latency_key(2, 8, 2)} == {"b1_s16_t1", "b2_s8_t2"}
-    assert all(0 < v["p50"] <= v["p90"] and 3 <= len(v["p50_rounds"]) <= MAX_ROUNDS for v in lat.values())
+    assert all(0 < v["p50"] <= v["p90"] and ROUNDS <= len(v["p50_rounds"]) <= MAX_ROUNDS for v in lat.values())
 
 
 def test_a_p50_is_the_median_of_three_benches_so_one_slow_spell_moves_one_of_them():
@@ -88,9 +88,9 @@ def test_a_p50_is_the_median_of_three_benches_so_one_slow_spell_moves_one_of_the
     assert figures["p90"] == 10.0
 
 
-@pytest.mark.parametrize("slow_spell, benches", [(False, 3), (True, MAX_ROUNDS)])
+@pytest.mark.parametrize("slow_spell, benches", [(False, ROUNDS), (True, MAX_ROUNDS)])
 def test_more_benches_while_a_graphs_p50s_spread_wider_than_the_run_can_read(monkeypatch, slow_spell, benches):
-    """Three benches where they agree; while one graph's spread is past WIDE_SPREAD, more, up to MAX_ROUNDS."""
+    """ROUNDS benches where they agree; while one graph's spread is past WIDE_SPREAD, more, up to MAX_ROUNDS."""
     import eval.latency as latency
 
     calls = {"steady": 0, "spelled": 0}
@@ -102,7 +102,7 @@ def test_more_benches_while_a_graphs_p50s_spread_wider_than_the_run_can_read(mon
 
     monkeypatch.setattr(latency, "_timed", timed)
     monkeypatch.setattr(latency, "full_feed", lambda session, feed: feed)
-    steady, spelled = time_side_by_side(["steady", "spelled"], {}, runs=12, warmup=0, per_turn=2)
+    steady, spelled = time_side_by_side(["steady", "spelled"], {}, runs=15, warmup=0, per_turn=2)
     assert len(steady["p50_rounds"]) == len(spelled["p50_rounds"]) == benches
     assert spelled["p50"] == 1.0 and max(spelled["p50_rounds"]) == (2.0 if slow_spell else 1.0)
 
