@@ -41,8 +41,8 @@ DEFAULT_GOAL = "balanced"
 def _figures(row: dict) -> dict | None:
     """The row's file, peak RSS, the LATENCIES' p50 and recall on both texts; None when one is missing. Beside
     them, under "slowest" and "fastest", each p50's slowest and fastest bench (the p50 itself where the rounds are
-    not in the report), and
-    "width", the bits its graph's weights are named by (its metadata: eval.benchmark.WIDTH_KEY; None: not said)."""
+    not in the report), and "width", the bits its graph's weights are named by (its metadata:
+    eval.benchmark.WIDTH_KEY; None: not said)."""
     latency = row.get("latency_ms", {})
     figures = {
         "file": row.get("file_bytes"),

@@ -3,7 +3,8 @@ int8 products, the word table in 3 bits) with each layer's int8 weight replaced 
 column (rounding/column_int4.py: clip search, GPTQ in act-order, scales refitted, on the layer's input Gram), stored
 as ONNX INT4 behind one Cast to int8 (storage/int4_cast.py), which ONNX Runtime folds when the session starts: the
 file about half of int8's, the process and the products int8's. The layers whose 4 bits cost the most output
-error (relative, on calibration batches) may stay in int8, up to `int8_share` of the linear weights.
+error a byte (relative, on calibration batches) may stay in int8, adding up to `int8_share` of the 4-bit codes' bytes
+(int4.eight_bit_layers, int4-aware's rule).
 
 Smoothed only where an activation holds outliers (its largest channel OUTLIER_RATIO times its median: a 110M MPNet's
 FFN down-projections, none of MiniLM's), at int8-aware's α: smoothing moves an activation's range into the weights,
@@ -24,7 +25,7 @@ from converters.options import Option, option_field
 from converters.quantization.corrections.correction import input_grams
 from converters.quantization.registry import QuantizeResult, Source, Written, register
 from converters.quantization.rounding.column_int4 import column_codes, relative_output_error
-from converters.quantization.rounding.int4 import weight_names
+from converters.quantization.rounding.int4 import eight_bit_layers, weight_names
 from converters.quantization.rounding.smoothing import OUTLIER_RATIO
 from converters.quantization.schemes.int8_aware_table import Int8AwareTableConfig
 from converters.quantization.storage.int4_cast import store_int4
@@ -33,8 +34,8 @@ __all__ = ["Int8W4Config"]
 
 INT8_SHARE = Option(
     "--int8-share",
-    "int8-w4: the most of the linear layers' weights kept in int8, those whose 4 bits cost the most output error "
-    "first (0: every layer in 4 bits)",
+    "int8-w4: the bytes the linear layers kept in int8 may add, as a share of the 4-bit codes' (weights and "
+    "tables), those whose 4 bits cost the most output error a byte first (0: every layer in 4 bits)",
     type=float,
     metavar="SHARE",
 )
@@ -44,7 +45,7 @@ INT8_SHARE = Option(
 @dataclass(frozen=True)
 class Int8W4Config(Int8AwareTableConfig):
     """int8-aware-table, its outlying activations alone smoothed, with its linear layers' codes in 4 bits (one scale a
-    column), up to `int8_share` of their weights kept in int8."""
+    column), those kept in int8 adding up to `int8_share` of the 4-bit codes' bytes."""
 
     scheme = "int8-w4"
     summary = "(encoders) 4-bit weights multiplied in int8, the word table in 3 bits"
@@ -56,7 +57,7 @@ class Int8W4Config(Int8AwareTableConfig):
         super().__post_init__()
         if not 0 <= self.int8_share <= 1:
             raise CompressorError(
-                f"--int8-share is a share of the linear weights, from 0 to 1, got {self.int8_share:g}"
+                f"--int8-share is a share of the 4-bit codes' bytes, from 0 to 1, got {self.int8_share:g}"
             )
 
     def channels(self, model: onnx.ModelProto, absmax: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -76,27 +77,24 @@ class Int8W4Config(Int8AwareTableConfig):
         held = {i.name: i for i in model.graph.initializer}
         quantized = onnx.load(str(out))
         int8 = {i.name for i in quantized.graph.initializer}
-        layers = {}  # MatMul output → (weight name, codes, scales, relative output error)
+        nodes = {n.output[0]: n.name for n in model.graph.node}
+        layers = {}  # MatMul node → (weight name, codes, scales, relative output error)
         for output, name in weight_names(model.graph).items():
             if f"{name}_quantized" not in int8 or output not in grams:
                 continue
             weight = numpy_helper.to_array(held[name])
             gram = grams[output].numpy()
             codes, scales = column_codes(weight, gram)
-            layers[output] = (name, codes, scales, relative_output_error(weight, codes * scales, gram))
-        kept, budget = [], self.int8_share * sum(codes.size for _, codes, _, _ in layers.values())
-        for output in sorted(layers, key=lambda o: -layers[o][3]):
-            if layers[output][1].size <= budget:
-                kept.append(output)
-                budget -= layers[output][1].size
+            layers[nodes[output]] = (name, codes, scales, relative_output_error(weight, codes * scales, gram))
+        losses = {node: error**2 for node, (_, _, _, error) in layers.items()}
+        kept = eight_bit_layers(model, losses, self.int8_share) if self.int8_share else []
         scales_of = {i.name: i for i in quantized.graph.initializer}
-        for output, (name, codes, scales, _) in layers.items():
-            if output not in kept:
+        for node, (name, codes, scales, _) in layers.items():
+            if node not in kept:
                 store_int4(quantized, f"{name}_quantized", codes)
                 scales_of[f"{name}_scale"].CopyFrom(numpy_helper.from_array(scales, f"{name}_scale"))
         onnx.save_model(quantized, str(out))
-        nodes = {n.output[0]: n.name for n in model.graph.node}
-        return Written(eight_bit=tuple(nodes[output] for output in kept), outliers=outlying)
+        return Written(eight_bit=tuple(kept), outliers=outlying)
 
     def report(self, result: QuantizeResult) -> dict:
-        return {**super().report(result), "int8_share": self.int8_share, "int8_layers": list(result.eight_bit)}
+        return {**super().report(result), "int8_share": self.int8_share, "eight_bit_layers": list(result.eight_bit)}
