@@ -61,11 +61,11 @@ class Int8AwareTableConfig(Int8AwareConfig):
         name_nodes(model.graph)
         head = frequent_ids(source.calibration, source.vocab, self.table_head, source.frequencies)
         head = head if len(head) else None
-        word = word_table(model.graph, table_gathers(model.graph), self.table_block)
+        word = word_table(model.graph, table_gathers(model.graph), 1)
         if word is None:
             raise CompressorError(
                 f"{self.scheme} narrows the word table, and this graph reads none (a 2-D table gathered by the input "
-                f"ids, its rows a whole number of blocks of {self.table_block}): use int8-aware"
+                "ids): use int8-aware"
             )
         narrowed = quantize_tables(model, self.table_block, True, only=(word.name,), head=head, bits=self.table_bits)
         return narrowed, outlying
