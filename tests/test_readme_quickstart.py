@@ -104,7 +104,7 @@ def test_the_encoder_quick_start(tmp_path, capsys, monkeypatch, texts_cache):
     run_quick_start(capsys, "An encoder", model, "path/to/your-model")
     rows = sorted(p.name for p in (tmp_path / "runs" / "yours").iterdir() if p.is_dir())
     table = "original-table3-int8-aware-table"
-    assert rows == ["original", "original-int4-aware", "original-int8", "original-int8-aware", table]
+    assert rows == ["original", "original-int8", "original-int8-aware", "original-int8-w4", table]
     run_python("An encoder")
     out = capsys.readouterr().out
     assert "(2, " in out and "(1, 48)" in out, out  # the hidden states, then one pooled embedding
