@@ -5,6 +5,8 @@ place that wires compressor, converters and eval together; it names no method an
 
 import argparse
 import os
+import signal
+import threading
 
 from compressor.errors import CompressorError
 from converters.cli import bench, catalog, compress, export, finetune, generate, pack, run, sweep, tie
@@ -38,10 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum, frame):
+    """SIGTERM (how a container or a job scheduler stops a run) ends it as Ctrl-C does: KeyboardInterrupt unwinds
+    every half-written output back off its final name."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()  # where Python lets a handler be set
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         if world().size > 1 and args.command != "finetune":
             raise CompressorError(
@@ -55,4 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted; outputs not yet complete were not written under their final names")
         return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return 0

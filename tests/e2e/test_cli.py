@@ -455,3 +455,26 @@ def test_each_rows_table_head_is_ranked_by_its_prior(tmp_path, eval_text_file, c
     assert code == 0, err
     (original,) = (c for c in ranked if c is not None)
     assert np.array_equal(original, counts["none"])
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_a_run_stopped_by_a_signal_leaves_nothing_half_written(tmp_path, capsys, monkeypatch, stop):
+    """SIGTERM, how a container stops a run, as Ctrl-C: the row being written goes, nothing under its name."""
+    import signal
+    import time
+
+    import converters.cli.export as export_command
+    from files.atomic import atomic_dir
+
+    def writing(args):
+        with atomic_dir(Path(args.out) / "original-int8") as tmp:
+            (tmp / "model.onnx").write_bytes(b"half")
+            os.kill(os.getpid(), getattr(signal, stop))
+            time.sleep(5)  # the signal lands here, in the main thread
+
+    monkeypatch.setattr(export_command, "run", writing)
+    handler = signal.getsignal(signal.SIGTERM)
+    code, _, err = run_cli(capsys, "export", "--out", tmp_path / "out")
+    assert code == 130 and "interrupted; outputs not yet complete were not written" in err
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+    assert signal.getsignal(signal.SIGTERM) == handler  # put back for whatever runs after main
