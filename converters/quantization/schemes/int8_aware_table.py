@@ -56,7 +56,7 @@ class Int8AwareTableConfig(Int8AwareConfig):
         """int8-aware's smoothed graph with its word table in `table_bits` (GatherBlockQuantized, or 3-bit planes):
         quantize_dynamic then rounds its MatMuls and its other tables, in int8 as int8's. A position table in
         GatherBlockQuantized costs 45 µs a call at (1,16) whatever the rows it reads (MiniLM, 3 % of its p50), one
-        in int8 nothing to speak of, and the word table's 4 bits would save 0.1 MB of it."""
+        in int8 nothing to speak of; its 4 bits would save MiniLM 0.1 MB."""
         model, outlying = super().smoothed(source)
         name_nodes(model.graph)
         head = frequent_ids(source.calibration, source.vocab, self.table_head, source.frequencies)
