@@ -473,8 +473,12 @@ def test_a_run_stopped_by_a_signal_leaves_nothing_half_written(tmp_path, capsys,
             time.sleep(5)  # the signal lands here, in the main thread
 
     monkeypatch.setattr(export_command, "run", writing)
+    interrupting = signal.signal(signal.SIGINT, signal.default_int_handler)  # a command line's own: Ctrl-C raises
     handler = signal.getsignal(signal.SIGTERM)
-    code, _, err = run_cli(capsys, "export", "--out", tmp_path / "out")
+    try:
+        code, _, err = run_cli(capsys, "export", "--out", tmp_path / "out")
+    finally:
+        signal.signal(signal.SIGINT, interrupting)
     assert code == 130 and "interrupted; outputs not yet complete were not written" in err
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
     assert signal.getsignal(signal.SIGTERM) == handler  # put back for whatever runs after main
