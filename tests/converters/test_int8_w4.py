@@ -12,14 +12,15 @@ from onnx import TensorProto, helper, numpy_helper
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.export import export_onnx
+from converters.quantization.corrections.correction import relative_error
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.rounding.column_int4 import column_codes, relative_output_error
+from converters.quantization.rounding.column_int4 import column_codes
 from converters.quantization.rounding.int4 import four_bit_codes
 from converters.quantization.rounding.target_cpu import INT16_MAX, widest_pair
 from converters.quantization.storage.int4_cast import int4_codes, int4_weights, store_int4
 from eval.kinds import graph_kind
-from tests.conftest import write_tiny_lm
+from tests.conftest import run_cli, write_tiny_lm
 
 
 def _quantized(fp32, vocab, feeds, path, **options):
@@ -87,7 +88,7 @@ def test_column_codes_leave_less_output_error_than_rounding_to_nearest():
     assert codes.dtype == np.int8 and codes.min() >= -8 and codes.max() <= 7 and scales.shape == (32,)
     step = np.abs(weight).max(axis=0) / 7
     nearest = np.clip(np.round(weight / step), -8, 7) * step
-    assert relative_output_error(weight, codes * scales, gram) < 0.8 * relative_output_error(weight, nearest, gram)
+    assert relative_error(weight - codes * scales, weight, gram) < 0.8 * relative_error(weight - nearest, weight, gram)
 
 
 def _held_int8(shape):
@@ -128,3 +129,11 @@ def test_only_the_activations_with_outliers_are_smoothed():
     absmax = {"outlying": np.array([1.0, 1.0, 1.0, 40.0]), "even": np.array([1.0, 2.0, 3.0, 20.0])}
     assert set(scheme_named("int8-w4")().channels(None, absmax)) == {"outlying"}
     assert set(scheme_named("int8-aware")().channels(None, absmax)) == {"outlying", "even"}
+
+
+def test_a_share_given_to_a_scheme_that_keeps_no_layer_in_int8_is_refused(tiny_bert_dir, tmp_path, capsys):
+    code, _, err = run_cli(
+        capsys, "export", tiny_bert_dir, "--quantize", "int8", "--int8-share", 0.5, "--out", tmp_path / "m"
+    )
+    assert code == 2 and "--int8-share goes with --quantize int8-w4" in err
+    assert not (tmp_path / "m").exists()

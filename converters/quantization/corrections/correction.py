@@ -39,6 +39,7 @@ __all__ = [
     "FACTOR_FORMS",
     "correction_bytes",
     "output_energy",
+    "relative_error",
     "rounding_errors",
     "add_corrections",
     "corrected_layers",
@@ -125,7 +126,7 @@ def output_energy(delta: np.ndarray, gram: np.ndarray) -> float:
     return float(np.sum((gram @ delta) * delta))
 
 
-def _relative_error(delta: np.ndarray, weight: np.ndarray, gram: np.ndarray) -> float:
+def relative_error(delta: np.ndarray, weight: np.ndarray, gram: np.ndarray) -> float:
     """√(tr(Δᵀ G Δ) / tr(Wᵀ G W)): the output error Δ leaves, relative to the output."""
     return float(np.sqrt(output_energy(delta, gram) / output_energy(weight, gram)))
 
@@ -281,8 +282,8 @@ def store_factors(
         kept = _stored_factor(model.graph, out, "left", form) @ _stored_factor(model.graph, out, "right", form)
         report[out] = Correction(
             ranks[out],
-            _relative_error(errors[out], w, gram),
-            _relative_error(errors[out] - fitted[out], w, gram),
-            _relative_error(errors[out] - kept, w, gram),
+            relative_error(errors[out], w, gram),
+            relative_error(errors[out] - fitted[out], w, gram),
+            relative_error(errors[out] - kept, w, gram),
         )
     return model, report

@@ -15,7 +15,7 @@ import numpy as np
 
 from converters.quantization.rounding.gptq import gptq_codes
 
-__all__ = ["CLIPS", "column_codes", "relative_output_error"]
+__all__ = ["CLIPS", "column_codes"]
 
 CLIPS = np.linspace(0.5, 1.0, 21)  # the clips a column's scale is searched over
 _TINY = 1e-30
@@ -48,10 +48,3 @@ def column_codes(weight: np.ndarray, gram: np.ndarray) -> tuple[np.ndarray, np.n
     fitted = (hq * weight).sum(axis=0) / np.maximum((hq * codes).sum(axis=0), _TINY)
     scales = np.where(fitted > 0, fitted, scales)  # a column of zeros keeps its clip's
     return codes.astype(np.int8), scales.astype(np.float32)
-
-
-def relative_output_error(weight: np.ndarray, rounded: np.ndarray, gram: np.ndarray) -> float:
-    """√(tr(Δᵀ H Δ) / tr(Wᵀ H W)), Δ = W − `rounded`: the output error the rounding leaves, relative."""
-    delta = np.asarray(weight, dtype=np.float64) - rounded
-    energy = float(np.sum((gram @ weight) * weight))
-    return float(np.sqrt(np.sum((gram @ delta) * delta) / max(energy, _TINY)))

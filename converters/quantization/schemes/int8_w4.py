@@ -22,9 +22,9 @@ from onnx import numpy_helper
 
 from compressor.errors import CompressorError
 from converters.options import Option, option_field
-from converters.quantization.corrections.correction import input_grams
+from converters.quantization.corrections.correction import input_grams, relative_error
 from converters.quantization.registry import QuantizeResult, Source, Written, register
-from converters.quantization.rounding.column_int4 import column_codes, relative_output_error
+from converters.quantization.rounding.column_int4 import column_codes
 from converters.quantization.rounding.int4 import eight_bit_layers, weight_names
 from converters.quantization.rounding.smoothing import OUTLIER_RATIO
 from converters.quantization.schemes.int8_aware_table import Int8AwareTableConfig
@@ -38,6 +38,7 @@ INT8_SHARE = Option(
     "tables), those whose 4 bits cost the most output error a byte first (0: every layer in 4 bits)",
     type=float,
     metavar="SHARE",
+    neutral=0.0,
 )
 
 
@@ -85,7 +86,7 @@ class Int8W4Config(Int8AwareTableConfig):
             weight = numpy_helper.to_array(held[name])
             gram = grams[output].numpy()
             codes, scales = column_codes(weight, gram)
-            layers[nodes[output]] = (name, codes, scales, relative_output_error(weight, codes * scales, gram))
+            layers[nodes[output]] = (name, codes, scales, relative_error(weight - codes * scales, weight, gram))
         losses = {node: error**2 for node, (_, _, _, error) in layers.items()}
         kept = eight_bit_layers(model, losses, self.int8_share) if self.int8_share else []
         scales_of = {i.name: i for i in quantized.graph.initializer}
