@@ -5,6 +5,7 @@ the trace, a model may be put in another form its methods offer (in_export_form:
 cached as a table, …), as the registry's ExportForms say; export names no method."""
 
 import copy
+import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from converters.submodules import set_submodule
 from eval.benchmark import PARITY_KEY
 from eval.probe import PAST, PRESENT, full_feed, is_cached, positions
 from files.atomic import atomic_file, tensor_bytes
+from files.onnx_props import add_props
 
 __all__ = [
     "LookupGraph",
@@ -133,12 +135,12 @@ def _export_checked(
     path: Path,
     opset: int,
     atol: float,
-    built: onnx.ModelProto | None = None,
+    build: Callable[[], onnx.ModelProto | None] | None = None,
 ) -> ExportResult:
     """Trace `graph` (inputs `names`, which are input_ids and, when two, attention_mask) with the
     TorchScript-based exporter (its graph of a BERT runs faster in ONNX Runtime than the dynamo
-    one's), or take the graph `built` from its weights, check parity, record it in the metadata, then
-    rename."""
+    one's), or take the graph `build()` makes from its weights (None: traced), check parity, record it in the
+    metadata, then rename."""
     if opset < 17:
         raise CompressorError(f"opset must be ≥ 17, got {opset}")
     path = Path(path)
@@ -149,20 +151,20 @@ def _export_checked(
         inputs, names, outputs = (ids, mask)[: len(names)], list(names), [output]
         axes = {name: {0: "batch", 1: "sequence"} for name in (*names, output)}
     with atomic_file(path, needed=tensor_bytes(graph.state_dict().values())) as tmp:
-        if built is not None:
+        built = build() if build is not None else None
+        traced = built is None
+        if traced:
+            _trace(graph, inputs, tmp, opset, names, outputs, axes)
+        else:
             large = built.ByteSize() > TWO_GB  # protobuf's limit: the weights beside it, as the exporter does
             onnx.save_model(built, str(tmp), save_as_external_data=large, location=f"{path.name}.data")
-        else:
-            _trace(graph, inputs, tmp, opset, names, outputs, axes)
+            built = None  # its weights are on disk, and the parity check's session holds them next
         parity = check_parity(graph, tmp, vocab, output, atol)
-        proto = onnx.load(str(tmp))
-        onnx.helper.set_model_props(proto, {PARITY_KEY: repr(parity)})
-        onnx.save_model(
-            proto,
-            str(tmp),
-            save_as_external_data=proto.ByteSize() > TWO_GB,
-            location=f"{path.name}.data",
-        )
+        if traced:  # the exporter's file, its weights gathered beside it when they pass protobuf's limit
+            proto = onnx.load(str(tmp))
+            large = proto.ByteSize() > TWO_GB
+            onnx.save_model(proto, str(tmp), save_as_external_data=large, location=f"{path.name}.data")
+        add_props(tmp, {PARITY_KEY: repr(parity)})
     return ExportResult(path, parity)
 
 
@@ -189,8 +191,8 @@ def export_onnx(model: nn.Module, path: Path, opset: int = 17, atol: float | Non
     vocab = model.get_input_embeddings().num_embeddings
     graph = kind.export_graph(model).eval()
     atol = kind.graph.parity_atol if atol is None else atol
-    built = kind.built_graph(model, opset)  # a decoder in ONNX Runtime's fused operators, else None: traced
-    return _export_checked(graph, kind.graph.inputs, kind.graph.output, vocab, path, opset, atol, built)
+    build = functools.partial(kind.built_graph, model, opset)  # a decoder in ONNX Runtime's fused operators, else None
+    return _export_checked(graph, kind.graph.inputs, kind.graph.output, vocab, path, opset, atol, build)
 
 
 def export_embedding_onnx(embedding: nn.Module, path: Path, opset: int = 17, atol: float = PARITY_ATOL) -> ExportResult:

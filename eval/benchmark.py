@@ -11,7 +11,7 @@ from eval.decode import DECODE_CONTEXTS, DECODE_TOKENS, context_length, measure_
 from eval.environment import file_sha256, graph_sha256, machine, run_record, texts_sha256
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.kinds import graph_kind
-from eval.latency import SETTINGS, measure_latency
+from eval.latency import measure_latency
 from eval.memory import peak_rss
 from eval.pareto import mark_pareto_
 from texts.tokens import encode_passages, load_tokenizer
@@ -56,12 +56,13 @@ def bench(
     (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch,
     sequence) of random ids; latency uses `settings` (default: latency.SETTINGS) on the eval text's
     tokens, the ids a model meets (a cached head with a computed tail costs what its text holds); "choice": the
-    row to deploy for `goal` (eval.choice)."""
+    row to deploy for `goal` (eval.choice). `settings` None: the graphs' kind's (GraphKind.latency_settings: an LM is
+    timed by its prefill and time per token instead, eval.decode)."""
     if (second_texts is None) != (second_text is None):
         raise CompressorError("bench takes the second text's passages and its name together, or neither")
-    settings = SETTINGS if settings is None else settings
     kinds = [graph_kind(path) for _, path in variants]  # every file checked before any is measured
     kind = kinds[0]
+    settings = kind.latency_settings if settings is None else settings
     for (_, path), other in zip(variants, kinds):
         if other is not kind:
             raise CompressorError(
@@ -102,9 +103,10 @@ def bench(
         if props.get(WIDTH_KEY):
             rows[-1]["width"] = int(props[WIDTH_KEY])
     paths, stream = [p for _, p in variants], stream if len(stream) else None
-    latencies = measure_latency(paths, vocab, settings, runs, progress=progress, stream=stream)
-    for row, latency in zip(rows, latencies):
-        row["latency_ms"] = latency
+    if settings:
+        latencies = measure_latency(paths, vocab, settings, runs, progress=progress, stream=stream)
+        for row, latency in zip(rows, latencies):
+            row["latency_ms"] = latency
     if kind.name == "causal-lm" and stream is not None:  # what a user of an LM feels: time per generated token
         limit = context_length(tokenizer_dir) or max(DECODE_CONTEXTS) + DECODE_TOKENS
         contexts = [c for c in DECODE_CONTEXTS if c + DECODE_TOKENS <= limit]

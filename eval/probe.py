@@ -26,6 +26,8 @@ __all__ = [
     "is_cached",
     "positions",
     "empty_past",
+    "OUTPUT_CHUNK_BYTES",
+    "row_chunks",
 ]
 
 # A causal LM's graph with a key-value cache (Optimum's names: inputs input_ids, attention_mask, position_ids,
@@ -66,6 +68,25 @@ def full_feed(session, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     if is_cached(session):
         out.update(empty_past(session, feed["input_ids"].shape[0]))
     return out
+
+
+# A batch's rows run together while the output they make stays under this: an LM's logits are rows × sequence ×
+# vocabulary floats (SmolLM2's 49,152-token vocabulary at 32 × 128 tokens: 805 MB, Llama-3.2-1B's 128,256: 2.1 GB)
+OUTPUT_CHUNK_BYTES = 64 * 2**20
+
+
+def row_chunks(session, feed: dict[str, np.ndarray], limit: int = OUTPUT_CHUNK_BYTES):
+    """`feed` cut into consecutive batches of whole rows whose first output, (rows, sequence, width) floats with
+    the width the session's graph fixes, stays within `limit` bytes (at least one row each); whole when the width
+    is not fixed. Rows are independent in every graph measured here, so the outputs are the batch's, cut."""
+    ids = feed["input_ids"]
+    width = session.get_outputs()[0].shape[-1]
+    if not isinstance(width, int) or ids.ndim != 2:
+        yield feed
+        return
+    rows = max(1, limit // (ids.shape[1] * width * 4))
+    for start in range(0, ids.shape[0], rows):
+        yield {name: value[start : start + rows] for name, value in feed.items()}
 
 
 def session_options(threads: int = 1, arena: bool = True, optimized_path: Path | None = None):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eval.probe import full_feed
+from eval.probe import full_feed, row_chunks
 
 __all__ = [
     "mean_pool",
@@ -88,7 +88,7 @@ def next_tokens(session, output: str, batches, reference: NextTokens | None = No
     Kept per position: the reference's top tokens when `reference` is given, else the model's own."""
     parts: list[tuple] = []
     done = 0
-    for feed in batches:
+    for feed in (part for whole in batches for part in row_chunks(session, whole)):
         (logits,) = session.run([output], full_feed(session, feed))  # (B, T, V)
         ids, mask = feed["input_ids"], feed["attention_mask"].astype(bool)
         real = mask[:, :-1] & mask[:, 1:]  # (B, T−1)

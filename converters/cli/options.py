@@ -8,10 +8,10 @@ from compressor.errors import CompressorError
 from converters.cli.specs import FINETUNE_DEFAULTS
 from converters.finetune.config import DEVICES, SCHEDULES, TRAINABLE, FinetuneConfig
 from converters.loading import DEFAULT_MODEL_NAME
-from converters.quantization.quantize import CALIBRATION_PASSAGES
 from converters.quantization.registry import Taken, scheme_options, schemes
 from converters.registry import Option, default_method, export_forms, methods
 from converters.spec import CALIB_PASSAGES
+from eval.kinds import CAUSAL_LM, ENCODER
 from texts.news import SECOND_PASSAGES
 from texts.prior import PRIOR_WEIGHT, PRIORS
 
@@ -115,8 +115,8 @@ def calibration_options(p: argparse.ArgumentParser) -> None:
         type=int,
         default=CALIB_PASSAGES,
         help=f"the data-aware methods use at most N calibration passages (default: {CALIB_PASSAGES}; token counts "
-        f"take every passage); int8-aware and int4-aware read up to {CALIBRATION_PASSAGES}: activation maxima want "
-        "every token there is",
+        f"take every passage); int8-aware and int4-aware read up to {ENCODER.calibration_passages} (an LM's: "
+        f"{CAUSAL_LM.calibration_passages}): activation maxima want every token there is",
     )
 
 

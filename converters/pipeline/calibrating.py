@@ -19,7 +19,6 @@ from converters.calibration import (
 from converters.kinds import kind_for_config, kind_of
 from converters.loading import available_memory
 from converters.pipeline.say import say
-from converters.quantization.quantize import CALIBRATION_PASSAGES
 from converters.spec import MethodSpec, TextSpec
 from texts.prior import prior_for, prior_said
 from texts.tokens import encode_passages, load_tokenizer
@@ -34,7 +33,7 @@ def quantize_calibration(texts: TextSpec, schemes, kind_graph, source: Path) -> 
     if not schemes:
         return None
     passages, where = kind_graph.passages(texts.calib, "calib")
-    passages = passages[:CALIBRATION_PASSAGES]
+    passages = passages[: kind_graph.calibration_passages]
     aware = ", ".join(dict.fromkeys(config.scheme for config in schemes if config.calibrated))
     if aware:
         say(f"{aware}: activation ranges from {len(passages)} passages of {where}")

@@ -20,16 +20,13 @@ from converters.quantization.storage.codebook_table import codebook_bits
 from eval.benchmark import PARITY_KEY, WIDTH_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
-from eval.probe import full_feed
+from eval.probe import full_feed, row_chunks
 from files.atomic import atomic_file
 from files.model_folder import TARGET_KEY, graph_file
+from files.onnx_props import add_props
 
-__all__ = ["CALIBRATION_PASSAGES", "TARGET_KEY", "quantize_onnx", "quantize_for_targets", "is_quantized"]
+__all__ = ["TARGET_KEY", "quantize_onnx", "quantize_for_targets", "is_quantized"]
 
-# Passages of the calibration text the aware schemes read: the maxima it takes grow with the text (on
-# all-MiniLM-L6-v2, 256 pydoc passages: recall@10 0.936; all 292: 0.943).
-CALIBRATION_PASSAGES = 1024
-PARITY_BATCHES = 4  # batches of the calibration text the gate reads
 QUANTIZED_OPS = {
     "DynamicQuantizeLinear",
     "DynamicQuantizeMatMul",
@@ -49,20 +46,21 @@ def is_quantized(path: Path) -> bool:
 
 def _parity(fp32: Path, quantized: Path, vocab: int, text: list[dict] | None) -> tuple[float, float, str]:
     """(max |y_q − y|, ‖y_q − y‖ / ‖y‖, what it was fed) of the first output as its graph kind gates it
-    (GraphKind.gated: an LM's log-probabilities): on the first PARITY_BATCHES batches of `text` (real
+    (GraphKind.gated: an LM's log-probabilities): on the first batches of `text` (its kind's gate_batches; real
     tokens, padding left out), else on the export parity check's random ids."""
     kind = graph_kind(fp32)
     reference, other = make_session(fp32), make_session(quantized)
     names = [i.name for i in reference.get_inputs()]
     if text:
-        feeds, fed = text[:PARITY_BATCHES], f"{sum(len(f[names[0]]) for f in text[:PARITY_BATCHES])} passages of text"
+        feeds = text[: kind.gate_batches]
+        fed = f"{sum(len(f[names[0]]) for f in feeds)} passages of text"
     else:
         shapes = PARITY_SHAPES
         feeds = [{n: x.numpy() for n, x in zip(names, sample_inputs(vocab, b, t, seed))} for b, t, seed in shapes]
         fed = "random ids"
     worst, diff2, ref2 = 0.0, 0.0, 0.0
     output = reference.get_outputs()[0].name
-    for feed in feeds:
+    for feed in (part for whole in feeds for part in row_chunks(reference, whole)):
         (y,) = reference.run([output], full_feed(reference, feed))
         (y_q,) = other.run([output], full_feed(other, feed))
         mask = feed.get("attention_mask")
@@ -112,6 +110,7 @@ def quantize_onnx(
         del proto.metadata_props[:]
         source = Source(proto, kind, vocab, calibration, Path(work), widths, train, frequencies)
         written = config.write(source, tmp)
+        del proto, source  # the fp32 graph in memory: the gate's session reads it from its file
         worst, rel, fed = _parity(src, tmp, vocab, calibration)
         tolerance = kind.gate_tol or config.gate
         failed = None
@@ -120,15 +119,14 @@ def quantize_onnx(
             failed += f"above {tolerance}"
             if not keep_failed:
                 raise ExportParityError(failed)
-        proto = onnx.load(str(tmp))
         props = {PARITY_KEY: repr(worst), "compressor.parity_rel": repr(rel), "compressor.parity_input": fed}
         props[WIDTH_KEY] = str(config.width)
         props.update({"compressor.gate_failed": failed} if failed else {})
         target = config.target()
         props.update({TARGET_KEY: target} if target is not None else {})
-        onnx.helper.set_model_props(proto, props)
-        onnx.save_model(proto, str(tmp))
-    bits = 3 if three_bit_outputs(proto.graph) else codebook_bits(proto.graph) or 4
+        add_props(tmp, props)
+        graph = onnx.load(str(tmp), load_external_data=False).graph
+    bits = 3 if three_bit_outputs(graph) else codebook_bits(graph) or 4
     measured = {"path": dst, "parity_max_abs": worst, "parity_rel": rel, "parity_input": fed}
     return QuantizeResult(**vars(written), **measured, table_bits=bits, gate_failed=failed)
 

@@ -14,7 +14,7 @@ from eval.environment import file_sha256, integer_path, texts_sha256
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.latency import MAX_ROUNDS, ROUNDS, latency_key, measure_latency, time_side_by_side
 from eval.memory import peak_rss
-from eval.probe import text_batch
+from eval.probe import row_chunks, text_batch
 from eval.quality import cosine_mean, recall_at_k
 from eval.report import write_report
 from texts.corpus import SECOND, passages, read_passages
@@ -212,3 +212,24 @@ def test_bench_report_follows_the_contract(tiny_onnx, other_onnx, tiny_bert_dir,
 def test_bench_takes_the_second_text_with_its_name(tiny_onnx, tiny_bert_dir):
     with pytest.raises(CompressorError, match="together"):
         bench([("original", tiny_onnx)], tiny_bert_dir, ["a b"], "t", "tiny", second_texts=["a b"])
+
+
+class _Outputs:
+    """A session stand-in whose first output is (batch, sequence, width)."""
+
+    def __init__(self, width):
+        self.width = width
+
+    def get_outputs(self):
+        return [type("Output", (), {"shape": ["batch", "sequence", self.width]})()]
+
+
+def test_row_chunks_cut_a_batch_in_whole_rows_within_the_limit_in_order():
+    feed = {"input_ids": np.arange(80).reshape(10, 8), "attention_mask": np.ones((10, 8), np.int64)}
+    limit = 3 * 8 * 1000 * 4  # three rows of a 1,000-wide float output
+    chunks = list(row_chunks(_Outputs(1000), feed, limit))
+    assert [len(c["input_ids"]) for c in chunks] == [3, 3, 3, 1]
+    for name in feed:
+        np.testing.assert_array_equal(np.concatenate([c[name] for c in chunks]), feed[name])
+    assert [len(c["input_ids"]) for c in row_chunks(_Outputs(10**9), feed, limit)] == [1] * 10  # one row at least
+    assert len(list(row_chunks(_Outputs("width"), feed, limit))) == 1  # a width the graph does not fix: whole

@@ -18,6 +18,9 @@ class FakeSession:
     def get_inputs(self):
         return [SimpleNamespace(name="input_ids"), SimpleNamespace(name="attention_mask")]
 
+    def get_outputs(self):
+        return [SimpleNamespace(name="logits", shape=["batch", "sequence", self.logits.shape[-1]])]
+
     def run(self, names, feed):
         return [self.logits[: feed["input_ids"].shape[0], : feed["input_ids"].shape[1]]]
 

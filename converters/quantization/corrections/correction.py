@@ -52,6 +52,7 @@ __all__ = [
 # precision").
 CORRECTION_SHARE = 0.2
 GRAM_BATCHES = 8  # calibration batches the input Grams sum over (256 passages at the default batch)
+GRAM_FLUSH = 4096  # tokens whose Gram is summed in fp32 before it is added to the fp64 total (a batch's, about)
 FACTOR_FORMS = ("int8", "nbits")
 FACTOR_BITS = 8
 FACTOR_BLOCK = {"left": 64, "right": 16}  # "nbits": L (K × r) blocks along K; R (r × N) along r, a multiple of 16
@@ -92,16 +93,36 @@ def input_grams(model: onnx.ModelProto, feeds: list[dict]) -> dict[str, torch.Te
     weighted = weight_names(model.graph)
     matmuls = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in weighted}
     feeds = feeds[:GRAM_BATCHES]
-    inputs: dict[str, torch.Tensor] = {}
-    for feed, values in zip(feeds, probe_activations(model, sorted(set(matmuls.values())), feeds)):
+    inputs: dict[str, np.ndarray] = {}  # fp64 sums of the fp32 sums of about a batch's tokens (GRAM_FLUSH)
+    pending: dict[str, np.ndarray] = {}
+    tokens = 0
+    for feed, values in probe_activations(model, sorted(set(matmuls.values())), feeds):
         mask = feed.get("attention_mask")
         for name, value in values.items():
             x = value.reshape(-1, value.shape[-1])
             if mask is not None and mask.size == len(x):
                 x = x[mask.reshape(-1).astype(bool)]
-            gram = torch.from_numpy(x.T @ x).double()  # fp32 products, summed over batches in fp64
-            inputs[name] = inputs[name] + gram if name in inputs else gram
-    return {out: inputs[name] for out, name in matmuls.items()}
+            gram = x.T @ x
+            if name in pending:
+                pending[name] += gram  # in place: a chunk of an LM's batch is a few rows (eval.probe.row_chunks)
+            else:
+                pending[name] = gram
+        tokens += int(mask.sum()) if mask is not None else len(feed["input_ids"].reshape(-1))
+        if tokens >= GRAM_FLUSH:
+            _flush(inputs, pending)
+            tokens = 0
+    _flush(inputs, pending)
+    return {out: torch.from_numpy(inputs[name]) for out, name in matmuls.items()}
+
+
+def _flush(totals: dict[str, np.ndarray], pending: dict[str, np.ndarray]) -> None:
+    """The fp32 sums `pending` added to the fp64 `totals`, and cleared."""
+    for name, gram in pending.items():
+        if name in totals:
+            totals[name] += gram
+        else:
+            totals[name] = gram.astype(np.float64)
+    pending.clear()
 
 
 def error_factors(error: np.ndarray, gram: torch.Tensor, rank: int) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:

@@ -51,7 +51,7 @@ def int8_rounding_errors(model: onnx.ModelProto, feeds: list[dict]) -> dict[str,
     wanted = set(names.values())
     weights = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in model.graph.initializer if i.name in wanted}
     moved, kept = dict.fromkeys(inputs, 0.0), dict.fromkeys(inputs, 0.0)
-    for values in probe_activations(model, sorted(set(inputs.values())), feeds[:INPUT_BATCHES]):
+    for _, values in probe_activations(model, sorted(set(inputs.values())), feeds[:INPUT_BATCHES]):
         rounded = {}
         for name, value in values.items():
             x = value.reshape(-1, value.shape[-1]).astype(np.float64)

@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from eval.graph import make_session
-from eval.probe import full_feed
+from eval.probe import full_feed, row_chunks
 
 __all__ = [
     "SMOOTH_ALPHA",
@@ -57,16 +57,19 @@ def smoothable(graph: onnx.GraphProto) -> dict[str, list[int]]:
 
 
 def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict[str, np.ndarray]]):
-    """For each batch of `feeds`, {name: value} of the graph's intermediate tensors `names`."""
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    probe.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
-    with tempfile.TemporaryDirectory() as work:
-        path = Path(work) / "probe.onnx"
-        onnx.save_model(probe, str(path))
-        session = make_session(path, threads=2)
-    for feed in feeds:
-        yield dict(zip(names, session.run(names, full_feed(session, feed))))
+    """(the batch, {name: value} of the graph's intermediate tensors `names` on it) for each batch of `feeds`, cut in
+    rows where the graph's output would be large (eval.probe.row_chunks)."""
+    outputs = len(model.graph.output)
+    model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
+    try:  # the probes saved with `model` itself, not a copy of it: an LM's weights are most of the memory
+        with tempfile.TemporaryDirectory() as work:
+            path = Path(work) / "probe.onnx"
+            onnx.save_model(model, str(path))
+            session = make_session(path, threads=2)
+    finally:
+        del model.graph.output[outputs:]
+    for feed in (part for whole in feeds for part in row_chunks(session, whole)):
+        yield feed, dict(zip(names, session.run(names, full_feed(session, feed))))
 
 
 def activation_absmax(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -74,7 +77,7 @@ def activation_absmax(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]
     outputs = {o.name for o in model.graph.output}
     names = [n for n in smoothable(model.graph) if n not in outputs]
     absmax: dict[str, np.ndarray] = {}
-    for values in probe_activations(model, names, feeds):
+    for _, values in probe_activations(model, names, feeds):
         for name, x in values.items():
             peak = np.abs(x).reshape(-1, x.shape[-1]).max(axis=0)
             absmax[name] = np.maximum(absmax[name], peak) if name in absmax else peak

@@ -1,0 +1,46 @@
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from files.onnx_props import add_props, read_props
+
+
+def _graph_file(path, props=None):
+    """A MatMul by a 64 × 64 weight (a graph field of some 16 kB for the reader to skip), with `props`."""
+    weight = numpy_helper.from_array(np.arange(64 * 64, dtype=np.float32).reshape(64, 64), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    if props:
+        helper.set_model_props(model, props)
+    onnx.save_model(model, str(path))
+    return path
+
+
+def test_props_are_read_past_the_graph_and_added_as_onnx_and_onnx_runtime_read_them(tmp_path):
+    path = _graph_file(tmp_path / "m.onnx", {"a": "1"})
+    assert read_props(path) == {"a": "1"}
+    add_props(path, {"b": "2", "c": "x y"})
+    assert read_props(path) == {"a": "1", "b": "2", "c": "x y"}
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model)  # one entry a key, the graph whole
+    assert {p.key: p.value for p in model.metadata_props} == {"a": "1", "b": "2", "c": "x y"}
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert session.get_modelmeta().custom_metadata_map == {"a": "1", "b": "2", "c": "x y"}
+    x = np.ones((1, 64), np.float32)
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ numpy_helper.to_array(model.graph.initializer[0]))
+
+
+def test_a_key_held_already_is_refused_and_the_file_left_as_it_was(tmp_path):
+    path = _graph_file(tmp_path / "m.onnx", {"a": "1"})
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="holds the metadata key 'a' already"):
+        add_props(path, {"b": "2", "a": "3"})
+    assert path.read_bytes() == before
