@@ -22,6 +22,7 @@ __all__ = [
     "load_hf",
     "check_vocabulary",
     "check_fits_memory",
+    "stored_parameters",
 ]
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
@@ -53,7 +54,7 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
     return path
 
 
-def _stored_parameters(path: Path) -> int:
+def stored_parameters(path: Path) -> int:
     """The parameters the folder's safetensors files hold, read from their headers (no weights loaded)."""
     total = 0
     for file in path.glob("*.safetensors"):
@@ -81,7 +82,7 @@ def available_memory() -> int:
 def check_fits_memory(path: Path) -> None:
     """A model whose float32 weights (as the fits hold them) exceed the memory available is refused
     before loading, its size said from the safetensors headers."""
-    params, free = _stored_parameters(path), available_memory()
+    params, free = stored_parameters(path), available_memory()
     if free and params * 4 > free:
         raise CompressorError(
             f"{str(path)!r} holds {params / 1e9:.2f}B parameters, {params * 4 / 2**30:.1f} GiB in float32, and this "

@@ -11,7 +11,7 @@ from eval.decode import DECODE_CONTEXTS, DECODE_TOKENS, context_length, measure_
 from eval.environment import file_sha256, graph_sha256, machine, run_record, texts_sha256
 from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
 from eval.kinds import graph_kind
-from eval.latency import measure_latency
+from eval.latency import SETTINGS, measure_latency
 from eval.memory import peak_rss
 from eval.pareto import mark_pareto_
 from texts.tokens import encode_passages, load_tokenizer
@@ -54,15 +54,16 @@ def bench(
     quality against variants[0] (the metrics of the graphs' kind) on `eval_texts` and, when
     given, on `second_texts` (named `second_text`), parity, the Pareto fronts it is on
     (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch,
-    sequence) of random ids; latency uses `settings` (default: latency.SETTINGS) on the eval text's
+    sequence) of random ids; latency uses `settings` on the eval text's
     tokens, the ids a model meets (a cached head with a computed tail costs what its text holds); "choice": the
-    row to deploy for `goal` (eval.choice). `settings` None: the graphs' kind's (GraphKind.latency_settings: an LM is
-    timed by its prefill and time per token instead, eval.decode)."""
+    row to deploy for `goal` (eval.choice). `settings` None: latency.SETTINGS, or none for a kind timed otherwise
+    (GraphKind.shape_latency: an LM by its prefill and time per token, eval.decode)."""
     if (second_texts is None) != (second_text is None):
         raise CompressorError("bench takes the second text's passages and its name together, or neither")
     kinds = [graph_kind(path) for _, path in variants]  # every file checked before any is measured
     kind = kinds[0]
-    settings = kind.latency_settings if settings is None else settings
+    if settings is None:
+        settings = SETTINGS if kind.shape_latency else ()
     for (_, path), other in zip(variants, kinds):
         if other is not kind:
             raise CompressorError(
@@ -110,7 +111,7 @@ def bench(
     if kind.name == "causal-lm" and stream is not None:  # what a user of an LM feels: time per generated token
         limit = context_length(tokenizer_dir) or max(DECODE_CONTEXTS) + DECODE_TOKENS
         contexts = [c for c in DECODE_CONTEXTS if c + DECODE_TOKENS <= limit]
-        for row, decode in zip(rows, measure_decode(paths, stream, contexts)):
+        for row, decode in zip(rows, measure_decode(paths, stream, contexts, progress=progress)):
             row["decode_ms"] = decode
     fed = LATENCY_INPUT if stream is not None else "random ids (the eval text holds no token)"
     report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages", "latency_input": fed}

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from eval.graph import make_session
@@ -189,6 +190,7 @@ def measure_decode(
     new_tokens: int = DECODE_TOKENS,
     rounds: int = DECODE_ROUNDS,
     threads: int = 2,
+    progress: bool = True,
 ) -> list[dict]:
     """Per graph, at batch 1 and each context length (the first tokens of `stream`, repeated when
     shorter): {"ctx128": {prefill_ms, per_token_p50_ms, per_token_p90_ms, tokens_per_s}, …}. The
@@ -196,18 +198,23 @@ def measure_decode(
     is a warm-up, and the time per token is over every step of the others."""
     sessions = [make_session(p, threads=threads) for p in paths]
     out: list[dict] = [{} for _ in paths]
+    bar = tqdm(
+        total=len(contexts) * (rounds + 1) * len(paths), desc="decode: prefill and time per token", disable=not progress
+    )
     for length in contexts:
         context = np.resize(stream, length)
         times: list[list[DecodeTimes]] = [[] for _ in paths]
         for round_ in range(rounds + 1):
             for session, kept in zip(sessions, times):
                 measured = decode_times(session, context, new_tokens)
+                bar.update()
                 if round_:
                     kept.append(measured)
         for result, kept in zip(out, times):
             steps = [ms for t in kept for ms in t.step_ms]
             prefill = float(np.median([t.prefill_ms for t in kept]))
             result[f"ctx{length}"] = DecodeTimes(prefill, steps).summary()
+    bar.close()
     return out
 
 

@@ -13,7 +13,6 @@ import numpy as np
 
 from compressor.errors import CompressorError
 from eval.graph import load_graph
-from eval.latency import SETTINGS
 from eval.probe import PAST
 from eval.quality import NextTokens, cosine_mean, mean_pool, next_token_quality, next_tokens, recall_at_k
 from texts.corpus import HELD_OUT, lm_passages, passages
@@ -48,8 +47,8 @@ class GraphKind:
     # all-MiniLM-L6-v2, 256 pydoc passages gave recall@10 0.936, all 292 0.943), and the gate's batches of them
     calibration_passages: int = 1024
     gate_batches: int = 4
-    # The (batch, sequence, threads) its graphs are timed at by eval.latency (none: not timed there)
-    latency_settings: tuple[tuple[int, int, int], ...] = SETTINGS
+    # Whether its graphs are timed at the (batch, sequence, threads) of eval.latency (else by what its users run)
+    shape_latency: bool = True
 
     def recognises(self, inputs: list[str], outputs: list[str]) -> bool:
         return sorted(inputs) == sorted(self.inputs) and self.output in outputs
@@ -145,7 +144,7 @@ CAUSAL_LM = CausalLMGraphKind(
     gate_batches=1,
     # Its time is what its users run, a prefill and each generated token (eval.decode, at batch 1); the encoder's
     # shapes took 9 of SmolLM2's bench's 17 minutes and say nothing a decoding user feels
-    latency_settings=(),
+    shape_latency=False,
 )
 GRAPH_KINDS = (ENCODER, CAUSAL_LM)
 

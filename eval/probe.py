@@ -78,10 +78,11 @@ OUTPUT_CHUNK_BYTES = 64 * 2**20
 def row_chunks(session, feed: dict[str, np.ndarray], limit: int = OUTPUT_CHUNK_BYTES):
     """`feed` cut into consecutive batches of whole rows whose first output, (rows, sequence, width) floats with
     the width the session's graph fixes, stays within `limit` bytes (at least one row each); whole when the width
-    is not fixed. Rows are independent in every graph measured here, so the outputs are the batch's, cut."""
-    ids = feed["input_ids"]
+    is not fixed or the feed is not a batch of ids. Rows are independent in every graph measured here, so the
+    outputs are the batch's, cut."""
+    ids = feed.get("input_ids")
     width = session.get_outputs()[0].shape[-1]
-    if not isinstance(width, int) or ids.ndim != 2:
+    if not isinstance(width, int) or ids is None or ids.ndim != 2:
         yield feed
         return
     rows = max(1, limit // (ids.shape[1] * width * 4))

@@ -17,7 +17,9 @@ for nothing."""
 
 from pathlib import Path
 
+from compressor.errors import CompressorError
 from converters.cli.builtin_recipes import SMALL_RECIPE
+from converters.loading import available_memory, stored_parameters
 from converters.spec import QUANTIZE_ONLY
 from eval.choice import DEFAULT_GOAL, GOALS
 
@@ -30,6 +32,8 @@ __all__ = [
     "GOAL_MINUTES",
     "goal_minutes",
     "goal_said",
+    "lm_run_needs",
+    "check_lm_run_fits",
 ]
 
 # int8-aware's products, the word table in 3 bits (its 4,096 most frequent rows in 4, blocks of 32): on MiniLM
@@ -81,3 +85,37 @@ def goal_said(goal: str) -> str:
         name = variant.get("name", "original")
         rows += [f"{name}-{scheme}" for scheme in variant["quantize"]]
     return f"{', '.join(rows)} beside original-int8; deploy {GOALS[goal]}"
+
+
+# The original's rows of a causal LM (its kind's baselines: int8, int4 and int4-aware, each graph with its key-value
+# cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512),
+# measured on SmolLM2-135M (134.5 M parameters, 538 MB in fp32) on 2 cores (BENCHMARKS.md, "LMs at scale"): the time
+# and the peak resident memory grow with the weights (every stage reads each of them a few times)
+LM_RUN_SECONDS_PER_PARAM = 390 / 134.5e6
+LM_RUN_PEAK_PER_FP32_BYTE = 6.8e9 / 538e6
+
+
+def lm_run_needs(model_dir: Path) -> tuple[int, int, int]:
+    """(parameters, about how many minutes on 2 cores, the peak resident bytes) of the LM run of the model in
+    `model_dir`, from the parameters its safetensors headers hold."""
+    params = stored_parameters(Path(model_dir))
+    return params, max(1, round(params * LM_RUN_SECONDS_PER_PARAM / 60)), round(params * 4 * LM_RUN_PEAK_PER_FP32_BYTE)
+
+
+def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
+    """What the LM run of the model in `model_dir` (its `rows`) will take, in a sentence; refused before any work
+    when its peak memory exceeds what the machine has available."""
+    params, minutes, peak = lm_run_needs(model_dir)
+    free = available_memory()
+    if free and peak > free:
+        raise CompressorError(
+            f"the original's rows of this LM ({', '.join(rows)}; {params / 1e9:.2f}B parameters, "
+            f"{params * 4 / 2**30:.1f} GiB in float32) need about {peak / 2**30:.1f} GiB at their peak "
+            f"({LM_RUN_PEAK_PER_FP32_BYTE:.1f}× the fp32 weights, as measured on SmolLM2-135M) and this machine has "
+            f"{free / 2**30:.1f} GiB available: a model of up to {free / LM_RUN_PEAK_PER_FP32_BYTE / 4 / 1e9:.2f}B "
+            "parameters fits here"
+        )
+    return (
+        f"about {minutes} minutes on 2 cores and a peak of {peak / 2**30:.1f} GiB for {params / 1e9:.2f}B parameters "
+        f"({LM_RUN_PEAK_PER_FP32_BYTE:.1f}× their fp32 bytes)"
+    )

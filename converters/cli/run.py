@@ -5,7 +5,7 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from converters.cli.catalog import builtin_recipes
-from converters.cli.goals import DEFAULT_GOAL, GOAL_RUNS, GOALS, goal_minutes, goal_said
+from converters.cli.goals import DEFAULT_GOAL, GOAL_RUNS, GOALS, check_lm_run_fits, goal_minutes, goal_said
 from converters.cli.options import (
     MODEL_HELP,
     bench_options,
@@ -94,7 +94,9 @@ def run(args) -> None:
     if variants is not None and args.quantize:
         say(f"no method options: the original in {' and '.join(args.quantize)}")
     elif variants == []:
-        say(f"no method options: the original's rows ({', '.join(kind.baselines)}); {source} is an encoder's")
+        rows = ", ".join(kind.baselines)
+        needs = check_lm_run_fits(model_dir, kind.baselines) if kind.name == "causal-lm" else None
+        say(f"no method options: the original's rows ({rows}{f': {needs}' if needs else ''}); {source} is an encoder's")
     elif variants is not None and args.recipe:
         say(f"{source}, beside original-int8; deploy {GOALS[goal]}")
     elif variants is not None:

@@ -18,6 +18,7 @@ from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.pipeline.calibrating import head_frequencies, token_frequencies
 from converters.pipeline.say import say
+from converters.pipeline.stages import Stages
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
 from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_for_targets
@@ -59,6 +60,7 @@ class Variants:
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
+        self.stages = Stages()  # each export, row and the bench: its time and peak memory
 
     def add(
         self, name: str, model: nn.Module, detail: dict, quantize: QuantizeSpec, fp32: bool = True, frequencies=None
@@ -69,7 +71,7 @@ class Variants:
         if name in self.names:
             raise CompressorError(f"two variants are named {name!r}; give them different names")
         self.names.add(name)
-        with model_folder(self.out / name, self.source, None) as graph:
+        with self.stages.stage(f"{name}: export"), model_folder(self.out / name, self.source, None) as graph:
             export_onnx(model, graph)
         path = self.out / name / graph_file(None)
         if fp32:
@@ -93,7 +95,7 @@ class Variants:
             if target is not None:
                 say(f"{row}: one graph for each of {', '.join(config.targets())}; measured here: {target}'s")
             try:
-                with model_folder(self.out / row, self.source, config.width, target) as graph:
+                with self.stages.stage(row), model_folder(self.out / row, self.source, config.width, target) as graph:
                     result = quantize_for_targets(
                         path,
                         graph,
@@ -177,16 +179,18 @@ class Variants:
         the table printed. `texts`, `second`: (passages, where) of the eval and second texts; `hashes`: the
         calibration's and fit text's sha256 (eval.environment), recorded beside the eval texts'."""
         model_name = DEFAULT_MODEL_NAME if run.model is None else str(source)
-        report = bench(
-            self.graphs,
-            source,
-            *texts,
-            model=model_name,
-            second_texts=second[0],
-            second_text=second[1],
-            runs=run.runs,
-            **({} if run.goal is None else {"goal": run.goal}),
-        )
+        with self.stages.stage("bench"):
+            report = bench(
+                self.graphs,
+                source,
+                *texts,
+                model=model_name,
+                second_texts=second[0],
+                second_text=second[1],
+                runs=run.runs,
+                **({} if run.goal is None else {"goal": run.goal}),
+            )
+        report["run"]["stages"] = self.stages.whole()
         for row, extra in zip(report["variants"], self.details):
             row.update(extra)
         report["environment"]["texts"].update(hashes or {})

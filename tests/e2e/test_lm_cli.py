@@ -85,9 +85,25 @@ def test_lm_bad_input_gets_one_clear_sentence(tiny_llama_dir, tiny_bert_dir, tmp
 def test_run_without_method_options_on_an_lm_measures_the_originals_rows(
     tiny_llama_dir, lm_text, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
     texts = ("--calib", lm_text, "--eval-text", lm_text, "--second-text", "none")
     code, _, err = run_cli(capsys, "run", tiny_llama_dir, *texts, "--runs", 1, "--out", tmp_path / "run")
     assert code == 0 and "goal balanced is an encoder's" in err, err  # its rows (w4a8, narrow tables) refuse an LM
-    rows = [v["name"] for v in json.loads((tmp_path / "run" / "report.json").read_text())["variants"]]
+    assert "minutes on 2 cores and a peak of" in err  # said before the work
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    rows = [v["name"] for v in report["variants"]]
     assert rows == ["original", "original-int8", "original-int4", "original-int4-aware"]  # no w4a8 refusal
+    assert not any("latency_ms" in v for v in report["variants"])  # an LM is timed by its decode, not encoder shapes
+    stages = report["run"]["stages"]
+    assert [s["stage"] for s in stages["stages"]] == ["original: export", *rows[1:], "bench"]
+    assert all(s["seconds"] >= 0 and s["peak_rss_bytes"] > 0 for s in stages["stages"])
+    assert stages["peak_rss_bytes"] == max(s["peak_rss_bytes"] for s in stages["stages"])
+    assert all(f"{s['stage']}: " in err for s in stages["stages"])  # each said as it ends
+
+
+def test_an_lm_run_the_machine_cannot_hold_is_refused_before_any_work(
+    tiny_llama_dir, lm_text, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("converters.cli.goals.available_memory", lambda: 2**20)  # 1 MiB available
+    code, _, err = run_cli(capsys, "run", tiny_llama_dir, "--calib", lm_text, "--out", tmp_path / "run")
+    assert code == 2 and "need about" in err and "0.0 GiB available" in err and "parameters fits here" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()

@@ -6,14 +6,18 @@ output error energy the rounding leaves in the layer itself, tr(Eᵀ G E) with E
 its input Gram over the calibration tokens (the metric the corrections are fitted in), which weighs a
 layer by what flows through it but not by what the layers after it make of its error."""
 
-import copy
-
 import numpy as np
 import onnx
 import torch
 
 from converters.quantization.corrections.correction import input_grams, rounding_errors
-from converters.quantization.rounding.int4 import SENSITIVITY_BATCHES, layer_losses, matmul_weights, quantize_matmuls
+from converters.quantization.rounding.int4 import (
+    SENSITIVITY_BATCHES,
+    alone,
+    layer_losses,
+    matmul_weights,
+    quantize_matmuls,
+)
 
 __all__ = ["MEASURED_LAYERS", "gram_losses", "four_bit_losses"]
 
@@ -32,11 +36,22 @@ def gram_losses(
     """MatMul node name → tr(Eᵀ G E) of its weight's int4-aware rounding error E in its input Gram G
     (`grams`, by output name: correction.input_grams); `model` has named nodes; `quantized`: `model`
     with every MatMul so rounded, when the caller has it already (`keep_grid`, `bits`: as int4.quantize_matmuls)."""
-    if quantized is None:
-        quantized = quantize_matmuls(copy.deepcopy(model), block, accuracy_level, True, keep_grid=keep_grid, bits=bits)
     names = {n.output[0]: n.name for n in model.graph.node}
-    errors = rounding_errors(quantized, model)
-    return {names[out]: float(np.sum((grams[out].numpy() @ error) * error)) for out, error in errors.items()}
+    if quantized is not None:
+        errors = rounding_errors(quantized, model).items()
+    else:
+        errors = _rounded_alone(model, block, accuracy_level, keep_grid, bits)
+    return {names[out]: float(np.sum((grams[out].numpy() @ error) * error)) for out, error in errors}
+
+
+def _rounded_alone(model: onnx.ModelProto, block: int, accuracy_level: int, keep_grid: bool, bits: int):
+    """(output name, W − Q) of each MatMul of `model` rounded alone (int4.alone), one at a time: an LM's errors and
+    weights in fp64 held at once were 4× its weights' bytes."""
+    weighted = matmul_weights(model.graph)
+    for node in model.graph.node:
+        if node.name in weighted:
+            rounded = quantize_matmuls(alone(model, node), block, accuracy_level, True, keep_grid=keep_grid, bits=bits)
+            yield from rounding_errors(rounded, alone(model, node)).items()
 
 
 def four_bit_losses(

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from tqdm.auto import tqdm
 
 from eval.graph import make_session
 from eval.probe import full_feed, row_chunks
@@ -68,7 +69,8 @@ def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict
             session = make_session(path, threads=2)
     finally:
         del model.graph.output[outputs:]
-    for feed in (part for whole in feeds for part in row_chunks(session, whole)):
+    parts = [part for whole in feeds for part in row_chunks(session, whole)]
+    for feed in tqdm(parts, desc=f"activations of {len(names)} tensors", unit="batch", leave=False):
         yield feed, dict(zip(names, session.run(names, full_feed(session, feed))))
 
 
@@ -104,11 +106,14 @@ def _scales(absmax: np.ndarray, weights: list[np.ndarray], alpha: float) -> np.n
     return np.clip(s, *SCALE_CLAMP)
 
 
-def smooth(model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float = SMOOTH_ALPHA) -> onnx.ModelProto:
-    """A copy of `model` with every activation in `absmax` divided channel-wise by s (one Mul,
-    placed before its first consumer) and its MatMuls' weight rows multiplied by s."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+def smooth(
+    model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float = SMOOTH_ALPHA, in_place: bool = False
+) -> onnx.ModelProto:
+    """A copy of `model` (`model` itself with `in_place`) with every activation in `absmax` divided channel-wise by s
+    (one Mul, placed before its first consumer) and its MatMuls' weight rows multiplied by s."""
+    out = model if in_place else onnx.ModelProto()
+    if not in_place:
+        out.CopyFrom(model)
     graph = out.graph
     inits = {i.name: i for i in graph.initializer}
     before: dict[int, onnx.NodeProto] = {}  # node index → the Mul that goes before it
@@ -137,9 +142,11 @@ def smoothed(
     feeds: list[dict[str, np.ndarray]],
     alpha: float,
     channels: Callable[[onnx.ModelProto, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+    in_place: bool = False,
 ) -> tuple[onnx.ModelProto, dict[str, float]]:
-    """(`model` smoothed at `alpha` on the calibration batches `feeds`, the layers whose inputs hold outliers:
-    `outliers`); `channels(model, absmax)`: the activations to smooth, of their maxima (None: all)."""
+    """(`model` smoothed at `alpha` on the calibration batches `feeds` (a copy; `model` itself with `in_place`), the
+    layers whose inputs hold outliers: `outliers`); `channels(model, absmax)`: the activations to smooth, of their
+    maxima (None: all)."""
     absmax = activation_absmax(model, feeds)
     outlying = outliers(model, absmax)
-    return smooth(model, absmax if channels is None else channels(model, absmax), alpha), outlying
+    return smooth(model, absmax if channels is None else channels(model, absmax), alpha, in_place), outlying

@@ -1,0 +1,51 @@
+"""Each stage of a run (an export, a row's quantization, the bench) timed, with the peak resident memory of the
+process while it ran: the kernel's high-water mark (VmHWM) is reset as the stage starts (/proc/self/clear_refs,
+Linux), so that each peak is the stage's own; where it cannot be reset, the run's peak so far is said as such."""
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from converters.pipeline.say import say
+from eval.probe import peak_rss_bytes
+
+__all__ = ["Stages"]
+
+CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _reset_peak() -> bool:
+    """Whether the process's peak resident memory was set back to its resident memory now."""
+    try:
+        CLEAR_REFS.write_text("5")  # 5: reset the peak RSS (proc(5))
+    except OSError:
+        return False
+    return True
+
+
+class Stages:
+    """The stages of one run, in order: {"stage", "seconds", "peak_rss_bytes", "peak_of"} each ("peak_of": "stage",
+    or "run" where the peak could not be reset and is the run's so far)."""
+
+    def __init__(self):
+        self.done: list[dict] = []
+
+    @contextmanager
+    def stage(self, name: str):
+        """Time the work inside as the stage `name`, said on stderr when it ends."""
+        own = _reset_peak()
+        start = time.perf_counter()
+        yield
+        seconds, peak = time.perf_counter() - start, peak_rss_bytes()
+        self.done.append(
+            {"stage": name, "seconds": round(seconds, 1), "peak_rss_bytes": peak, "peak_of": "stage" if own else "run"}
+        )
+        say(f"{name}: {seconds:.0f} s, peak RSS {peak / 2**30:.2f} GiB{'' if own else ' (the run so far)'}")
+
+    def whole(self) -> dict:
+        """The run's stages and, over them, its seconds and peak RSS."""
+        return {
+            "stages": self.done,
+            "seconds": round(sum(s["seconds"] for s in self.done), 1),
+            "peak_rss_bytes": max((s["peak_rss_bytes"] for s in self.done), default=0),
+        }
