@@ -107,7 +107,7 @@ def input_grams(model: onnx.ModelProto, feeds: list[dict]) -> dict[str, torch.Te
                 pending[name] += gram  # in place: a chunk of an LM's batch is a few rows (eval.probe.row_chunks)
             else:
                 pending[name] = gram
-        tokens += int(mask.sum()) if mask is not None else len(feed["input_ids"].reshape(-1))
+        tokens += len(x) if values else 0  # the tokens of this batch (its last activation's rows)
         if tokens >= GRAM_FLUSH:
             _flush(inputs, pending)
             tokens = 0
