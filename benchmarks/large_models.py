@@ -3,6 +3,7 @@ every embedding method) and whole models of 22M to ~1B parameters (low rank on e
 
     python benchmarks/large_models.py vocab --out runs/large     # a random 12-layer XLM-R, 250,002 × 384
     python benchmarks/large_models.py sizes --out runs/large     # 22M, 110M, 135M, ~1B: aware against plain
+    python benchmarks/large_models.py lms --out runs/large       # compressor run: Qwen2.5-0.5B's, Llama-3.2-1B's shapes
 
 Each `compressor compress` runs in its own process, without the calibration cache (every run pays for its
 statistics); its wall time and peak resident memory (the process's own, from wait4) are printed and
@@ -83,6 +84,69 @@ def _llama_1b(out: Path) -> Path:
     return _save(out / "llama-1b", lambda: (LlamaForCausalLM(config), tokenizer))
 
 
+def _tied_lm(path: Path, config_class: str, **shape) -> Path:
+    """A random causal LM of transformers' `config_class` and `shape`, its table tied, with SmolLM2's tokenizer
+    (its 49,152 ids are the only rows text reaches; the table keeps the model's own rows)."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(SMOLLM2)
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    config = getattr(transformers, config_class)(tie_word_embeddings=True, **ids, **shape)
+    return _save(path, lambda: (transformers.AutoModelForCausalLM.from_config(config), tokenizer))
+
+
+def _lms(out: Path) -> dict[str, str]:
+    """Qwen2.5-0.5B's and Llama-3.2-1B's shapes, their own tables (151,936 and 128,256 rows), at random."""
+    qwen = _tied_lm(
+        out / "qwen2.5-0.5b-shape",
+        "Qwen2Config",
+        vocab_size=151936,
+        hidden_size=896,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        intermediate_size=4864,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+    )
+    llama = _tied_lm(
+        out / "llama-3.2-1b-shape",
+        "LlamaConfig",
+        vocab_size=128256,
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        max_position_embeddings=131072,
+        rope_theta=5e5,
+    )
+    return {"Qwen2.5-0.5B shape (random)": str(qwen), "Llama-3.2-1B shape (random)": str(llama)}
+
+
+def measure_run(model: Path, out: Path) -> dict:
+    """One `compressor run MODEL` (an LM: its original's rows) in a process of its own: its exit status, wall
+    seconds, the estimate it said before the work, each stage's time and peak RSS from its report (or the
+    sentence it refused the model with); its folder removed after."""
+    argv = [sys.executable, "-m", "converters.cli", "run", str(model), "--out", str(out)]
+    start = time.perf_counter()
+    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seconds = time.perf_counter() - start
+    said = [line for line in done.stderr.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
+    result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said[:1]}
+    if done.returncode == 0:
+        report = json.loads((out / "report.json").read_text())
+        result["stages"] = report["run"]["stages"]
+        result["rows"] = {
+            v["name"]: {"file_bytes": v["file_bytes"], "decode_ms": v.get("decode_ms")} for v in report["variants"]
+        }
+        result["environment"] = {k: report["environment"][k] for k in ("cpu", "integer_path", "onnxruntime")}
+    elif done.returncode != 2:
+        raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
+    shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
 def _default_model() -> Path:
     from converters.loading import default_model_path
 
@@ -121,6 +185,8 @@ def _models(what: str, out: Path) -> dict[str, str]:
     """The models of `what` by name, built where missing (run in a process of its own: see main)."""
     if what == "vocab":
         return {"xlmr-250k": str(_xlmr_250k(out))}
+    if what == "lms":
+        return _lms(out)
     return {
         "22M all-MiniLM-L6-v2": str(_default_model()),
         "110M BERT-base (random)": str(_bert_110m(out)),
@@ -140,12 +206,14 @@ def _built(what: str, out: Path) -> dict[str, Path]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("vocab", "sizes"))
+    p.add_argument("what", choices=("vocab", "sizes", "lms"))
     p.add_argument("--out", type=Path, default=Path("runs/large"))
     p.add_argument("--again", action="store_true", help="measure again what OUT/large_models.json already holds")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     models = _built(args.what, args.out)
+    if args.what == "lms":
+        return _run_lms(models, args.out, args.again)
     if args.what == "vocab":
         runs = {name: (models["xlmr-250k"], options.split()) for name, options in VOCAB_RUNS.items()}
     else:
@@ -163,6 +231,20 @@ def main() -> None:
         result = measure(model, options, args.out / "compressed")
         results[name] = {"model": str(model), "options": options, **result}
         print(f"{name:45s} {result['seconds']:7.1f} s  {result['peak_gib']:5.2f} GiB peak", flush=True)
+        results_path.write_text(json.dumps(results, indent=2))
+
+
+def _run_lms(models: dict[str, Path], out: Path, again: bool) -> None:
+    """`compressor run` on each LM shape, into OUT/large_lms.json."""
+    results_path = out / "large_lms.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    for name, model in models.items():
+        if name in results and not again:
+            continue
+        result = measure_run(model, out / "run")
+        results[name] = {"model": str(model), "command": f"compressor run {model}", **result}
+        peak = result.get("stages", {}).get("peak_rss_bytes", 0) / 2**30
+        print(f"{name:35s} exit {result['exit']}  {result['seconds']:7.1f} s  {peak:5.2f} GiB peak", flush=True)
         results_path.write_text(json.dumps(results, indent=2))
 
 

@@ -91,8 +91,8 @@ def goal_said(goal: str) -> str:
 # cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512),
 # measured on SmolLM2-135M (134.5 M parameters, 538 MB in fp32) on 2 cores (BENCHMARKS.md, "LMs at scale"): the time
 # and the peak resident memory grow with the weights (every stage reads each of them a few times)
-LM_RUN_SECONDS_PER_PARAM = 390 / 134.5e6
-LM_RUN_PEAK_PER_FP32_BYTE = 6.8e9 / 538e6
+LM_RUN_SECONDS_PER_PARAM = 397 / 134.5e6
+LM_RUN_PEAK_PER_FP32_BYTE = 4.68e9 / 538e6
 
 
 def lm_run_needs(model_dir: Path) -> tuple[int, int, int]:
