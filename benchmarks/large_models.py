@@ -129,11 +129,14 @@ def measure_run(model: Path, out: Path) -> dict:
     seconds, the estimate it said before the work, each stage's time and peak RSS from its report (or the
     sentence it refused the model with); its folder removed after."""
     argv = [sys.executable, "-m", "converters.cli", "run", str(model), "--out", str(out)]
+    log = out.with_name(f"{model.name}.log")  # what it says as it goes, to follow it
     start = time.perf_counter()
-    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with open(log, "w") as stderr:
+        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
     seconds = time.perf_counter() - start
-    said = [line for line in done.stderr.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
-    result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said[:1]}
+    err = log.read_text()
+    said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
+    result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said}
     if done.returncode == 0:
         report = json.loads((out / "report.json").read_text())
         result["stages"] = report["run"]["stages"]
@@ -142,7 +145,7 @@ def measure_run(model: Path, out: Path) -> dict:
         }
         result["environment"] = {k: report["environment"][k] for k in ("cpu", "integer_path", "onnxruntime")}
     elif done.returncode != 2:
-        raise SystemExit(f"{' '.join(argv)} failed:\n{done.stderr[-2000:]}")
+        raise SystemExit(f"{' '.join(argv)} failed:\n{err[-2000:]}")
     shutil.rmtree(out, ignore_errors=True)
     return result
 

@@ -26,7 +26,7 @@ from converters.submodules import set_submodule
 from eval.benchmark import PARITY_KEY
 from eval.probe import PAST, PRESENT, full_feed, is_cached, positions
 from files.atomic import atomic_file, tensor_bytes
-from files.onnx_props import add_props
+from files.onnx_files import add_props, save_onnx
 
 __all__ = [
     "LookupGraph",
@@ -40,11 +40,9 @@ __all__ = [
     "sample_inputs",
     "PARITY_SHAPES",
     "PARITY_ATOL",
-    "TWO_GB",
 ]
 
 PARITY_ATOL = 1e-4
-TWO_GB = 2**31
 
 
 class LookupGraph(nn.Module):
@@ -156,14 +154,11 @@ def _export_checked(
         if traced:
             _trace(graph, inputs, tmp, opset, names, outputs, axes)
         else:
-            large = built.ByteSize() > TWO_GB  # protobuf's limit: the weights beside it, as the exporter does
-            onnx.save_model(built, str(tmp), save_as_external_data=large, location=f"{path.name}.data")
+            save_onnx(built, tmp)
             built = None  # its weights are on disk, and the parity check's session holds them next
         parity = check_parity(graph, tmp, vocab, output, atol)
         if traced:  # the exporter's file, its weights gathered beside it when they pass protobuf's limit
-            proto = onnx.load(str(tmp))
-            large = proto.ByteSize() > TWO_GB
-            onnx.save_model(proto, str(tmp), save_as_external_data=large, location=f"{path.name}.data")
+            save_onnx(onnx.load(str(tmp)), tmp)
         add_props(tmp, {PARITY_KEY: repr(parity)})
     return ExportResult(path, parity)
 

@@ -100,8 +100,11 @@ def session_options(threads: int = 1, arena: bool = True, optimized_path: Path |
     options.inter_op_num_threads = 1
     options.enable_cpu_mem_arena = arena
     options.log_severity_level = 3
-    if optimized_path is not None:
+    if optimized_path is not None:  # its weights beside it: a graph past protobuf's 2 GB is written only so
         options.optimized_model_filepath = str(optimized_path)
+        options.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", f"{Path(optimized_path).name}.data"
+        )
     return options
 
 

@@ -146,3 +146,23 @@ def test_the_committed_page_is_what_the_committed_results_make():
             "no report.json committed under benchmarks/results/ yet: the page has nothing to be checked against"
         )
     assert benchmarks_page.main(["--check"]) == 0, "run `make benchmarks-page` and commit BENCHMARKS.md and README.md"
+
+
+def test_an_lm_report_gives_its_time_per_token_and_the_stages_of_its_run():
+    rows = [row("original", 540, 980, 0, 0, 1.0, 1.0), row("original-int4", 78, 489, 0, 0, 0.6, 0.5)]
+    for one, steps in zip(rows, ((10.0, 11.0), (4.0, 5.5))):
+        del one["latency_ms"]
+        one["decode_ms"] = {f"ctx{c}": {"per_token_p50_ms": ms} for c, ms in zip((512, 128), reversed(steps))}
+    lm = report("avx512_vnni", "AMD EPYC", rows)
+    lm["run"]["stages"] = {
+        "stages": [
+            {"stage": "original: export", "seconds": 4.9, "peak_rss_bytes": 3 * 2**30},
+            {"stage": "bench", "seconds": 211.4, "peak_rss_bytes": 4 * 2**30},
+        ],
+        "seconds": 216.3,
+        "peak_rss_bytes": 4 * 2**30,
+    }
+    page = "\n".join(benchmarks_page.heading("lm.json", lm) + benchmarks_page.table(lm))
+    assert "| variant | file | peak RSS | ms/token 128 ctx | ms/token 512 ctx | recall@10 eval / 2nd |" in page
+    assert "| `original-int4` | 78.00 MB (0.144×) | 489 MiB (0.50×) | 4.00 ms (0.40×) | 5.50 ms (0.50×) |" in page
+    assert "original: export 5 s, 3.00 GiB; bench 211 s, 4.00 GiB; the run 216 s, peak 4.00 GiB" in page

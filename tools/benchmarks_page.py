@@ -133,19 +133,39 @@ def _setting_label(setting) -> str:
     return f"({batch},{seq}) t{threads}"
 
 
+def _per_token(row: dict, base: dict, context: str) -> str:
+    step = ((row.get("decode_ms") or {}).get(context) or {}).get("per_token_p50_ms")
+    base_step = ((base.get("decode_ms") or {}).get(context) or {}).get("per_token_p50_ms")
+    return "–" if step is None else f"{step:.2f} ms" + _ratio(step, base_step, 2)
+
+
 def table(report: dict) -> list[str]:
-    """The fixed-column table of one report: a row per variant, each figure with its ratio to the original's."""
+    """The fixed-column table of one report: a row per variant, each figure with its ratio to the original's; an
+    LM's report (its rows timed per generated token) its decode time at each context instead of the p50s."""
     base, metric = _original(report), quality_metric(report)
-    head = ["variant", "file", "peak RSS", *(f"p50 {_setting_label(s)}" for s in SETTINGS)]
-    head.append(f"{QUALITY_NAMES.get(metric, metric)} eval / 2nd")
+    contexts = sorted({c for v in report["variants"] for c in (v.get("decode_ms") or {})}, key=lambda c: int(c[3:]))
+    times = [f"ms/token {c[3:]} ctx" for c in contexts] or [f"p50 {_setting_label(s)}" for s in SETTINGS]
+    head = ["variant", "file", "peak RSS", *times, f"{QUALITY_NAMES.get(metric, metric)} eval / 2nd"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in report["variants"]:
         fronts = _fronts(row)
         marks = [*fronts, *(["off its gate"] if row.get("gate_failed") else [])]
         name = f"`{row.get('name', '?')}`" + (f" ({', '.join(marks)})" if marks else "")
-        cells = [name, _file(row, base), _rss(row, base), *(_p50(row, base, s) for s in SETTINGS)]
-        lines.append("| " + " | ".join([*cells, _quality(row, metric)]) + " |")
+        timed = [_per_token(row, base, c) for c in contexts] or [_p50(row, base, s) for s in SETTINGS]
+        lines.append("| " + " | ".join([name, _file(row, base), _rss(row, base), *timed, _quality(row, metric)]) + " |")
     return lines
+
+
+def _stages(run: dict) -> list[str]:
+    """The run's stages (converters/pipeline/stages.py), each with its time and peak RSS, when it recorded them."""
+    stages = run.get("stages")
+    if not isinstance(stages, dict) or not stages.get("stages"):
+        return []
+    each = "; ".join(
+        f"{s['stage']} {s['seconds']:.0f} s, {s['peak_rss_bytes'] / 2**30:.2f} GiB" for s in stages["stages"]
+    )
+    whole = f"{stages['seconds']:.0f} s, peak {stages['peak_rss_bytes'] / 2**30:.2f} GiB"
+    return [f"- stages (time, peak RSS): {each}; the run {whole}"]
 
 
 def heading(file: str, report: dict) -> list[str]:
@@ -162,6 +182,7 @@ def heading(file: str, report: dict) -> list[str]:
         f"- command: `{_said(run.get('command'))}`",
         f"- commit: `{_said(run.get('commit'))}`; date: {_said(run.get('date'))}",
         f"- quality on: {_said(report.get('eval_text'))}; 2nd: {_said(report.get('second_text'))}",
+        *_stages(run),
     ]
     if env.get("emulated"):
         lines.append(

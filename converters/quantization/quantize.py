@@ -23,7 +23,7 @@ from eval.kinds import graph_kind
 from eval.probe import full_feed, row_chunks
 from files.atomic import atomic_file
 from files.model_folder import TARGET_KEY, graph_file
-from files.onnx_props import add_props
+from files.onnx_files import add_props
 
 __all__ = ["TARGET_KEY", "quantize_onnx", "quantize_for_targets", "is_quantized"]
 

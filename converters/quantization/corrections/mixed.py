@@ -45,6 +45,7 @@ from converters.quantization.rounding.int4 import (
     table_gathers,
 )
 from converters.quantization.storage.half_scales import SCALE_BYTES
+from files.onnx_files import save_onnx
 
 __all__ = ["WIDTHS", "bytes_per_weight", "quantization_error", "widened", "module_nodes", "quantize_mixed"]
 
@@ -138,7 +139,7 @@ def quantize_mixed(
     if by_width["int8"]:
         with tempfile.TemporaryDirectory() as work:
             plain, out = Path(work) / "plain.onnx", Path(work) / "int8.onnx"
-            onnx.save_model(model, str(plain))
+            save_onnx(model, plain)
             with quiet_quantizer():
                 quantize_dynamic(
                     plain,

@@ -43,6 +43,7 @@ from converters.quantization.rounding.three_bit_linear import three_bit_matmuls
 from converters.quantization.rounding.three_bit_table import three_bit_gather
 from converters.quantization.storage.codebook_table import CODEBOOK_BITS, codebook_gather, piece_of
 from eval.graph import make_session
+from files.onnx_files import save_onnx
 
 __all__ = [
     "INT4_BLOCK",
@@ -355,14 +356,14 @@ def layer_losses(
     name_nodes(model.graph)
     with tempfile.TemporaryDirectory() as work:
         path = Path(work) / "layer.onnx"
-        onnx.save_model(model, str(path))
+        save_onnx(model, path)
         reference = kind.represent(make_session(path, threads=2), feeds)
         losses = {}
         for name in tqdm(matmul_weights(model.graph), desc=f"each layer's {bits}-bit loss", leave=False):
             alone = quantize_matmuls(
                 copy.deepcopy(model), block, accuracy_level, True, {name}, keep_grid=keep_grid, bits=bits
             )
-            onnx.save_model(alone, str(path))
+            save_onnx(alone, path)
             losses[name] = kind.loss(reference, kind.represent(make_session(path, threads=2), feeds, reference))
     return losses
 

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from eval.graph import make_session
 from eval.probe import full_feed, row_chunks
+from files.onnx_files import save_onnx
 
 __all__ = [
     "SMOOTH_ALPHA",
@@ -65,7 +66,7 @@ def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict
     try:  # the probes saved with `model` itself, not a copy of it: an LM's weights are most of the memory
         with tempfile.TemporaryDirectory() as work:
             path = Path(work) / "probe.onnx"
-            onnx.save_model(model, str(path))
+            save_onnx(model, path)
             session = make_session(path, threads=2)
     finally:
         del model.graph.output[outputs:]

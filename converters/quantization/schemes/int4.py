@@ -21,6 +21,7 @@ from converters.quantization.rounding.int4 import (
 from converters.quantization.storage.byte_scales import SCALE_BITS, byte_scales
 from converters.quantization.storage.half_scales import half_scales
 from converters.quantization.storage.tied_codes import share_tied_codes, tied_smoothing
+from files.onnx_files import save_onnx
 
 __all__ = ["TABLE_BLOCK", "FourBitConfig", "Int4Config"]
 
@@ -108,5 +109,5 @@ class Int4Config(FourBitConfig):
     def write(self, source: Source, out: Path) -> Written:
         tied = tied_smoothing(source.fp32.graph)
         quantized = quantize_4bit(source.fp32, self.block_size, self.accuracy_level, table_block=self.tables_block)
-        onnx.save_model(self.stored(share_tied_codes(quantized, tied)), str(out))
+        save_onnx(self.stored(share_tied_codes(quantized, tied)), out)
         return Written()

@@ -22,6 +22,7 @@ from converters.quantization.schemes.int4 import Int4Config
 from converters.quantization.storage.codebook_table import CODEBOOK_BITS
 from converters.quantization.storage.tied_codes import share_tied_codes, tied_smoothing
 from eval.kinds import GraphKind
+from files.onnx_files import save_onnx
 
 __all__ = ["TABLE_BITS", "Int4AwareConfig"]
 
@@ -105,7 +106,7 @@ class Int4AwareConfig(Int4Config):
         quantized = quantize_4bit(
             model, block, level, True, tied_head + eight_bit, head, table_block, table_bits=self.table_bits
         )
-        onnx.save_model(self.stored(share_tied_codes(quantized, tied)), str(out))
+        save_onnx(self.stored(share_tied_codes(quantized, tied)), out)
         return Written(eight_bit=eight_bit, outliers=outlying)
 
     def report(self, result: QuantizeResult) -> dict:

@@ -39,6 +39,7 @@ from converters.quantization.schemes.int4 import TABLE_BLOCK
 from converters.quantization.schemes.int4_aware import Int4AwareConfig
 from converters.quantization.storage.tied_codes import TRANSPOSED, share_tied_codes, tied_smoothing
 from eval.kinds import GraphKind
+from files.onnx_files import save_onnx
 
 __all__ = ["CORRECTED_TABLE_BLOCK", "Int4CorrectedConfig"]
 
@@ -115,7 +116,7 @@ class Int4CorrectedConfig(Int4AwareConfig):
         corrected, corrections, eight_bit = self.corrected(source, model, head, tied_head, int8)
         corrected = self.stored(share_tied_codes(corrected, tied))
         corrected = three_bit_storage(corrected) if self.linear_bits == 3 else corrected
-        onnx.save_model(self.products(corrected, int8), str(out))
+        save_onnx(self.products(corrected, int8), out)
         return Written(eight_bit, corrections, tuple(sorted(int8)), self.linear_bits, outlying)
 
     def corrected(

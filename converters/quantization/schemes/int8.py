@@ -12,6 +12,7 @@ from converters.options import Option, option_field
 from converters.quantization.registry import QuantizeResult, SchemeConfig, Source, Written, register
 from converters.quantization.rounding.int4 import quiet_quantizer
 from converters.quantization.rounding.target_cpu import NATIVE, TARGETS, measured_target, reduces_range, targets_of
+from files.onnx_files import save_onnx
 
 __all__ = ["TARGET_CPU", "Int8Config"]
 
@@ -63,7 +64,7 @@ class Int8Config(SchemeConfig):
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         plain = source.work / "plain.onnx"  # without the fp32 parity of the metadata
-        onnx.save_model(model, str(plain))
+        save_onnx(model, plain)
         with quiet_quantizer():
             reduce = reduces_range(self.target())
             per_channel = source.kind.int8_per_channel

@@ -29,6 +29,7 @@ from converters.quantization.rounding.int4 import eight_bit_layers, weight_names
 from converters.quantization.rounding.smoothing import OUTLIER_RATIO
 from converters.quantization.schemes.int8_aware_table import Int8AwareTableConfig
 from converters.quantization.storage.int4_cast import store_int4
+from files.onnx_files import save_onnx
 
 __all__ = ["Int8W4Config"]
 
@@ -94,7 +95,7 @@ class Int8W4Config(Int8AwareTableConfig):
             if node not in kept:
                 store_int4(quantized, f"{name}_quantized", codes)
                 scales_of[f"{name}_scale"].CopyFrom(numpy_helper.from_array(scales, f"{name}_scale"))
-        onnx.save_model(quantized, str(out))
+        save_onnx(quantized, out)
         return Written(eight_bit=tuple(kept), outliers=outlying)
 
     def report(self, result: QuantizeResult) -> dict:

@@ -5,11 +5,10 @@ as dynamic int8, fp32 left; the widths are the compressed model's plan's."""
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
-
 from converters.quantization.corrections.mixed import quantize_mixed
 from converters.quantization.registry import Source, Written, register
 from converters.quantization.schemes.int4 import FourBitConfig
+from files.onnx_files import save_onnx
 
 __all__ = ["MixedConfig"]
 
@@ -25,5 +24,5 @@ class MixedConfig(FourBitConfig):
 
     def write(self, source: Source, out: Path) -> Written:
         quantized = quantize_mixed(source.fp32, dict(source.widths), self.block_size, self.accuracy_level)
-        onnx.save_model(self.stored(quantized), str(out))
+        save_onnx(self.stored(quantized), out)
         return Written()

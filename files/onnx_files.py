@@ -1,16 +1,19 @@
-"""An ONNX file's metadata (ModelProto.metadata_props) read and added without parsing its graph, whose weights
-are most of the file: the file is walked field by field (protobuf's wire format: a varint tag, then a varint, 8 or
-4 bytes or a length and that many bytes), the graph's bytes skipped; props are added by appending a message that
-holds only them, which protobuf merges into the file's (a repeated field's entries are appended). A 0.5 GB LM's
-graph parsed and written again for one key held 2 copies of its weights at once."""
+"""ONNX files: a graph saved with its weights beside it where one file cannot hold it (`save_onnx`: protobuf's
+2 GB limit, which a 0.5B LM's graph passes), and its metadata (ModelProto.metadata_props) read and added without
+parsing its graph, whose weights are most of the file: the file is walked field by field (protobuf's wire format:
+a varint tag, then a varint, 8 or 4 bytes or a length and that many bytes), the graph's bytes skipped; props are
+added by appending a message that holds only them, which protobuf merges into the file's (a repeated field's
+entries are appended). A 0.5 GB LM's graph parsed and written again for one key held 2 copies of its weights."""
 
 from pathlib import Path
 
 import onnx
+from onnx.external_data_helper import load_external_data_for_model
 
-__all__ = ["read_props", "add_props"]
+__all__ = ["read_props", "add_props", "save_onnx", "TWO_GB"]
 
 PROPS_FIELD = 14  # ModelProto.metadata_props
+TWO_GB = 2**31  # protobuf's most bytes of one message
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 
 
@@ -62,3 +65,14 @@ def add_props(path: str | Path, props: dict[str, str]) -> None:
     extra.metadata_props.extend(onnx.StringStringEntryProto(key=k, value=str(v)) for k, v in props.items())
     with open(path, "ab") as f:
         f.write(extra.SerializeToString())
+
+
+def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:
+    """`model` saved at `path`; where the graph passes protobuf's limit, its weights in one file beside it (PATH.data,
+    as the exporter does, which every reader of ONNX follows) and read back into `model`, which the caller may use."""
+    path = Path(path)
+    if model.ByteSize() <= TWO_GB:
+        onnx.save_model(model, str(path))
+        return
+    onnx.save_model(model, str(path), save_as_external_data=True, location=f"{path.name}.data")
+    load_external_data_for_model(model, str(path.parent))  # saving moved the weights out of `model`

@@ -4,7 +4,7 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from files.onnx_props import add_props, read_props
+from files.onnx_files import add_props, read_props
 
 
 def _graph_file(path, props=None):
@@ -44,3 +44,17 @@ def test_a_key_held_already_is_refused_and_the_file_left_as_it_was(tmp_path):
     with pytest.raises(ValueError, match="holds the metadata key 'a' already"):
         add_props(path, {"b": "2", "a": "3"})
     assert path.read_bytes() == before
+
+
+def test_a_graph_past_the_limit_is_saved_with_its_weights_beside_it_and_kept_whole(tmp_path, monkeypatch):
+    from files import onnx_files
+
+    model = onnx.load(str(_graph_file(tmp_path / "small.onnx")))
+    monkeypatch.setattr(onnx_files, "TWO_GB", 1000)  # this graph's 16 kB pass it
+    onnx_files.save_onnx(model, tmp_path / "big.onnx")
+    assert (tmp_path / "big.onnx.data").stat().st_size >= 64 * 64 * 4
+    assert (tmp_path / "big.onnx").stat().st_size < 64 * 64 * 4  # the weights are not in the graph's file
+    assert numpy_helper.to_array(model.graph.initializer[0]).shape == (64, 64)  # and still in the caller's model
+    x = np.ones((1, 64), np.float32)
+    session = onnxruntime.InferenceSession(str(tmp_path / "big.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ numpy_helper.to_array(model.graph.initializer[0]))
