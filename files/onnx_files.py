@@ -5,6 +5,7 @@ a varint tag, then a varint, 8 or 4 bytes or a length and that many bytes), the 
 added by appending a message that holds only them, which protobuf merges into the file's (a repeated field's
 entries are appended). A 0.5 GB LM's graph parsed and written again for one key held 2 copies of its weights."""
 
+import math
 from pathlib import Path
 
 import onnx
@@ -14,6 +15,7 @@ __all__ = ["read_props", "add_props", "save_onnx", "TWO_GB"]
 
 PROPS_FIELD = 14  # ModelProto.metadata_props
 TWO_GB = 2**31  # protobuf's most bytes of one message
+GRAPH_ROOM = 2**26  # what a graph holds beside its weights (nodes, names, metadata), at most
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 
 
@@ -67,11 +69,18 @@ def add_props(path: str | Path, props: dict[str, str]) -> None:
         f.write(extra.SerializeToString())
 
 
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    """The bytes of the graph's initializers, from their shapes (protobuf cannot size a message past its limit)."""
+    return sum(
+        math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in model.graph.initializer
+    )
+
+
 def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:
     """`model` saved at `path`; where the graph passes protobuf's limit, its weights in one file beside it (PATH.data,
     as the exporter does, which every reader of ONNX follows) and read back into `model`, which the caller may use."""
     path = Path(path)
-    if model.ByteSize() <= TWO_GB:
+    if _weight_bytes(model) + GRAPH_ROOM <= TWO_GB:
         onnx.save_model(model, str(path))
         return
     onnx.save_model(model, str(path), save_as_external_data=True, location=f"{path.name}.data")
