@@ -7,6 +7,7 @@ import copy
 
 import numpy as np
 import onnx
+import torch
 
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
@@ -53,3 +54,14 @@ def test_large_graphs_are_estimated_and_small_ones_measured(tiny_bert_dir, tmp_p
     assert estimated == sensitivity.gram_losses(graph, input_grams(graph, feeds), 16, 4)
     rounded = quantize_matmuls(copy.deepcopy(graph), 16, 4, True)  # the caller's own rounding, read as it is
     assert sensitivity.four_bit_losses(graph, feeds, ENCODER, 16, 4, quantized=rounded) == estimated
+
+
+def test_grams_summed_in_float32_alone_are_the_precise_ones_within_float32s_rounding():
+    model = _matmul()
+    feeds = [{"x": (RNG.standard_normal((32, 64)) * np.geomspace(5, 0.2, 64)).astype(np.float32)} for _ in range(3)]
+    ((out, precise),) = input_grams(model, feeds).items()
+    ((_, light),) = input_grams(model, feeds, precise=False).items()
+    assert precise.dtype == torch.float64 and light.dtype == torch.float32
+    x = np.concatenate([f["x"] for f in feeds]).astype(np.float64)
+    np.testing.assert_allclose(precise.numpy(), x.T @ x, rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(light.numpy(), x.T @ x, rtol=1e-4, atol=1e-2)

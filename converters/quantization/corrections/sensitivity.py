@@ -72,5 +72,5 @@ def four_bit_losses(
     layers = len(matmul_weights(model.graph))
     if layers <= MEASURED_LAYERS:
         return layer_losses(model, feeds[:SENSITIVITY_BATCHES], kind, block, accuracy_level, keep_grid, bits)
-    grams = grams if grams is not None else input_grams(model, feeds)
+    grams = grams if grams is not None else input_grams(model, feeds, precise=False)  # a ranking: float32
     return gram_losses(model, grams, block, accuracy_level, quantized, keep_grid, bits)
