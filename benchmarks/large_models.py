@@ -136,14 +136,18 @@ def measure_run(model: Path, out: Path) -> dict:
     seconds = time.perf_counter() - start
     err = log.read_text()
     said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
+    from eval.environment import integer_path
+    from eval.environment import machine as this_machine
+
+    here = this_machine()
     result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said}
+    result["environment"] = {"cpu": here["cpu"], "integer_path": integer_path(), "onnxruntime": here["onnxruntime"]}
     if done.returncode == 0:
         report = json.loads((out / "report.json").read_text())
         result["stages"] = report["run"]["stages"]
         result["rows"] = {
             v["name"]: {"file_bytes": v["file_bytes"], "decode_ms": v.get("decode_ms")} for v in report["variants"]
         }
-        result["environment"] = {k: report["environment"][k] for k in ("cpu", "integer_path", "onnxruntime")}
     elif done.returncode != 2:
         raise SystemExit(f"{' '.join(argv)} failed:\n{err[-2000:]}")
     shutil.rmtree(out, ignore_errors=True)

@@ -166,3 +166,29 @@ def test_an_lm_report_gives_its_time_per_token_and_the_stages_of_its_run():
     assert "| variant | file | peak RSS | ms/token 128 ctx | ms/token 512 ctx | recall@10 eval / 2nd |" in page
     assert "| `original-int4` | 78.00 MB (0.144×) | 489 MiB (0.50×) | 4.00 ms (0.40×) | 5.50 ms (0.50×) |" in page
     assert "original: export 5 s, 3.00 GiB; bench 211 s, 4.00 GiB; the run 216 s, peak 4.00 GiB" in page
+
+
+def test_the_lm_runs_at_scale_are_a_table_of_their_own(tmp_path):
+    assert benchmarks_page.scale_section(tmp_path / "scale") == ""  # none measured: no section
+    (tmp_path / "scale").mkdir()
+    run = {
+        "command": "python benchmarks/large_models.py lms --out runs/large",
+        "commit": "abc1234",
+        "date": "2026-11-29",
+        "environment": {"cpu": "AMD EPYC", "integer_path": "avx512_vnni", "onnxruntime": "1.32.0"},
+    }
+    ran = {
+        **run,
+        "exit": 0,
+        "seconds": 1762.2,
+        "said": ["compressor: … about 24 minutes on 2 cores and a peak of 16.0 GiB …"],
+    }
+    ran["stages"] = {"stages": [{"stage": "bench", "seconds": 672.1, "peak_rss_bytes": 2**30}], "peak_rss_bytes": 2**30}
+    refused = {**run, "exit": 2, "seconds": 3.4, "said": ["compressor: error: … need about 40.0 GiB at their peak …"]}
+    (tmp_path / "scale" / "lms.json").write_text(json.dumps({"small": ran, "large": refused}))
+    section = benchmarks_page.scale_section(tmp_path / "scale")
+    assert (
+        "| small | AMD EPYC, `avx512_vnni`, 1.32.0 | 24 minutes / 16.0 GiB | 29.4 min | 1.00 GiB | bench 672, 1.00 |"
+        in section
+    )
+    assert "| large | AMD EPYC, `avx512_vnni`, 1.32.0 | 40.0 GiB | refused (exit 2) | – | – |" in section

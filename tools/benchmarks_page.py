@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["main", "make_page", "readme_block", "rewrite_readme", "load_reports"]
+__all__ = ["main", "make_page", "readme_block", "rewrite_readme", "load_reports", "scale_section"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -289,8 +289,42 @@ before this page was generated (4,022 lines by issue and day, each figure with i
 """
 
 
-def make_page(reports: list[tuple[str, dict]]) -> str:
-    """BENCHMARKS.md's text from (file name, report) pairs."""
+def scale_section(folder: Path) -> str:
+    """The LM runs at scale (`python benchmarks/large_models.py lms`: benchmarks/results/scale/*.json, model name →
+    {"command", "commit", "date", "exit", "seconds", "said", "stages", "environment"}), one line each; "" without."""
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not files:
+        return ""
+    lines = [
+        "## LMs at scale",
+        "",
+        "`compressor run MODEL` on an LM (its original's rows), in a process of its own:",
+        "",
+    ]
+    lines += ["| model | CPU, integer path, ONNX Runtime | said before | took | peak RSS | stages (s, GiB) |"]
+    lines += ["|---|---|---|---|---|---|"]
+    for file in files:
+        for name, run in json.loads(file.read_text(encoding="utf-8")).items():
+            env = run.get("environment") or {}
+            machine = f"{_said(env.get('cpu'))}, `{_said(env.get('integer_path'))}`, {_said(env.get('onnxruntime'))}"
+            said = next(iter(run.get("said") or []), "")
+            estimate = re.search(r"about ([\d.]+ minutes).*?peak of ([\d.]+ GiB)|need about ([\d.]+ GiB)", said)
+            before = " / ".join(g for g in (estimate.groups() if estimate else ()) if g) or "–"
+            stages = run.get("stages") or {}
+            peak = f"{stages['peak_rss_bytes'] / 2**30:.2f} GiB" if stages else "–"
+            took = f"{run['seconds'] / 60:.1f} min" if run.get("exit") == 0 else f"refused (exit {run.get('exit')})"
+            each = "; ".join(
+                f"{s['stage']} {s['seconds']:.0f}, {s['peak_rss_bytes'] / 2**30:.2f}" for s in stages.get("stages", [])
+            )
+            lines.append(f"| {name} | {machine} | {before} | {took} | {peak} | {each or '–'} |")
+        first = next(iter(json.loads(file.read_text(encoding="utf-8")).values()), {})
+        lines += ["", f"(`benchmarks/results/scale/{file.name}`: `{_said(first.get('command'))}`, commit "]
+        lines[-1] += f"`{_said(first.get('commit'))}`, {_said(first.get('date'))})"
+    return "\n".join(lines) + "\n"
+
+
+def make_page(reports: list[tuple[str, dict]], scale: str = "") -> str:
+    """BENCHMARKS.md's text from (file name, report) pairs, and `scale` (scale_section's) before how they are taken."""
     parts = [INTRO]
     if not reports:
         parts.append(
@@ -311,6 +345,8 @@ def make_page(reports: list[tuple[str, dict]]) -> str:
             for file, report in group:
                 lines += [*heading(file, report), "", *table(report), ""]
             parts.append("\n".join(lines).rstrip("\n") + "\n")
+    if scale:
+        parts.append(scale)
     parts.append(HOW)
     return "\n".join(parts)
 
@@ -373,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     reports = load_reports(args.results)
-    page = make_page(reports)
+    page = make_page(reports, scale_section(args.results / "scale"))
     lines = page.count("\n")
     if lines > MAX_LINES:
         print(
