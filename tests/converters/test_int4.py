@@ -4,6 +4,7 @@ its 8-bit layers within their share; and the refusals."""
 
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 
 from compressor.errors import CompressorError
@@ -133,3 +134,65 @@ def test_a_3_bit_table_is_said_where_no_word_table_takes_it(tiny_bert_dir, tmp_p
     )
     assert result.table_bits == written  # a low-rank table's codes (8 wide) are no whole block of 16
     assert (result.table_note(3) is None) == (written == 3) and result.table_note(written) is None
+
+
+def _two_matmuls(rng):
+    """y = (x W1) W2 with a third MatMul reading W1 again: a weight two nodes share stays for the one not rounded."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w1, w2 = (rng.standard_normal(shape).astype(np.float32) for shape in ((64, 64), (64, 48)))
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="first"),
+        helper.make_node("MatMul", ["h", "W2"], ["y"], name="second"),
+        helper.make_node("MatMul", ["x", "W1"], ["z"], name="again"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 64])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y", "z")]
+    inits = [numpy_helper.from_array(w1, "W1"), numpy_helper.from_array(w2, "W2")]
+    return helper.make_model(
+        helper.make_graph(nodes, "g", [x], outs, inits), opset_imports=[helper.make_opsetid("", 17)]
+    )
+
+
+@pytest.mark.parametrize("aware", [False, True])
+def test_layers_rounded_one_at_a_time_are_those_the_quantizer_makes_of_the_whole_graph(aware):
+    import contextlib
+    import io
+
+    from onnx import numpy_helper
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        KQuantWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    from converters.quantization.rounding.int4 import quantize_matmuls
+
+    model = _two_matmuls(np.random.default_rng(0))
+    plain = DefaultWeightOnlyQuantConfig(block_size=16, is_symmetric=True, accuracy_level=4, bits=4)
+    config = KQuantWeightOnlyQuantConfig() if aware else plain
+    whole = MatMulNBitsQuantizer(
+        onnx.ModelProto.FromString(model.SerializeToString()),
+        block_size=16,
+        is_symmetric=not aware,
+        accuracy_level=4,
+        nodes_to_exclude=["again"],
+        algo_config=config,
+    )
+    with contextlib.redirect_stdout(io.StringIO()):
+        whole.process()
+    alone = quantize_matmuls(model, 16, 4, aware, only=("first", "second"))
+    arrays = [{i.name: numpy_helper.to_array(i) for i in m.graph.initializer} for m in (whole.model.model, alone)]
+    assert arrays[0].keys() == arrays[1].keys() and "W1" in arrays[1] and "W2" not in arrays[1]
+    assert all(np.array_equal(arrays[0][k], arrays[1][k]) for k in arrays[0])
+    ops = [
+        sorted((n.op_type, tuple(n.input), tuple(n.output)) for n in m.graph.node) for m in (whole.model.model, alone)
+    ]
+    assert ops[0] == ops[1] and [n.name for n in alone.graph.node][2] == "again"  # in the graph's own order
+    feed = {"x": np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32)}
+    outputs = []
+    for m in (whole.model.model, alone):
+        session = onnxruntime.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        outputs.append(session.run(None, feed))
+    for a, b in zip(*outputs):
+        np.testing.assert_array_equal(a, b)
