@@ -136,10 +136,9 @@ def measure_run(model: Path, out: Path) -> dict:
     seconds = time.perf_counter() - start
     err = log.read_text()
     said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
-    from eval.environment import integer_path
-    from eval.environment import machine as this_machine
+    from eval.environment import integer_path, machine
 
-    here = this_machine()
+    here = machine()
     result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said}
     result["environment"] = {"cpu": here["cpu"], "integer_path": integer_path(), "onnxruntime": here["onnxruntime"]}
     if done.returncode == 0:

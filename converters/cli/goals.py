@@ -89,10 +89,11 @@ def goal_said(goal: str) -> str:
 
 # The original's rows of a causal LM (its kind's baselines: int8, int4 and int4-aware, each graph with its key-value
 # cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512)
-# on 2 cores (BENCHMARKS.md, "LMs at scale"): SmolLM2-135M 391 s, peak 4.68 GB (8.7× its fp32 weights); a random
-# Qwen2.5-0.5B shape (494.0 M parameters) 1,762 s, peak 22.67 GB (11.5×). Time and memory grow with the weights
-# (every stage reads each of them a few times), the memory a little faster (the input Grams grow with the square of
-# a layer's width): the larger model's rates, which say SmolLM2's 8 minutes (+21 %) and a peak of at most 6.2 GB
+# on 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"): SmolLM2-135M 391 s, peak 4.68 GB
+# (8.7× its fp32 weights); a random Qwen2.5-0.5B shape (494.0 M parameters) 1,762 s, peak 22.67 GB (11.5×). Time and
+# memory grow with the weights (every stage reads each of them a few times), the memory a little faster (the input
+# Grams grow with the square of a layer's width): the larger model's rates, which say SmolLM2's 8 minutes (+21 %)
+# and a peak of at most 6.2 GB
 LM_RUN_SECONDS_PER_PARAM = 1762 / 494.0e6
 LM_RUN_PEAK_PER_FP32_BYTE = 22.67e9 / (494.0e6 * 4)
 

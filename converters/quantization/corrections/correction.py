@@ -95,7 +95,7 @@ def input_grams(model: onnx.ModelProto, feeds: list[dict], precise: bool = True)
     weighted = weight_names(model.graph)
     matmuls = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in weighted}
     feeds = feeds[:GRAM_BATCHES]
-    inputs: dict[str, np.ndarray] = {}  # fp64 sums of the fp32 sums of about a batch's tokens (GRAM_FLUSH)
+    inputs: dict[str, np.ndarray] = {}  # precise: fp64 sums of the fp32 sums of about a batch's tokens (GRAM_FLUSH)
     pending: dict[str, np.ndarray] = inputs if not precise else {}
     tokens = 0
     for feed, values in probe_activations(model, sorted(set(matmuls.values())), feeds):
