@@ -13,9 +13,7 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from eval.graph import make_session
-from eval.kinds import CAUSAL_LM, graph_kind
 from eval.probe import PAST, PRESENT, full_feed, is_cached
-from files.model_folder import folder_of, graph_in, lacks_tokenizer
 
 __all__ = [
     "Decoder",
@@ -25,7 +23,6 @@ __all__ = [
     "measure_decode",
     "DECODE_CONTEXTS",
     "DECODE_TOKENS",
-    "generate",
     "context_length",
 ]
 
@@ -58,23 +55,39 @@ class Decoder:
 
     def start(self, prompt: np.ndarray) -> np.ndarray:
         self.ids = np.asarray(prompt, dtype=np.int64).reshape(1, -1)
+        self._past = {}
         if self.shared:
             self.buffers, self.values = {}, {}
-            return self._bound(self.ids)
-        return self._run(full_feed(self.session, {"input_ids": self.ids, "attention_mask": np.ones_like(self.ids)}))
+            return self._bound(self.ids)[-1]
+        feed = full_feed(self.session, {"input_ids": self.ids, "attention_mask": np.ones_like(self.ids)})
+        return self._run(feed)[-1]
 
     def step(self, token: int) -> np.ndarray:
-        self.ids = np.concatenate([self.ids, [[token]]], axis=1)
+        return self.extend([token])[-1]
+
+    def extend(self, tokens) -> np.ndarray:
+        """The logits (n, V) after each of the n ≥ 1 `tokens`, read in one pass over the weights (the
+        cache holding what came before): row j scores the token after tokens[j]."""
+        new = np.asarray(tokens, dtype=np.int64).reshape(1, -1)
+        self.ids = np.concatenate([self.ids, new], axis=1)
         mask = np.ones_like(self.ids)
         if self.shared:
-            return self._bound(self.ids[:, -1:])
+            return self._bound(new)
         if not self.cached:
-            return self._run(full_feed(self.session, {"input_ids": self.ids, "attention_mask": mask}))
-        position = np.array([[self.ids.shape[1] - 1]], dtype=np.int64)
-        return self._run({"input_ids": self.ids[:, -1:], "attention_mask": mask, "position_ids": position, **self.past})
+            return self._run(full_feed(self.session, {"input_ids": self.ids, "attention_mask": mask}))[-new.shape[1] :]
+        total = self.ids.shape[1]
+        position = np.arange(total - new.shape[1], total, dtype=np.int64)[None]
+        return self._run({"input_ids": new, "attention_mask": mask, "position_ids": position, **self.past})
+
+    def rollback(self, length: int) -> None:
+        """Forget every token after the first `length`: the next pass reads from there (a shared cache's
+        later entries are written over, a fed one is cut)."""
+        self.ids = self.ids[:, :length]
+        self._past = {name: value[:, :, :length] for name, value in self._past.items()}
 
     def _bound(self, new: np.ndarray) -> np.ndarray:
-        """The next logits after the `new` ids, the pasts' buffers (grown by doubling) bound as the presents."""
+        """The logits (n, V) after each of the n `new` ids, the pasts' buffers (grown by doubling) bound as
+        the presents."""
         import onnxruntime as ort
 
         total = self.ids.shape[1]
@@ -96,7 +109,7 @@ class Decoder:
         self.binding.bind_cpu_input("input_ids", new)
         self.binding.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
         self.session.run_with_iobinding(self.binding)
-        return self.binding.get_outputs()[-1].numpy()[0, -1]
+        return self.binding.get_outputs()[-1].numpy()[0]
 
     @property
     def past(self) -> dict[str, np.ndarray]:
@@ -116,7 +129,7 @@ class Decoder:
         out = dict(zip(self.outputs, self.session.run(None, feed)))
         if self.cached:
             self._past = {n.replace(PRESENT, PAST, 1): v for n, v in out.items() if n.startswith(PRESENT)}
-        return out["logits"][0, -1]
+        return out["logits"][0]
 
 
 def _choose(logits: np.ndarray, rng: np.random.Generator | None, temperature: float, top_k: int) -> int:
@@ -225,44 +238,3 @@ def context_length(folder: Path) -> int | None:
     except (OSError, ValueError):
         return None
     return next((config[k] for k in ("max_position_embeddings", "n_positions", "n_ctx") if k in config), None)
-
-
-def generate(
-    path: str | Path,
-    prompt: str,
-    max_new_tokens: int = 32,
-    sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int = 50,
-    seed: int = 0,
-    tokenizer: str | Path | None = None,
-    threads: int = 2,
-) -> str:
-    """The prompt and its continuation by the causal LM graph at `path` (a model folder, or an ONNX file
-    whose folder holds the tokenizer unless `tokenizer` names one), decoded on ONNX Runtime."""
-    if max_new_tokens < 1:
-        raise CompressorError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    if sample and not (temperature > 0 and top_k >= 1):
-        raise CompressorError(f"sampling needs a temperature > 0 and a top-k ≥ 1, got {temperature:g} and {top_k}")
-    graph = graph_in(path)
-    kind = graph_kind(graph)
-    if kind is not CAUSAL_LM:
-        raise CompressorError(f"{str(graph)!r} is a graph of the {kind.name} kind; generate takes a causal LM's")
-    folder = Path(tokenizer) if tokenizer is not None else folder_of(graph)
-    if lacks_tokenizer(folder):
-        raise CompressorError(f"no tokenizer in {str(folder)!r}: give --tokenizer the model's folder")
-    from texts.tokens import load_tokenizer
-
-    tok = load_tokenizer(folder)
-    ids = tok(prompt)["input_ids"]
-    if not ids:
-        raise CompressorError("the prompt has no tokens")
-    limit = context_length(folder_of(graph))
-    if limit is not None and len(ids) + max_new_tokens > limit:
-        raise CompressorError(
-            f"the prompt's {len(ids)} tokens and {max_new_tokens} new ones exceed the model's context of {limit}"
-        )
-    session = make_session(graph, threads=threads)
-    eos = tok.eos_token_id if isinstance(tok.eos_token_id, int) else None
-    new = decode_ids(session, np.array(ids), max_new_tokens, eos, sample, temperature, top_k, seed)
-    return tok.decode(ids + new, skip_special_tokens=True)

@@ -49,11 +49,13 @@ def initializer_stats(model: onnx.ModelProto) -> tuple[int, int]:
     return elements, total
 
 
-def make_session(path: str | Path, threads: int = 1, arena: bool = True, optimized_path: Path | None = None):
+def make_session(
+    path: str | Path, threads: int = 1, arena: bool = True, optimized_path: Path | None = None, spin: bool = True
+):
     """An ONNX Runtime CPU session with the settings of probe.session_options."""
     import onnxruntime as ort
 
-    options = session_options(threads, arena, optimized_path)
+    options = session_options(threads, arena, optimized_path, spin)
     if not Path(path).is_file():
         raise CompressorError(f"ONNX file {str(path)!r} does not exist")
     try:

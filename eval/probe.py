@@ -90,16 +90,20 @@ def row_chunks(session, feed: dict[str, np.ndarray], limit: int = OUTPUT_CHUNK_B
         yield {name: value[start : start + rows] for name, value in feed.items()}
 
 
-def session_options(threads: int = 1, arena: bool = True, optimized_path: Path | None = None):
+def session_options(threads: int = 1, arena: bool = True, optimized_path: Path | None = None, spin: bool = True):
     """ORT_ENABLE_ALL, `threads` intra-op threads, one inter-op thread, the CPU memory arena
     set explicitly (on, ONNX Runtime's default: with it off, glibc keeps freed activations and
-    every model's peak RSS rises)."""
+    every model's peak RSS rises). `spin` False: the threads sleep when a run ends instead of spinning
+    for the next (sessions that take turns, a draft and its verifier, would otherwise spin on each
+    other's cores)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.enable_cpu_mem_arena = arena
     options.log_severity_level = 3
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if optimized_path is not None:  # its weights beside it: a graph past protobuf's 2 GB is written only so
         options.optimized_model_filepath = str(optimized_path)
         options.add_session_config_entry(

@@ -1,11 +1,13 @@
 """compressor generate GRAPH_OR_FOLDER --prompt TEXT: a causal LM's continuation on ONNX Runtime
-(eval.decode), greedy or sampled with a seed, with the tokenizer of the model folder."""
+(eval.generate), greedy or sampled with a seed, with the tokenizer of the model folder; with --draft, greedy
+and speculative (eval.speculative)."""
 
 import time
 from pathlib import Path
 
 from converters.pipeline.say import say
-from eval.decode import generate
+from eval.generate import generate
+from eval.speculative import DRAFT_TOKENS, LOOKUP
 
 HELP = "continue a prompt with a causal LM's ONNX graph (greedy, or sampled with a seed)"
 
@@ -20,6 +22,19 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="the sampling generator's seed (default: 0)")
     p.add_argument("--tokenizer", type=Path, default=None, help="the tokenizer's folder (default: the model folder)")
     p.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (default: 2)")
+    p.add_argument(
+        "--draft",
+        default=None,
+        help=f"speculative greedy decoding, the same text sooner where the draft guesses right: '{LOOKUP}' (the "
+        "tokens that followed the last words' latest earlier occurrence in the prompt and the text so far), or a "
+        "small causal LM's folder or graph of the same tokenizer; the model checks each guess in one pass",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=DRAFT_TOKENS,
+        help=f"tokens the draft proposes before each pass of the model (default: {DRAFT_TOKENS})",
+    )
 
 
 def run(args) -> None:
@@ -34,6 +49,8 @@ def run(args) -> None:
         args.seed,
         args.tokenizer,
         args.threads,
+        args.draft,
+        args.draft_tokens,
     )
     print(text)
     say(f"{time.perf_counter() - start:.1f} s with loading")
