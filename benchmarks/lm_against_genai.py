@@ -3,7 +3,13 @@ generator) and llama.cpp's (a GGUF file): the time per generated token at batch 
 greedy tokens against the fp32 graph's.
 
     python benchmarks/lm_against_genai.py --ours FOLDER [FOLDER …] [--genai FOLDER …]
-        [--gguf FILE --llama-python V/bin/python] [--json OUT]
+        [--gguf FILE --llama-python V/bin/python] [--draft lookup|FOLDER … --draft-tokens K]
+        [--contexts 128 512 2048] [--json OUT]
+
+With --draft, the last of --ours is also decoded speculatively with each draft (eval.speculative), a row of
+its own: its greedy tokens against that graph's own stepwise ones too, the drafts' acceptance, tokens per
+pass of the verifier and weight bytes read per token (the verifier's per pass and the draft's per proposal,
+over the tokens they yield).
 
 The first of --ours is the reference of the greedy comparison (the fp32 graph). onnxruntime-genai is
 not a dependency of the project: install it beside (`pip install --target DIR onnxruntime-genai
@@ -23,12 +29,15 @@ from pathlib import Path
 import numpy as np
 
 from eval.decode import DECODE_CONTEXTS, DECODE_ROUNDS, DECODE_TOKENS, DecodeTimes, decode_ids, decode_times
-from eval.graph import make_session
+from eval.environment import machine, run_record
+from eval.graph import initializer_stats, load_graph, make_session
 from eval.kinds import CAUSAL_LM
+from eval.probe import peak_rss_bytes
+from eval.speculative import DRAFT_TOKENS, LOOKUP, SpeculativeStats, open_draft, speculative_ids, speculative_times
 from files.model_folder import graph_in
 from texts.tokens import load_tokenizer
 
-PROMPTS, PROMPT_TOKENS = 8, 24
+PROMPTS, PROMPT_TOKENS, GREEDY_TOKENS = 8, 24, 64
 THREADS = 2
 
 
@@ -76,6 +85,11 @@ class LlamaCpp:
         return DecodeTimes(answer["prefill_ms"], answer["step_ms"]), answer["tokens"]
 
 
+def weight_bytes(folder: Path) -> int:
+    """The bytes of the weights of the graph in `folder` (what one pass over them reads)."""
+    return initializer_stats(load_graph(graph_in(folder), with_data=False))[1]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ours", nargs="+", type=Path, required=True, help="model folders; the first is fp32")
@@ -88,6 +102,11 @@ def main() -> None:
     )
     p.add_argument("--gguf", type=Path, nargs="+", default=[], help="GGUF files run by llama.cpp")
     p.add_argument("--llama-python", type=Path, default=None, help="an interpreter with llama-cpp-python")
+    p.add_argument(
+        "--draft", nargs="+", default=[], help=f"'{LOOKUP}' or draft LM folders: the last --ours decoded with each"
+    )
+    p.add_argument("--draft-tokens", type=int, default=DRAFT_TOKENS, help="proposals per verifier pass")
+    p.add_argument("--contexts", type=int, nargs="+", default=list(DECODE_CONTEXTS), help="context lengths timed")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     if args.gguf and args.llama_python is None:
@@ -96,44 +115,67 @@ def main() -> None:
         if not gguf.is_file():
             p.error(f"{str(gguf)!r} is not a file")
     tokenizer = load_tokenizer(args.ours[0])
+    verifier = str(args.ours[-1])
+    drafts = {f"{verifier}+draft:{Path(d).name}": d for d in args.draft}
+    drafts = {
+        name: open_draft(d, graph_in(Path(verifier)), tokenizer, args.draft_tokens, THREADS)
+        for name, d in drafts.items()
+    }
     passages, _ = CAUSAL_LM.passages(None, "eval")
     stream = np.array([i for t in passages for i in tokenizer(t)["input_ids"]], dtype=np.int64)
     sessions = {str(f): make_session(graph_in(f), threads=THREADS) for f in args.ours}
     models = {f"genai:{f}": genai_model(f) for f in args.genai}
     llamas = {f"llama.cpp:{f.name}": LlamaCpp(args.llama_python, f) for f in args.gguf}
-    names = [*sessions, *models, *llamas]
+    names = [*sessions, *drafts, *models, *llamas]
 
     prompts = [ids[:PROMPT_TOKENS] for t in passages if len(ids := tokenizer(t)["input_ids"]) >= PROMPT_TOKENS]
     greedy = {name: [] for name in names}
     for prompt in prompts[:PROMPTS]:
         for name, session in sessions.items():
-            greedy[name].append(decode_ids(session, np.array(prompt), DECODE_TOKENS))
+            greedy[name].append(decode_ids(session, np.array(prompt), GREEDY_TOKENS))
+        for name, draft in drafts.items():
+            ids = speculative_ids(sessions[verifier], draft, np.array(prompt), GREEDY_TOKENS, args.draft_tokens)[0]
+            greedy[name].append(ids)
         for name, model in models.items():
-            greedy[name].append(genai_run(model, np.array(prompt), DECODE_TOKENS)[1])
+            greedy[name].append(genai_run(model, np.array(prompt), GREEDY_TOKENS)[1])
         for name, llama in llamas.items():
-            greedy[name].append(llama.run(np.array(prompt), DECODE_TOKENS - 1)[1])
-    reference = greedy[names[0]]
-    result = {"greedy": {}, "decode": {name: {} for name in names}}
+            greedy[name].append(llama.run(np.array(prompt), GREEDY_TOKENS - 1)[1])
+    result = {"run": run_record(), "environment": machine(), "greedy": {}, "decode": {name: {} for name in names}}
     for name in names:
-        same = [a == b for a, b in zip(greedy[name], reference)]
-        first = [
-            next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), len(b)) for a, b in zip(greedy[name], reference)
-        ]
-        result["greedy"][name] = {
-            "identical": f"{sum(same)}/{len(same)}",
-            "mean_tokens_before_first_difference": float(np.mean(first)),
-        }
+        references = {"fp32": greedy[names[0]]}
+        if name in drafts:
+            references["verifier"] = greedy[verifier]
+        result["greedy"][name] = {}
+        for against, reference in references.items():
+            same = [a == b for a, b in zip(greedy[name], reference)]
+            first = [
+                next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), len(b))
+                for a, b in zip(greedy[name], reference)
+            ]
+            result["greedy"][name][against] = {
+                "identical": f"{sum(same)}/{len(same)}",
+                "mean_tokens_before_first_difference": float(np.mean(first)),
+            }
     print(json.dumps(result["greedy"], indent=1), flush=True)
 
-    for length in DECODE_CONTEXTS:
+    weights = {verifier: weight_bytes(Path(verifier))}
+    weights.update({name: weight_bytes(Path(d)) for name, d in zip(drafts, args.draft) if d != LOOKUP})
+    for length in args.contexts:
         context = np.resize(stream, length)
         kept = {name: [] for name in names}
+        stats = {name: SpeculativeStats() for name in drafts}
         for round_ in range(DECODE_ROUNDS + 1):
             for name in names:
                 if name in models:
                     times = genai_run(models[name], context, DECODE_TOKENS)[0]
                 elif name in llamas:
                     times = llamas[name].run(context, DECODE_TOKENS)[0]
+                elif name in drafts:
+                    times, measured = speculative_times(
+                        sessions[verifier], drafts[name], context, DECODE_TOKENS, args.draft_tokens
+                    )
+                    if round_:
+                        stats[name].add(measured)
                 else:
                     times = decode_times(sessions[name], context, DECODE_TOKENS)
                 if round_:
@@ -142,6 +184,13 @@ def main() -> None:
             steps = [ms for t in kept[name] for ms in t.step_ms]
             prefill = float(np.median([t.prefill_ms for t in kept[name]]))
             result["decode"][name][f"ctx{length}"] = DecodeTimes(prefill, steps).summary()
+        for name, measured in stats.items():
+            tokens = sum(measured.pass_tokens)
+            read = weights[verifier] * len(measured.pass_tokens) + weights.get(name, 0) * measured.proposed
+            result["decode"][name][f"ctx{length}"].update(
+                measured.summary(), weight_mb_read_per_token=round(read / tokens / 1e6, 2)
+            )
+    result["peak_rss_gib"] = round(peak_rss_bytes() / 2**30, 2)  # the whole process: every row's sessions at once
     print(json.dumps(result["decode"], indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -7,7 +7,7 @@ import pytest
 
 from eval.decode import Decoder, decode_ids
 from eval.graph import make_session
-from eval.speculative import LookupDraft, ModelDraft, speculative_ids
+from eval.speculative import Lookahead, LookupDraft, ModelDraft, speculative_ids
 from tests.conftest import run_cli, write_tiny_lm
 
 PROMPTS = ([3, 7, 11], [20, 4, 4, 9, 13, 2], [5])
@@ -82,7 +82,7 @@ def test_the_output_is_the_verifiers_greedy_output(verifier, other_lm, draft):
         greedy = decode_ids(session, np.array(prompt), NEW)
         assert _least_gap(session, prompt, greedy) > GAP  # no near tie that summation order could flip
         for k in (1, 3):
-            out, stats = speculative_ids(session, proposer, np.array(prompt), NEW, k)
+            out, stats = speculative_ids(session, proposer, np.array(prompt), NEW, k, adaptive=False)
             assert out == greedy
             assert sum(stats.pass_tokens) >= NEW - 1 and all(1 <= n <= k + 1 for n in stats.pass_tokens)
             accepted, proposed = accepted + stats.accepted, proposed + stats.proposed
@@ -90,6 +90,23 @@ def test_the_output_is_the_verifiers_greedy_output(verifier, other_lm, draft):
         assert accepted == proposed  # the same graph's argmax, read one token or several at a time
     if draft == "other":
         assert accepted < proposed  # a bad draft loses passes, not tokens
+
+
+def test_proposals_stop_where_the_draft_guesses_badly_and_the_output_stays(verifier, other_lm):
+    session = _session(verifier)
+    prompt = np.array(PROMPTS[1])
+    bad = ModelDraft(_session(other_lm), cost=0.0)  # free, so asked for proposals until they fail
+    out, stats = speculative_ids(session, bad, prompt, NEW, 3)
+    assert out == decode_ids(session, prompt, NEW)
+    assert 0 < stats.proposed < 3 * len(stats.pass_tokens)  # tried, then fewer than k a pass
+    lookahead = Lookahead(4, cost=0.0)
+    for _ in range(8):
+        lookahead.update(lookahead.tokens(), 0)
+    assert lookahead.tokens() == 0  # every proposal rejected: plain steps
+    for _ in range(40):
+        lookahead.update(0, 0)
+    assert lookahead.tokens() > 0  # and in time tried again
+    assert Lookahead(4, cost=0.0, adaptive=False).tokens() == 4
 
 
 def test_it_stops_after_the_end_of_text_token(verifier):
@@ -102,10 +119,11 @@ def test_it_stops_after_the_end_of_text_token(verifier):
 
 
 def test_lookup_proposes_what_followed_the_latest_match():
-    lookup = LookupDraft(ngram=2)
+    lookup = LookupDraft(ngram=2, least=1)
     assert lookup.propose(np.array([1, 2, 3, 9, 1, 2, 4, 5, 1, 2]), 3) == [4, 5, 1]  # the latest (1, 2)
     assert lookup.propose(np.array([7, 8, 3, 9, 8]), 4) == [3, 9, 8]  # (9, 8) is new; 8 alone matched, to the end
     assert lookup.propose(np.array([1, 2, 3]), 2) == []
+    assert LookupDraft(ngram=3, least=2).propose(np.array([7, 8, 3, 9, 8]), 4) == []  # 8 alone is too short
 
 
 def test_generate_with_a_draft_prints_what_generate_prints(verifier, other_lm, capsys):
