@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from eval.graph import make_session
-from eval.probe import PAST, PRESENT, full_feed, is_cached
+from eval.probe import PAST, PRESENT, cache_dtype, full_feed, is_cached
 
 __all__ = [
     "Decoder",
@@ -96,7 +96,7 @@ class Decoder:
             capacity = max(2 * held, total + SHARED_START)
             for i in self.session.get_inputs():
                 if i.name.startswith(PAST):
-                    grown = np.zeros((1, i.shape[1], capacity, self._head_dim(i)), dtype=np.float32)
+                    grown = np.zeros((1, i.shape[1], capacity, self._head_dim(i)), dtype=cache_dtype(i))
                     if held:
                         grown[:, :, :held] = self.buffers[i.name]
                     self.buffers[i.name] = grown

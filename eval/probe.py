@@ -48,14 +48,21 @@ def positions(mask: np.ndarray, new: int) -> np.ndarray:
     return np.maximum(np.cumsum(mask, axis=1) - 1, 0)[:, -new:].astype(np.int64)
 
 
+CACHE_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
+
+
+def cache_dtype(past) -> type:
+    """The numpy type of a past input (a session's NodeArg): float32, float16, or int8 (a quantized cache)."""
+    return CACHE_TYPES.get(past.type, np.float32)
+
+
 def empty_past(session, batch: int) -> dict[str, np.ndarray]:
     """Every past input of the session, empty: (batch, heads, 0, head_dim)."""
-    out = {}
-    for i in session.get_inputs():
-        if i.name.startswith(PAST):
-            dtype = np.float16 if i.type == "tensor(float16)" else np.float32
-            out[i.name] = np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=dtype)
-    return out
+    return {
+        i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=cache_dtype(i))
+        for i in session.get_inputs()
+        if i.name.startswith(PAST)
+    }
 
 
 def full_feed(session, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

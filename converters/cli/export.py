@@ -1,5 +1,6 @@
 """compressor export MODEL [--out DIR]: a model or checkpoint to a ready model folder (files.model_folder)
-whose ONNX graph is parity-checked; --out FILE.onnx writes the graph alone."""
+whose ONNX graph is parity-checked; --out FILE.onnx writes the graph alone; --kv-cache int8: a causal LM's
+fused decoder with its key-value cache in int8 (converters/kinds/fused_cache.py)."""
 
 import contextlib
 import functools
@@ -19,6 +20,8 @@ from converters.cli.options import (
 from converters.cli.specs import quantize_spec, text_spec
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.kinds import kind_for_config
+from converters.kinds.fused_cache import CACHE_PASSAGES, CACHE_TYPES, cache_scales, int8_cache
+from converters.kinds.fused_decoder import fits_fused
 from converters.loading import resolve_model_dir
 from converters.pipeline.calibrating import head_frequencies, quantize_calibration, token_frequencies
 from converters.pipeline.say import say
@@ -26,9 +29,13 @@ from converters.pipeline.steps import check_schemes, correction_fit
 from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_for_targets
 from converters.quantization.registry import SchemeConfig
+from eval.graph import load_graph
+from eval.kinds import CAUSAL_LM
 from files.atomic import check_writable
 from files.model_folder import check_model_folder, graph_file, lacks_tokenizer, load_lines, model_folder, own_ops
+from files.onnx_files import save_onnx
 from texts.prior import check_prior
+from texts.tokens import encode_passages, load_tokenizer
 
 HELP = "export a model or compressed checkpoint to ONNX, parity-checked"
 
@@ -54,6 +61,14 @@ def add_arguments(p) -> None:
     data_option(p)
     export_form_options(p, many=False)
     prior_options(p)
+    p.add_argument(
+        "--kv-cache",
+        choices=CACHE_TYPES,
+        default="fp32",
+        help="a causal LM's key-value cache: fp32, or int8 with a scale per head and channel from the calibration "
+        "text (a quarter of the bytes each generated token reads again; the fused decoder's graph, Llama-style "
+        "LMs; default: fp32)",
+    )
 
 
 def run(args) -> None:
@@ -82,6 +97,8 @@ def run(args) -> None:
         check_writable(out, "ONNX file")
     check_prior(args.freq_prior, args.prior_weight)
     kind = kind_for_config(source)
+    if args.kv_cache != "fp32" and kind.graph is not CAUSAL_LM:
+        raise CompressorError(f"--kv-cache {args.kv_cache} is a causal LM's cache; {str(source)!r} is an {kind.name}")
     check_schemes([quantize], kind.graph)
     if folder and lacks_tokenizer(source):
         say(
@@ -90,6 +107,11 @@ def run(args) -> None:
     batches = quantize_calibration(texts, quantize.schemes, kind.graph, source)
     fit_for = correction_fit(quantize.schemes, texts.data, kind, source)
     model, _ = load_model(source)
+    if args.kv_cache != "fp32" and not fits_fused(model):
+        raise CompressorError(
+            f"--kv-cache {args.kv_cache} is written into the fused decoder's attention, and {str(source)!r} is not a "
+            "Llama-style LM of plain layers that it takes (its graph is the PyTorch exporter's): keep --kv-cache fp32"
+        )
     vocab = model.get_input_embeddings().num_embeddings
     frequencies = functools.cache(
         lambda: token_frequencies(texts.calib, args.freq_prior, args.prior_weight, source, vocab)
@@ -100,6 +122,8 @@ def run(args) -> None:
     target = config.target() if several else None  # one graph a target, under sentence-transformers' names
     with model_folder(out, source, width, target) if folder else contextlib.nullcontext(out) as path:
         checked = _export(model, path, config, args.opset, vocab, fit_for, batches, frequencies)
+        if args.kv_cache == "int8":
+            checked += _with_int8_cache(path, texts.calib, kind.graph, source)
     if not folder:
         say(f"wrote {out} ({checked})")
         return
@@ -113,6 +137,15 @@ def run(args) -> None:
     needs = own_ops(out / graph)
     if needs:
         say(f"its graph uses ONNX Runtime's own operators ({', '.join(needs)}): only ONNX Runtime runs it")
+
+
+def _with_int8_cache(path: Path, calib: Path | None, kind_graph, source: Path) -> str:
+    """The graph at `path` rewritten with an int8 key-value cache, its scales from the calibration text's
+    keys and values as that graph computes them; what was done."""
+    passages, where = kind_graph.passages(calib, "calib")
+    scales = cache_scales(path, encode_passages(load_tokenizer(source), passages[:CACHE_PASSAGES]))
+    save_onnx(int8_cache(load_graph(path), scales), path)
+    return f"; its key-value cache in int8, scales from {min(len(passages), CACHE_PASSAGES)} passages of {where}"
 
 
 def _export(

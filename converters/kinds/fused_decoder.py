@@ -25,7 +25,7 @@ from compressor.tied_logits import TiedLogits
 from converters.nbits_storage import TABLE_OPSET, dequantize_nbits
 from eval.probe import PAST, PRESENT
 
-__all__ = ["fused_decoder", "rounded_twin"]
+__all__ = ["fits_fused", "fused_decoder", "rounded_twin"]
 
 MS = "com.microsoft"
 
@@ -34,7 +34,7 @@ def _plain(module) -> bool:
     return type(module) is nn.Linear
 
 
-def _fits(model: nn.Module) -> bool:
+def fits_fused(model: nn.Module) -> bool:
     """A Llama-style decoder of plain layers: q, k, v (biases allowed), o, gate, up, down without
     bias, RMS norms, SiLU, rotary positions over whole heads, attention over the whole past, a dense or
     tied dense head."""
@@ -85,7 +85,7 @@ def fused_decoder(model: nn.Module, opset: int = 17) -> onnx.ModelProto | None:
     """`model` (a Llama-style causal LM) as the fused cached graph at `opset` or 21, the later, or None when
     it is not of that form. (From 21 the 4-bit stage needs no conversion, which does not know
     SimplifiedLayerNormalization, an ONNX Runtime operator in ONNX's domain.)"""
-    if not _fits(model):
+    if not fits_fused(model):
         return None
     config, body = model.config, model.model
     heads = config.num_attention_heads
