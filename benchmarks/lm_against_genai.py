@@ -105,7 +105,10 @@ def main() -> None:
     p.add_argument(
         "--draft", nargs="+", default=[], help=f"'{LOOKUP}' or draft LM folders: the last --ours decoded with each"
     )
-    p.add_argument("--draft-tokens", type=int, default=DRAFT_TOKENS, help="proposals per verifier pass")
+    p.add_argument("--draft-tokens", type=int, default=DRAFT_TOKENS, help="proposals per verifier pass, at most")
+    p.add_argument(
+        "--fixed", action="store_true", help="always --draft-tokens proposals: a draft's acceptance, whatever it costs"
+    )
     p.add_argument("--contexts", type=int, nargs="+", default=list(DECODE_CONTEXTS), help="context lengths timed")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
@@ -134,7 +137,9 @@ def main() -> None:
         for name, session in sessions.items():
             greedy[name].append(decode_ids(session, np.array(prompt), GREEDY_TOKENS))
         for name, draft in drafts.items():
-            ids = speculative_ids(sessions[verifier], draft, np.array(prompt), GREEDY_TOKENS, args.draft_tokens)[0]
+            ids = speculative_ids(
+                sessions[verifier], draft, np.array(prompt), GREEDY_TOKENS, args.draft_tokens, adaptive=not args.fixed
+            )[0]
             greedy[name].append(ids)
         for name, model in models.items():
             greedy[name].append(genai_run(model, np.array(prompt), GREEDY_TOKENS)[1])
@@ -172,7 +177,7 @@ def main() -> None:
                     times = llamas[name].run(context, DECODE_TOKENS)[0]
                 elif name in drafts:
                     times, measured = speculative_times(
-                        sessions[verifier], drafts[name], context, DECODE_TOKENS, args.draft_tokens
+                        sessions[verifier], drafts[name], context, DECODE_TOKENS, args.draft_tokens, not args.fixed
                     )
                     if round_:
                         stats[name].add(measured)

@@ -253,10 +253,11 @@ def speculative_ids(
 
 
 def speculative_times(
-    verifier_session, draft, context: np.ndarray, new_tokens: int, k: int = DRAFT_TOKENS
+    verifier_session, draft, context: np.ndarray, new_tokens: int, k: int = DRAFT_TOKENS, adaptive: bool = True
 ) -> tuple[DecodeTimes, SpeculativeStats]:
     """The prefill of `context` by the verifier and the draft, and `new_tokens` tokens after it: a verifier
-    pass of t ms (the draft's proposals before it included) yielding n tokens counts n steps of t / n ms."""
+    pass of t ms (the draft's proposals before it included) yielding n tokens counts n steps of t / n ms;
+    `adaptive` False: k proposals a pass (what the draft guesses, whatever it costs)."""
     verifier = Decoder(verifier_session)
     start = time.perf_counter()
     logits = verifier.start(context)
@@ -270,5 +271,5 @@ def speculative_times(
         steps.extend([(now - clock[0]) * 1e3 / tokens] * tokens)
         clock[0] = now
 
-    _, stats = _decode(verifier, draft, logits, new_tokens + 1, Lookahead(k, draft.cost), None, timed)
+    _, stats = _decode(verifier, draft, logits, new_tokens + 1, Lookahead(k, draft.cost, adaptive), None, timed)
     return DecodeTimes(prefill, steps[:new_tokens]), stats

@@ -192,3 +192,25 @@ def test_the_lm_runs_at_scale_are_a_table_of_their_own(tmp_path):
         in section
     )
     assert "| large | AMD EPYC, `avx512_vnni`, 1.32.0 | 40.0 GiB | refused (exit 2) | – | – |" in section
+
+
+def test_the_decode_records_are_tables_with_genais_ratio_and_the_drafts_passes(tmp_path):
+    assert benchmarks_page.decode_section(tmp_path / "decode") == ""  # none measured: no section
+    (tmp_path / "decode").mkdir()
+    timing = {"prefill_ms": 90.0, "per_token_p50_ms": 4.0, "per_token_p90_ms": 4.5, "tokens_per_s": 250.0}
+    record = {
+        "run": {"command": "python benchmarks/lm_against_genai.py --ours a b", "commit": "abc1234", "date": "2026"},
+        "environment": {"cpu": "AMD EPYC", "integer_path": "avx512_vnni", "onnxruntime": "1.32.0"},
+        "greedy": {"b+draft:lookup": {"fp32": {"identical": "0/8"}, "verifier": {"identical": "3/8"}}},
+        "decode": {
+            "b": {"ctx128": timing},
+            "b+draft:lookup": {"ctx128": {**timing, "tokens_per_s": 500.0, "tokens_per_pass": 2.75, "acceptance": 0.9}},
+            "genai:g": {"ctx128": {**timing, "tokens_per_s": 200.0}},
+        },
+        "peak_rss_gib": 3.5,
+    }
+    (tmp_path / "decode" / "smollm2.json").write_text(json.dumps(record))
+    section = benchmarks_page.decode_section(tmp_path / "decode")
+    assert "| b | 4.00 (4.00), 0.80× GenAI | – |" in section
+    assert "| b+draft:lookup | 2.00 (4.00), 0.40× GenAI; 2.75 tokens a pass, acceptance 0.90 |" in section
+    assert "0/8 as fp32's; 3/8 as verifier's" in section and "`avx512_vnni`, ONNX Runtime 1.32.0" in section

@@ -323,8 +323,71 @@ def scale_section(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ms(timing: dict) -> str:
+    """A row's time per generated token at one context: the mean (every token's share of the run) and the p50."""
+    return f"{1e3 / timing['tokens_per_s']:.2f} ({timing['per_token_p50_ms']:.2f})"
+
+
+def _decode_lines(file: Path, result: dict) -> list[str]:
+    """One decode record (benchmarks/lm_against_genai.py's or benchmarks/lm_kv_cache.py's --json) as a table."""
+    env, run = result.get("environment") or {}, result.get("run") or {}
+    decode = result["decode"]
+    contexts = sorted({c for row in decode.values() for c in row}, key=lambda c: int(c[3:]))
+    genai = next((row for name, row in decode.items() if name.startswith("genai:")), None)
+    head = "| graph | " + " | ".join(f"ms/token {c[3:]}" for c in contexts) + " | greedy, or perplexity |"
+    lines = [head, "|---|" + "---|" * (len(contexts) + 1)]
+    for name, row in decode.items():
+        cells = []
+        for c in contexts:
+            timing = row.get(c)
+            if timing is None:
+                cells.append("–")
+                continue
+            cell = _ms(timing)
+            if genai is not None and not name.startswith("genai:") and c in genai:
+                cell += f", {genai[c]['tokens_per_s'] / timing['tokens_per_s']:.2f}× GenAI"
+            if "tokens_per_pass" in timing:
+                cell += f"; {timing['tokens_per_pass']:.2f} tokens a pass, acceptance {timing['acceptance']:.2f}"
+            if "cache_mb_read_per_token" in timing:
+                cell += f"; cache {timing['cache_mb_read_per_token']:.1f} MB"
+            cells.append(cell)
+        greedy = (result.get("greedy") or {}).get(name) or {}
+        said = "; ".join(f"{v['identical']} as {k}'s" for k, v in greedy.items())
+        quality = [q[name] for q in (result.get("quality") or {}).values() if name in q]
+        said = said or ", ".join(f"ppl {q['perplexity']:.2f}, top-1 {q['top1_agreement']:.3f}" for q in quality)
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {said or '–'} |")
+    texts = "; ".join(f"{split}: {q['text']}" for split, q in (result.get("quality") or {}).items())
+    lines += [
+        "",
+        f"(`benchmarks/results/decode/{file.name}`: `{_said(run.get('command'))}`, commit `{_said(run.get('commit'))}`,"
+        f" {_said(run.get('date'))}; {_said(env.get('cpu'))}, `{_said(env.get('integer_path'))}`, ONNX Runtime "
+        f"{_said(env.get('onnxruntime'))}; peak RSS of the process {_said(result.get('peak_rss_gib'))} GiB"
+        + (f"; perplexity as a decoder reads {texts}" if texts else "")
+        + ")",
+    ]
+    return lines
+
+
+def decode_section(folder: Path) -> str:
+    """The decode records (benchmarks/results/decode/*.json), a table each; "" without."""
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not files:
+        return ""
+    lines = [
+        "## Decoding",
+        "",
+        "Time per generated token at batch 1, 2 threads, the graphs taking turns: the mean over every token (a",
+        "speculative row's passes shared among the tokens they yield) and, in brackets, the p50; greedy tokens against",
+        "the fp32 graph's and a speculative row's against its verifier's own.",
+    ]
+    for file in files:
+        lines += ["", f"### {file.stem}", "", *_decode_lines(file, json.loads(file.read_text(encoding="utf-8")))]
+    return "\n".join(lines) + "\n"
+
+
 def make_page(reports: list[tuple[str, dict]], scale: str = "") -> str:
-    """BENCHMARKS.md's text from (file name, report) pairs, and `scale` (scale_section's) before how they are taken."""
+    """BENCHMARKS.md's text from (file name, report) pairs, and `scale` (scale_section's and decode_section's)
+    before how they are taken."""
     parts = [INTRO]
     if not reports:
         parts.append(
@@ -409,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     reports = load_reports(args.results)
-    page = make_page(reports, scale_section(args.results / "scale"))
+    sections = (scale_section(args.results / "scale"), decode_section(args.results / "decode"))
+    page = make_page(reports, "\n".join(s for s in sections if s))
     lines = page.count("\n")
     if lines > MAX_LINES:
         print(
