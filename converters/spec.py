@@ -125,6 +125,7 @@ class RunSpec:
     freq_prior: str = PRIORS[0]
     prior_weight: float = PRIOR_WEIGHT
     goal: str | None = None  # what the report's row to deploy is chosen for (eval.choice; None: its default goal)
+    kv_cache: str = "int8"  # a causal LM's quantized rows' key-value cache where their graph is the fused decoder
 
     def __post_init__(self):
         check_runs(self.runs)

@@ -86,12 +86,17 @@ class LookupDraft:
         pass
 
     def propose(self, ids: np.ndarray, k: int) -> list[int]:
+        """The k tokens that followed the latest match, the text taken to repeat with the match's shift p past
+        its end too (a loop of p tokens proposes k, not the p − n that follow the match)."""
         for n in range(min(self.ngram, len(ids) - 1), self.least - 1, -1):
             tail = ids[-n:]
             starts = np.flatnonzero(np.all(np.lib.stride_tricks.sliding_window_view(ids[:-1], n) == tail, axis=1))
             if len(starts):
-                after = starts[-1] + n
-                return [int(t) for t in ids[after : after + k]]
+                shift = len(ids) - n - starts[-1]
+                out = [int(t) for t in ids[len(ids) - shift : len(ids) - shift + k]]
+                while len(out) < k:
+                    out.append(out[len(out) - shift])
+                return out
         return []
 
 

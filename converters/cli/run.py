@@ -18,6 +18,7 @@ from converters.cli.options import (
 from converters.cli.recipes import default_run
 from converters.cli.specs import run_spec, variant_spec
 from converters.kinds import kind_for_config
+from converters.kinds.fused_cache import CACHE_TYPES
 from converters.loading import resolve_model_dir
 from converters.pipeline import measure
 from converters.pipeline.say import say
@@ -74,6 +75,14 @@ def add_arguments(p) -> None:
         help="run a built-in recipe (compressor recipes lists them) or a JSON recipe file instead of the goal's rows",
     )
     finetune_options(p, run=True)
+    p.add_argument(
+        "--kv-cache",
+        choices=CACHE_TYPES,
+        default="int8",
+        help="a causal LM's quantized rows' key-value cache where their graph is the fused decoder: int8, a scale "
+        "per head and channel from the calibration text (a quarter of the bytes each generated token reads again), "
+        "or fp32 (default: int8; the fp32 rows keep theirs in fp32)",
+    )
     bench_options(p)
     shown_alone(p, SHOWN)
 

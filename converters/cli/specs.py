@@ -140,4 +140,5 @@ def run_spec(values: Mapping[str, Any], variants: list[VariantSpec], out: Path) 
         freq_prior=_get(values, "freq_prior", PRIORS[0]),
         prior_weight=_get(values, "prior_weight", PRIOR_WEIGHT),
         goal=values.get("goal"),
+        kv_cache=_get(values, "kv_cache", "int8"),
     )

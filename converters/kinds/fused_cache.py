@@ -5,6 +5,7 @@ its pasts and presents are int8: a quarter of the fp32 cache's bytes read a toke
 5.9 MB for 23.6). ONNX Runtime's CPU kernel writes the new keys and values rounded and attends over the rounded
 cache; a prompt's first pass attends over its own keys and values in float."""
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from compressor.errors import CompressorError
 from eval.graph import make_session
 from eval.probe import PAST, PRESENT, full_feed
 
-__all__ = ["CACHE_TYPES", "attends_by_gqa", "cache_scales", "int8_cache"]
+__all__ = ["CACHE_PASSAGES", "CACHE_TYPES", "attends_by_gqa", "cache_scales", "int8_cache"]
 
 CACHE_TYPES = ("fp32", "int8")
 CACHE_PASSAGES = 64  # calibration passages whose keys and values set the scales
@@ -33,20 +34,21 @@ def attends_by_gqa(model: onnx.ModelProto) -> bool:
     return bool(keys) and set(keys) <= set(_attention_of(model))
 
 
-def cache_scales(graph: Path, batches: list[dict]) -> dict[str, np.ndarray]:
+def cache_scales(graph: Path, batches: list[dict], rows: int = CACHE_PASSAGES) -> dict[str, np.ndarray]:
     """Per present (present.{i}.key / .value): (1, kv_heads, 1, head_dim) scales, max |x| / 127 over the real
-    tokens of `batches` (each row read alone, its padding dropped), as the graph at `graph` computes them."""
+    tokens of the first `rows` rows of `batches` (each read alone, its padding dropped), as the graph at `graph`
+    computes them."""
     session = make_session(graph, threads=2)
     peak: dict[str, np.ndarray] = {}
     names = [o.name for o in session.get_outputs()]
-    for batch in batches:
-        for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
-            row = ids[mask.astype(bool)][None]
-            out = session.run(None, full_feed(session, {"input_ids": row, "attention_mask": np.ones_like(row)}))
-            for name, value in zip(names, out):
-                if name.startswith(PRESENT):
-                    top = np.abs(value).max(axis=(0, 2), keepdims=True)
-                    peak[name] = top if name not in peak else np.maximum(peak[name], top)
+    pairs = ((ids, mask) for batch in batches for ids, mask in zip(batch["input_ids"], batch["attention_mask"]))
+    for ids, mask in itertools.islice(pairs, rows):
+        row = ids[mask.astype(bool)][None]
+        out = session.run(None, full_feed(session, {"input_ids": row, "attention_mask": np.ones_like(row)}))
+        for name, value in zip(names, out):
+            if name.startswith(PRESENT):
+                top = np.abs(value).max(axis=(0, 2), keepdims=True)
+                peak[name] = top if name not in peak else np.maximum(peak[name], top)
     return {name: np.maximum(top, 1e-8).astype(np.float32) / 127 for name, top in peak.items()}
 
 

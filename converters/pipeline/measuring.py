@@ -110,7 +110,9 @@ def measure(run: RunSpec) -> None:
         frequencies = functools.cache(
             lambda: token_frequencies(run.texts.calib, run.freq_prior, run.prior_weight, source, vocab)
         )
-        made = Variants(run.out, source, vocab, batches, fit_for=fit_for, frequencies=frequencies)
+        made = Variants(
+            run.out, source, vocab, batches, fit_for=fit_for, frequencies=frequencies, kv_cache=run.kv_cache
+        )
         made.add_original(original, original_quantize)
         for variant in run.variants:
             if variant.said:

@@ -15,6 +15,7 @@ from torch import nn
 from compressor.errors import CompressorError, ExportParityError, UnmatchedWeightError
 from converters.checkpoint import save_compressed
 from converters.export import export_form_rows, export_onnx, in_export_form
+from converters.kinds.fused_cache import attends_by_gqa, cache_scales, int8_cache
 from converters.loading import DEFAULT_MODEL_NAME
 from converters.pipeline.calibrating import head_frequencies, token_frequencies
 from converters.pipeline.say import say
@@ -24,10 +25,13 @@ from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_for_targets
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 from eval.benchmark import bench
+from eval.graph import load_graph
 from eval.pareto import front_quality
 from eval.plot import plot_front
+from eval.probe import PAST
 from eval.report import markdown_table, write_report
 from files.model_folder import graph_file, model_folder
+from files.onnx_files import save_onnx
 
 __all__ = ["Variants", "output_folder"]
 
@@ -49,13 +53,23 @@ def output_folder(out: Path) -> Iterator[Path]:
 class Variants:
     """(name, ONNX path) of each graph to measure, and what made it, in order."""
 
-    def __init__(self, out: Path, source: Path, vocab: int, batches: list[dict] | None, fit_for=None, frequencies=None):
+    def __init__(
+        self,
+        out: Path,
+        source: Path,
+        vocab: int,
+        batches: list[dict] | None,
+        fit_for=None,
+        frequencies=None,
+        kv_cache: str = "fp32",
+    ):
         """Each row is a ready model folder OUT/NAME (files.model_folder; a compressed variant's is its
         checkpoint's) holding `source`'s files; `batches`: calibration inputs of the aware schemes;
         `fit_for`: a trained scheme's fine-tune of a model's student (steps.correction_fit); `frequencies`: the
-        token frequencies (a cached token_frequencies) that rank the word table's head rows."""
+        token frequencies (a cached token_frequencies) that rank the word table's head rows; `kv_cache` int8:
+        a quantized row whose graph is the fused decoder gets an int8 key-value cache (kinds/fused_cache.py)."""
         self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
-        self.fit_for, self.frequencies = fit_for, frequencies
+        self.fit_for, self.frequencies, self.kv_cache = fit_for, frequencies, kv_cache
         self.original: nn.Module | None = None  # add_original's model, which add_quantized rounds
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
@@ -107,6 +121,7 @@ class Variants:
                         frequencies=head_frequencies(config, frequencies or self.frequencies),
                         keep_failed=name == "original" and not config.calibrated,  # the one-line baselines
                     )
+                    cache = self._cache(graph)
             except (ExportParityError, UnmatchedWeightError) as e:  # the other rows still get measured
                 say(f"warning: no {row} row: {e}")
                 continue
@@ -115,6 +130,7 @@ class Variants:
                 "scheme": config.scheme,
                 "parity_rel_to_fp32": result.parity_rel,
                 "parity_input": result.parity_input,
+                "kv_cache": cache,
             }
             if result.gate_failed:
                 say(f"warning: {row} is kept as the baseline it is, off its gate: {result.gate_failed}")
@@ -125,6 +141,17 @@ class Variants:
             for note in config.notes(result):
                 say(f"warning: {row}: {note}")
             self.details.append({**detail, "quantization": quantization})
+
+    def _cache(self, graph: Path) -> str | None:
+        """The key-value cache the row's graph at `graph` keeps: int8 (rewritten so here) where the run asks it
+        and the graph is the fused decoder's, else fp32; None for a graph without a cache."""
+        model = load_graph(graph, with_data=False)
+        if not any(i.name.startswith(PAST) for i in model.graph.input):
+            return None
+        if self.kv_cache != "int8" or not attends_by_gqa(model) or not self.batches:
+            return "fp32"
+        save_onnx(int8_cache(load_graph(graph), cache_scales(graph, self.batches)), graph)
+        return "int8"
 
     def _free(self, name: str) -> str:
         """`name`, or NAME-2, NAME-3, … when a variant (or its -ft) already has it."""

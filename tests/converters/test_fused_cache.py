@@ -2,6 +2,7 @@
 int8 pasts and presents, per-channel scales that hold the calibration text's keys and values, decoding that stays
 near the fp32 cache's, and every graph or model it cannot go into refused before any work."""
 
+import importlib.util
 import json
 
 import numpy as np
@@ -9,7 +10,7 @@ import onnx
 import pytest
 
 from converters.kinds.fused_cache import attends_by_gqa, cache_scales
-from eval.decode import Decoder
+from eval.decode import Decoder, decode_ids
 from eval.graph import make_session
 from eval.probe import PAST, PRESENT
 from tests.conftest import run_cli, write_tiny_lm
@@ -85,3 +86,38 @@ def test_a_model_the_int8_cache_cannot_go_into_is_refused(tiny_bert_dir, tiny_ll
     code, _, err = run_cli(capsys, "export", source, "--out", tmp_path / "out", "--kv-cache", "int8")
     assert code == 2 and said in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("cache", ["int8", "fp32"])
+def test_an_lm_runs_quantized_rows_get_the_asked_cache_and_the_original_keeps_fp32(
+    folders, lm_text, tmp_path, capsys, cache
+):
+    texts = ("--calib", lm_text, "--eval-text", lm_text, "--second-text", "none")
+    argv = ("run", folders / "llama", *texts, "--quantize", "int4", "--runs", 1, "--kv-cache", cache)
+    code, _, err = run_cli(capsys, *argv, "--out", tmp_path / "run")
+    assert code == 0, err
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    detail = next(v for v in report["variants"] if v["name"] == "original-int4")
+    assert detail["quantization"]["kv_cache"] == cache
+    for row, wanted in (("original", "fp32"), ("original-int4", cache)):
+        graph = next((tmp_path / "run" / row / "onnx").glob("*.onnx"))
+        past = next(i for i in onnx.load(graph, load_external_data=False).graph.input if i.name.startswith(PAST))
+        elem = {"int8": onnx.TensorProto.INT8, "fp32": onnx.TensorProto.FLOAT}[wanted]
+        assert past.type.tensor_type.elem_type == elem, row
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None, reason="needs onnxruntime-genai")
+def test_genai_generates_what_we_generate_with_the_int8_cache(folders):
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folders / "int8"))
+    prompt = np.array([3, 17, 5, 42, 8, 11], dtype=np.int32)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + STEPS, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt)
+    while not generator.is_done():
+        generator.generate_next_token()
+    theirs = list(generator.get_sequence(0))[len(prompt) :]
+    ours = decode_ids(make_session(folders / "int8/onnx/model.onnx"), prompt.astype(np.int64), len(theirs))
+    assert theirs and ours == theirs

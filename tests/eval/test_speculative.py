@@ -121,7 +121,8 @@ def test_it_stops_after_the_end_of_text_token(verifier):
 def test_lookup_proposes_what_followed_the_latest_match():
     lookup = LookupDraft(ngram=2, least=1)
     assert lookup.propose(np.array([1, 2, 3, 9, 1, 2, 4, 5, 1, 2]), 3) == [4, 5, 1]  # the latest (1, 2)
-    assert lookup.propose(np.array([7, 8, 3, 9, 8]), 4) == [3, 9, 8]  # (9, 8) is new; 8 alone matched, to the end
+    assert lookup.propose(np.array([7, 8, 3, 9, 8]), 5) == [3, 9, 8, 3, 9]  # 8 alone matched; then its loop of 3
+    assert lookup.propose(np.array([5, 6, 7, 6, 7]), 5) == [6, 7, 6, 7, 6]  # (6, 7) two back: a loop of 2
     assert lookup.propose(np.array([1, 2, 3]), 2) == []
     assert LookupDraft(ngram=3, least=2).propose(np.array([7, 8, 3, 9, 8]), 4) == []  # 8 alone is too short
 
