@@ -1,0 +1,66 @@
+"""Whether a shortlist head could stand in for a tied LM head: the share of positions whose exact argmax,
+argmax_v h·E_v (h the final-normed hidden state, E the tied table), is among the k best of an activation-aware
+rank-r score h·(E_r)ᵀ, E_r = the rank-r SVD of E S (S Sᵀ = the calibration hiddens' Gram) mapped back
+(compressor.lowrank.whitened_factors), on the eval text and a second one. A shortlist must hold the argmax on
+≥ 99.9 % of tokens for greedy decoding to keep its output (issue 69).
+
+    python benchmarks/lm_shortlist_recall.py runs/lm/smollm2 [--ranks 64 128 256] [--shortlists 32 128 512 1024]
+        [--json OUT]
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from compressor.lowrank import whitened_factors
+from converters.checkpoint import load_model
+from eval.environment import machine, run_record
+from eval.kinds import CAUSAL_LM
+from texts.tokens import load_tokenizer
+
+PASSAGES = {"calib": 200, "eval": 60, "second": 60}
+MAX_TOKENS = 128
+
+
+@torch.no_grad()
+def hiddens(model, tokenizer, split: str) -> torch.Tensor:
+    """The final-normed hidden states of every token of the split's first PASSAGES[split] passages, float64."""
+    passages, _ = CAUSAL_LM.passages(None, split)
+    rows = []
+    for text in passages[: PASSAGES[split]]:
+        ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=MAX_TOKENS)["input_ids"]
+        rows.append(model.model(input_ids=ids).last_hidden_state[0])
+    return torch.cat(rows).double()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", type=Path)
+    p.add_argument("--ranks", type=int, nargs="+", default=[64, 128, 256])
+    p.add_argument("--shortlists", type=int, nargs="+", default=[32, 128, 512, 1024])
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args()
+    model, _ = load_model(args.model)
+    model.eval()
+    tokenizer = load_tokenizer(args.model)
+    table = model.get_input_embeddings().weight.detach().double()
+    calib = hiddens(model, tokenizer, "calib")
+    texts = {split: hiddens(model, tokenizer, split) for split in ("eval", "second")}
+    exact = {split: (h @ table.T).argmax(1) for split, h in texts.items()}
+    result = {"run": run_record(), "environment": machine(), "recall": {}}
+    for rank in args.ranks:
+        factors = whitened_factors(table, calib.T @ calib, rank)  # table ≈ up @ down
+        for split, h in texts.items():
+            scores = (h @ factors.down.T) @ factors.up.T
+            for k in args.shortlists:
+                held = (scores.topk(k, dim=1).indices == exact[split][:, None]).any(1).double().mean().item()
+                result["recall"][f"r{rank}-k{k}-{split}"] = round(held, 4)
+                print(f"rank {rank}, shortlist {k}, {split} ({len(h)} tokens): argmax held {held:.4f}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
