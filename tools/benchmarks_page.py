@@ -361,7 +361,8 @@ def _decode_lines(file: Path, result: dict) -> list[str]:
         "",
         f"(`benchmarks/results/decode/{file.name}`: `{_said(run.get('command'))}`, commit `{_said(run.get('commit'))}`,"
         f" {_said(run.get('date'))}; {_said(env.get('cpu'))}, `{_said(env.get('integer_path'))}`, ONNX Runtime "
-        f"{_said(env.get('onnxruntime'))}; peak RSS of the process {_said(result.get('peak_rss_gib'))} GiB"
+        f"{_said(env.get('onnxruntime'))}"
+        + (f"; peak RSS of the process {result['peak_rss_gib']} GiB" if "peak_rss_gib" in result else "")
         + (f"; perplexity as a decoder reads {texts}" if texts else "")
         + ")",
     ]
