@@ -328,6 +328,10 @@ def _ms(timing: dict) -> str:
     return f"{1e3 / timing['tokens_per_s']:.2f} ({timing['per_token_p50_ms']:.2f})"
 
 
+# what a record's greedy tokens were compared with
+AGAINST = {"first": "the first row's", "fp32": "the fp32 graph's", "verifier": "its verifier's own"}
+
+
 def _decode_lines(file: Path, result: dict) -> list[str]:
     """One decode record (benchmarks/lm_against_genai.py's or benchmarks/lm_kv_cache.py's --json) as a table."""
     env, run = result.get("environment") or {}, result.get("run") or {}
@@ -352,7 +356,7 @@ def _decode_lines(file: Path, result: dict) -> list[str]:
                 cell += f"; cache {timing['cache_mb_read_per_token']:.1f} MB"
             cells.append(cell)
         greedy = (result.get("greedy") or {}).get(name) or {}
-        said = "; ".join(f"{v['identical']} as {k}'s" for k, v in greedy.items())
+        said = "; ".join(f"{v['identical']} as {AGAINST.get(k, k)}" for k, v in greedy.items())
         quality = [q[name] for q in (result.get("quality") or {}).values() if name in q]
         said = said or ", ".join(f"ppl {q['perplexity']:.2f}, top-1 {q['top1_agreement']:.3f}" for q in quality)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {said or '–'} |")
@@ -379,7 +383,7 @@ def decode_section(folder: Path) -> str:
         "",
         "Time per generated token at batch 1, 2 threads, the graphs taking turns: the mean over every token (a",
         "speculative row's passes shared among the tokens they yield) and, in brackets, the p50; greedy tokens against",
-        "the fp32 graph's and a speculative row's against its verifier's own.",
+        "the first row's (the fp32 graph where it is there) and a speculative row's against its verifier's own.",
     ]
     for file in files:
         lines += ["", f"### {file.stem}", "", *_decode_lines(file, json.loads(file.read_text(encoding="utf-8")))]
