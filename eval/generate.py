@@ -10,7 +10,7 @@ from compressor.errors import CompressorError
 from eval.decode import context_length, decode_ids
 from eval.graph import make_session
 from eval.kinds import CAUSAL_LM, graph_kind
-from eval.speculative import DRAFT_TOKENS, open_draft, speculative_ids
+from eval.speculative import DRAFT_TOKENS, SpeculativeStats, open_draft, speculative_ids
 from files.model_folder import folder_of, graph_in, lacks_tokenizer
 
 __all__ = ["generate"]
@@ -28,10 +28,11 @@ def generate(
     threads: int = 2,
     draft: str | Path | None = None,
     draft_tokens: int = DRAFT_TOKENS,
-) -> str:
-    """The prompt and its continuation by the causal LM graph at `path` (a model folder, or an ONNX file
-    whose folder holds the tokenizer unless `tokenizer` names one), decoded on ONNX Runtime; with `draft`
-    (a draft LM's folder or graph, or "lookup"), greedy and speculative, `draft_tokens` proposed a pass."""
+) -> tuple[str, int, SpeculativeStats | None]:
+    """(the prompt and its continuation, the tokens generated, what the draft did or None) by the causal LM
+    graph at `path` (a model folder, or an ONNX file whose folder holds the tokenizer unless `tokenizer` names
+    one), decoded on ONNX Runtime; with `draft` (a draft LM's folder or graph, or "lookup"), greedy and
+    speculative, at most `draft_tokens` proposed a pass."""
     if max_new_tokens < 1:
         raise CompressorError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
     if sample and not (temperature > 0 and top_k >= 1):
@@ -59,8 +60,9 @@ def generate(
         )
     session = make_session(graph, threads=threads)
     eos = tok.eos_token_id if isinstance(tok.eos_token_id, int) else None
+    stats = None
     if proposer is None:
         new = decode_ids(session, np.array(ids), max_new_tokens, eos, sample, temperature, top_k, seed)
     else:
-        new, _ = speculative_ids(session, proposer, np.array(ids), max_new_tokens, draft_tokens, eos)
-    return tok.decode(ids + new, skip_special_tokens=True)
+        new, stats = speculative_ids(session, proposer, np.array(ids), max_new_tokens, draft_tokens, eos)
+    return tok.decode(ids + new, skip_special_tokens=True), len(new), stats

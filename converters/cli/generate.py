@@ -39,7 +39,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> None:
     start = time.perf_counter()
-    text = generate(
+    text, tokens, stats = generate(
         args.graph,
         args.prompt,
         args.max_new_tokens,
@@ -53,4 +53,11 @@ def run(args) -> None:
         args.draft_tokens,
     )
     print(text)
-    say(f"{time.perf_counter() - start:.1f} s with loading")
+    said = f"{tokens} tokens in {time.perf_counter() - start:.1f} s with loading"
+    if stats is not None:
+        summary = stats.summary()
+        said += (
+            f"; the draft's guesses kept {summary['acceptance']:.0%}, {summary['tokens_per_pass']:.2f} tokens a pass "
+            f"of the model ({summary['verifier_passes']} passes)"
+        )
+    say(said)
