@@ -113,7 +113,10 @@ def measure(run: RunSpec) -> None:
         made = Variants(
             run.out, source, vocab, batches, fit_for=fit_for, frequencies=frequencies, kv_cache=run.kv_cache
         )
-        made.add_original(original, original_quantize)
+        held, keep = [original], bool(run.variants) or any(c.trains for c in original_quantize.schemes)
+        if not keep:
+            del original  # the original's rows alone: the model goes once exported (Variants.add_original)
+        made.add_original(held, original_quantize, keep)
         for variant in run.variants:
             if variant.said:
                 say(variant.said)

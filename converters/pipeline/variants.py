@@ -4,6 +4,7 @@ bench, the report and the plots of its Pareto fronts over them."""
 
 import copy
 import functools
+import gc
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -82,6 +83,11 @@ class Variants:
         """The model's fp32 graph (measured unless `fp32` is False), and its graph quantized with
         each of `quantize`'s schemes, in its settings, as NAME-SCHEME (its table's head rows ranked by
         `frequencies`, a cached token_frequencies, when given: a method's own prior)."""
+        path = self._export(name, model, detail, fp32)
+        self.add_rows(name, model, path, detail, quantize, frequencies)
+
+    def _export(self, name: str, model: nn.Module, detail: dict, fp32: bool = True) -> Path:
+        """The model's fp32 graph as NAME (measured unless `fp32` is False): its path."""
         if name in self.names:
             raise CompressorError(f"two variants are named {name!r}; give them different names")
         self.names.add(name)
@@ -91,7 +97,7 @@ class Variants:
         if fp32:
             self.graphs.append((name, path))
             self.details.append(detail)
-        self.add_rows(name, model, path, detail, quantize, frequencies)
+        return path
 
     def add_rows(
         self, name: str, model: nn.Module, path: Path, detail: dict, quantize: QuantizeSpec, frequencies=None
@@ -158,12 +164,19 @@ class Variants:
         candidates = itertools.chain([name], (f"{name}-{i}" for i in itertools.count(2)))
         return next(n for n in candidates if n not in self.names and f"{n}-ft" not in self.names)
 
-    def add_original(self, model: nn.Module, quantize: QuantizeSpec) -> None:
+    def add_original(self, held: list[nn.Module], quantize: QuantizeSpec, keep: bool = True) -> None:
         """The original and its rows in `quantize`'s schemes (its kind's baselines first) and settings, but
-        those a plan sizes."""
+        those a plan sizes. `held`: a list holding the model alone, emptied here; without `keep` (no variant and
+        no trained scheme needs the model) its last reference goes once the original is exported, and the rows,
+        which round the graph alone, and the bench run without it (an LM's run: its fp32 bytes off each peak)."""
         wanted = tuple(c for c in quantize.schemes if not c.planned)  # no plan, no widths
-        self.original = model
-        self.add("original", model, {}, replace(quantize, schemes=wanted))
+        model = held.pop()
+        self.original = model if keep else None
+        path = self._export("original", model, {})
+        if not keep:
+            del model
+            gc.collect()
+        self.add_rows("original", self.original, path, {}, replace(quantize, schemes=wanted))
 
     def add_quantized(self, variant: VariantSpec) -> None:
         """The original's graph quantized in `variant`'s schemes and settings (a variant of no method)."""

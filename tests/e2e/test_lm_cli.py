@@ -3,6 +3,8 @@ bad input that belongs to language models answered in one sentence."""
 
 import json
 
+import pytest
+
 from tests.conftest import run_cli, write_tiny_lm
 
 
@@ -107,3 +109,23 @@ def test_an_lm_run_the_machine_cannot_hold_is_refused_before_any_work(
     code, _, err = run_cli(capsys, "run", tiny_llama_dir, "--calib", lm_text, "--out", tmp_path / "run")
     assert code == 2 and "need about" in err and "0.0 GiB available" in err and "parameters fits here" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_original_is_freed_once_exported_when_no_row_needs_it(tiny_llama_dir, tmp_path, keep):
+    import gc
+    import weakref
+
+    from converters.checkpoint import load_model
+    from converters.pipeline.variants import Variants
+    from converters.spec import QuantizeSpec
+
+    model, source = load_model(tiny_llama_dir)
+    alive = weakref.ref(model)
+    made = Variants(tmp_path / "out", source, model.get_input_embeddings().num_embeddings, None)
+    held = [model]
+    del model
+    made.add_original(held, QuantizeSpec(), keep)
+    gc.collect()
+    assert (alive() is not None) == keep and (made.original is not None) == keep
+    assert [name for name, _ in made.graphs] == ["original"] and (tmp_path / "out" / "original").is_dir()
