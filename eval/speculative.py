@@ -42,9 +42,9 @@ __all__ = [
 DRAFT_TOKENS = 8  # tokens a draft proposes before each verifier pass, by default
 LOOKUP = "lookup"  # the name that asks for a LookupDraft where a draft folder goes
 LOOKUP_NGRAM, LOOKUP_LEAST = 3, 2  # the longest and the shortest tail a LookupDraft matches
-# A pass over n more tokens costs 1 + PASS_GROWTH · n steps: SmolLM2-135M's 4-bit graph at 2 threads (2-core AMD
-# EPYC, avx512_vnni, ONNX Runtime 1.32.0) read 1, 2, 5 and 8 tokens after a context of 45 in 3.75, 4.28, 6.78 and
-# 8.83 ms (docs/lab-notes/2026-11-29-speculative-decoding.md).
+# A pass over n more tokens costs 1 + PASS_GROWTH · n steps, until the Lookahead has timed its own: SmolLM2-135M's
+# 4-bit graph at 2 threads (2-core AMD EPYC, avx512_vnni, ONNX Runtime 1.32.0) read 1, 2, 5 and 9 tokens after 128 in
+# 3.76, 4.26, 6.81 and 9.93 ms (docs/lab-notes/2026-11-29-speculative-decoding.md).
 PASS_GROWTH = 0.2
 PRIOR = (1.0, 3.0)  # (kept, proposed): an acceptance of 1/3 before any proposal, and where it returns without any
 MEMORY = 0.8  # the weight of the past in the acceptance's running sums, each pass
