@@ -289,6 +289,10 @@ before this page was generated (4,022 lines by issue and day, each figure with i
 """
 
 
+# what a run said before its work: its minutes and peak, or the peak that refused it
+ESTIMATE = r"about ([\d.]+ minutes).*?peak of (?:at most )?([\d.]+ GiB)|need about ([\d.]+ GiB)"
+
+
 def scale_section(folder: Path) -> str:
     """The LM runs at scale (`python benchmarks/large_models.py lms`: benchmarks/results/scale/*.json, model name →
     {"command", "commit", "date", "exit", "seconds", "said", "stages", "environment"}), one line each; "" without."""
@@ -308,7 +312,7 @@ def scale_section(folder: Path) -> str:
             env = run.get("environment") or {}
             machine = f"{_said(env.get('cpu'))}, `{_said(env.get('integer_path'))}`, {_said(env.get('onnxruntime'))}"
             said = next(iter(run.get("said") or []), "")
-            estimate = re.search(r"about ([\d.]+ minutes).*?peak of ([\d.]+ GiB)|need about ([\d.]+ GiB)", said)
+            estimate = re.search(ESTIMATE, said)
             before = " / ".join(g for g in (estimate.groups() if estimate else ()) if g) or "–"
             stages = run.get("stages") or {}
             peak = f"{stages['peak_rss_bytes'] / 2**30:.2f} GiB" if stages else "–"
