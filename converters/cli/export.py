@@ -98,7 +98,9 @@ def run(args) -> None:
     check_prior(args.freq_prior, args.prior_weight)
     kind = kind_for_config(source)
     if args.kv_cache != "fp32" and kind.graph is not CAUSAL_LM:
-        raise CompressorError(f"--kv-cache {args.kv_cache} is a causal LM's cache; {str(source)!r} is an {kind.name}")
+        raise CompressorError(
+            f"--kv-cache {args.kv_cache} is a causal LM's cache; {str(source)!r} is a model of the {kind.name} kind"
+        )
     check_schemes([quantize], kind.graph)
     if folder and lacks_tokenizer(source):
         say(
