@@ -26,7 +26,7 @@ from converters.submodules import set_submodule
 from eval.benchmark import PARITY_KEY
 from eval.probe import PAST, PRESENT, full_feed, is_cached, positions
 from files.atomic import atomic_file, tensor_bytes
-from files.onnx_files import add_props, save_onnx
+from files.onnx_files import add_props, load_onnx, save_onnx
 
 __all__ = [
     "LookupGraph",
@@ -158,7 +158,7 @@ def _export_checked(
             built = None  # its weights are on disk, and the parity check's session holds them next
         parity = check_parity(graph, tmp, vocab, output, atol)
         if traced:  # the exporter's file, its weights gathered beside it when they pass protobuf's limit
-            save_onnx(onnx.load(str(tmp)), tmp)
+            save_onnx(load_onnx(tmp), tmp)
         add_props(tmp, {PARITY_KEY: repr(parity)})
     return ExportResult(path, parity)
 

@@ -78,7 +78,7 @@ def bench(
     references = {}  # quality key → what variants[0] gives on its text
     rows = []
     for name, path in tqdm(variants, desc="bench: size, memory, quality", disable=not progress):
-        params, _ = initializer_stats(load_graph(path))
+        params, _ = initializer_stats(load_graph(path, with_data=False))
         session = make_session(path, threads=2)
         quality = {}
         for key, encoded in batches.items():

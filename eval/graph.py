@@ -10,6 +10,7 @@ from google.protobuf.message import DecodeError
 
 from compressor.errors import CompressorError
 from eval.probe import session_options
+from files.onnx_files import load_onnx
 
 __all__ = [
     "load_graph",
@@ -21,13 +22,14 @@ __all__ = [
 
 
 def load_graph(path: str | Path, with_data: bool = True) -> onnx.ModelProto:
-    """The ONNX model at `path`, or one clear error if it is missing or not ONNX."""
+    """The ONNX model at `path` (files.onnx_files.load_onnx; not `with_data`: without its weights' values, for what
+    its nodes, inputs, outputs, metadata and weights' shapes say), or one clear error if it is missing or not ONNX."""
     path = Path(path)
     if not path.is_file():
         raise CompressorError(f"ONNX file {str(path)!r} does not exist")
     try:
-        return onnx.load(str(path), load_external_data=with_data)
-    except (DecodeError, ValueError, OSError) as e:  # what onnx raises on a file that is not ONNX
+        return load_onnx(path, weights=with_data)
+    except (DecodeError, ValueError, OSError) as e:  # what a file that is not ONNX raises
         raise CompressorError(f"{str(path)!r} is not an ONNX model ({type(e).__name__}: {e})") from None
 
 

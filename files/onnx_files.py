@@ -3,19 +3,31 @@
 parsing its graph, whose weights are most of the file: the file is walked field by field (protobuf's wire format:
 a varint tag, then a varint, 8 or 4 bytes or a length and that many bytes), the graph's bytes skipped; props are
 added by appending a message that holds only them, which protobuf merges into the file's (a repeated field's
-entries are appended). A 0.5 GB LM's graph parsed and written again for one key held 2 copies of its weights."""
+entries are appended). A 0.5 GB LM's graph parsed and written again for one key held 2 copies of its weights.
+
+Python's protobuf (upb) keeps a message's bytes in an arena that only grows until the whole message goes: a
+weight replaced in place, or moved out to a file and read back in, leaves its old bytes behind. So a graph past
+the limit is written tensor by tensor beside a skeleton that holds none of them, and the caller's graph is not
+touched (a 0.5B LM's probes saved and read back this way held another copy of its 2.5 GB each). A graph within it
+is written and read a weight at a time too (`save_onnx`, `load_onnx`): onnx's save serializes the whole message
+first and its load reads the whole file before parsing it, twice a 0.5B LM's 2 GB at once."""
 
 import math
 from pathlib import Path
 
 import onnx
+from google.protobuf.message import Message
 from onnx.external_data_helper import load_external_data_for_model
 
-__all__ = ["read_props", "add_props", "save_onnx", "TWO_GB"]
+__all__ = ["read_props", "add_props", "save_onnx", "load_onnx", "copy_fields", "TWO_GB"]
 
 PROPS_FIELD = 14  # ModelProto.metadata_props
+GRAPH_FIELD = 7  # ModelProto.graph
+INITIALIZER_FIELD = 5  # GraphProto.initializer
 TWO_GB = 2**31  # protobuf's most bytes of one message
 GRAPH_ROOM = 2**26  # what a graph holds beside its weights (nodes, names, metadata), at most
+INLINE_BYTES = 1024  # a tensor this small stays in the graph's file (onnx's own threshold)
+ALIGN = 4096  # each weight beside it starts on a page, which ONNX Runtime can map rather than read
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 
 
@@ -34,26 +46,75 @@ def _varint(f) -> int | None:
             return value
 
 
+def _encode(value: int) -> bytes:
+    """`value` as a varint."""
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _walk(f, name: str, end: int | None = None):
+    """(field number, wire type, where its tag starts, where its value starts, the value's bytes) of each field of
+    the message in the file `f` from its position to `end` (None: the file's end); the caller may read the value,
+    the walk goes on after it."""
+    while end is None or f.tell() < end:
+        start = f.tell()
+        tag = _varint(f)
+        if tag is None:
+            return
+        field, wire = tag >> 3, tag & 7
+        if wire == _VARINT:
+            _varint(f)
+            size = 0
+        elif wire in (_FIXED64, _FIXED32):
+            size = 8 if wire == _FIXED64 else 4
+        elif wire == _LENGTH:
+            size = _varint(f)
+        else:
+            raise ValueError(f"{name!r} is not an ONNX file (wire type {wire} at field {field})")
+        value = f.tell()
+        yield field, wire, start, value, size
+        f.seek(value + size)
+
+
 def read_props(path: str | Path) -> dict[str, str]:
     """key → value of the metadata props of the ONNX file at `path` (ValueError: not a protobuf message)."""
     props = {}
     with open(path, "rb") as f:
-        while (tag := _varint(f)) is not None:
-            field, wire = tag >> 3, tag & 7
-            if wire == _VARINT:
-                _varint(f)
-            elif wire in (_FIXED64, _FIXED32):
-                f.seek(8 if wire == _FIXED64 else 4, 1)
-            elif wire == _LENGTH:
-                size = _varint(f)
-                if field == PROPS_FIELD:
-                    entry = onnx.StringStringEntryProto.FromString(f.read(size))
-                    props[entry.key] = entry.value
-                else:
-                    f.seek(size, 1)
-            else:
-                raise ValueError(f"{str(path)!r} is not an ONNX file (wire type {wire} at field {field})")
+        for field, wire, _, _, size in _walk(f, str(path)):
+            if field == PROPS_FIELD and wire == _LENGTH:
+                entry = onnx.StringStringEntryProto.FromString(f.read(size))
+                props[entry.key] = entry.value
     return props
+
+
+def load_onnx(path: str | Path, weights: bool = True) -> onnx.ModelProto:
+    """The ONNX file at `path` read a field at a time, each weight parsed from its own bytes, those a file beside it
+    holds read in (ValueError, DecodeError: not ONNX); not `weights`: the graph without its weights' values (their
+    names, shapes, types and where a file beside it holds them remain)."""
+    path = Path(path)
+    model = onnx.ModelProto()
+    with open(path, "rb") as f:
+        for field, wire, start, value, size in _walk(f, str(path)):
+            if field != GRAPH_FIELD or wire != _LENGTH:
+                f.seek(start)
+                model.MergeFromString(f.read(value + size - start))
+                continue
+            for inner, inner_wire, inner_start, inner_value, inner_size in _walk(f, str(path), value + size):
+                if inner == INITIALIZER_FIELD and inner_wire == _LENGTH:
+                    tensor = onnx.TensorProto.FromString(f.read(inner_size))
+                    if not weights:
+                        tensor.ClearField("raw_data")  # its own message: the bytes go with it
+                    model.graph.initializer.append(tensor)
+                else:
+                    f.seek(inner_start)
+                    model.graph.MergeFromString(f.read(inner_value + inner_size - inner_start))
+    if weights and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        load_external_data_for_model(model, str(path.parent))
+    return model
 
 
 def add_props(path: str | Path, props: dict[str, str]) -> None:
@@ -76,12 +137,65 @@ def _weight_bytes(model: onnx.ModelProto) -> int:
     )
 
 
+def copy_fields(src: Message, dst: Message, skip: tuple[str, ...]) -> None:
+    """Every field of `src` set in `dst` but those named in `skip` (a repeated field's entries appended)."""
+    for field, value in src.ListFields():
+        if field.name in skip:
+            continue
+        if field.is_repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def _save_external(model: onnx.ModelProto, path: Path) -> None:
+    """`model` at `path` with each of its graph's weights of INLINE_BYTES or more in PATH.data, written one at a
+    time from `model` (not changed) into a skeleton that holds their places in the file."""
+    skeleton = onnx.ModelProto()
+    copy_fields(model, skeleton, ("graph",))
+    copy_fields(model.graph, skeleton.graph, ("initializer",))
+    location = f"{path.name}.data"
+    with open(path.parent / location, "wb") as data:
+        for tensor in model.graph.initializer:
+            entry = skeleton.graph.initializer.add()
+            if len(tensor.raw_data) < INLINE_BYTES:
+                entry.CopyFrom(tensor)
+                continue
+            copy_fields(tensor, entry, ("raw_data",))
+            data.write(bytes(-data.tell() % ALIGN))
+            offset = data.tell()
+            length = data.write(tensor.raw_data)
+            entry.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", location), ("offset", offset), ("length", length)):
+                entry.external_data.add(key=key, value=str(value))
+    onnx.save_model(skeleton, str(path))
+
+
+def _save_inline(model: onnx.ModelProto, path: Path) -> None:
+    """`model` at `path` as onnx.save_model writes it, but a weight serialized at a time: the model's fields, then
+    its graph's beside its initializers, then each initializer (protobuf reads a message's fields in any order)."""
+    skeleton, graph = onnx.ModelProto(), onnx.GraphProto()
+    copy_fields(model, skeleton, ("graph",))
+    copy_fields(model.graph, graph, ("initializer",))
+    head = graph.SerializeToString()
+    tag = _encode(INITIALIZER_FIELD << 3 | _LENGTH)
+    sizes = [tensor.ByteSize() for tensor in model.graph.initializer]
+    total = len(head) + sum(len(tag) + len(_encode(size)) + size for size in sizes)
+    with open(path, "wb") as f:
+        f.write(skeleton.SerializeToString())
+        f.write(_encode(GRAPH_FIELD << 3 | _LENGTH) + _encode(total) + head)
+        for tensor, size in zip(model.graph.initializer, sizes):
+            f.write(tag + _encode(size))
+            f.write(tensor.SerializeToString())
+
+
 def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:
-    """`model` saved at `path`; where the graph passes protobuf's limit, its weights in one file beside it (PATH.data,
-    as the exporter does, which every reader of ONNX follows) and read back into `model`, which the caller may use."""
+    """`model` saved at `path` a weight at a time; where the graph passes protobuf's limit, its weights in one file
+    beside it (PATH.data, as the exporter does, which every reader of ONNX follows); `model` itself unchanged."""
     path = Path(path)
     if _weight_bytes(model) + GRAPH_ROOM <= TWO_GB:
-        onnx.save_model(model, str(path))
-        return
-    onnx.save_model(model, str(path), save_as_external_data=True, location=f"{path.name}.data")
-    load_external_data_for_model(model, str(path.parent))  # saving moved the weights out of `model`
+        _save_inline(model, path)
+    else:
+        _save_external(model, path)

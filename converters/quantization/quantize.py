@@ -9,12 +9,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from compressor.errors import CompressorError, ExportParityError
 from converters.export import PARITY_SHAPES, sample_inputs
 from converters.quantization.registry import QuantizeResult, SchemeConfig, Source, schemes
-from converters.quantization.rounding.products import products_as_matmul
 from converters.quantization.rounding.three_bit_table import three_bit_outputs
 from converters.quantization.storage.codebook_table import codebook_bits
 from eval.benchmark import PARITY_KEY, WIDTH_KEY
@@ -23,7 +21,7 @@ from eval.kinds import graph_kind
 from eval.probe import full_feed, row_chunks
 from files.atomic import atomic_file
 from files.model_folder import TARGET_KEY, graph_file
-from files.onnx_files import add_props
+from files.onnx_files import add_props, load_onnx
 
 __all__ = ["TARGET_KEY", "quantize_onnx", "quantize_for_targets", "is_quantized"]
 
@@ -40,7 +38,7 @@ QUANTIZED_OPS = {
 
 def is_quantized(path: Path) -> bool:
     """Whether the graph already holds quantized operators."""
-    graph = onnx.load(str(path), load_external_data=False).graph
+    graph = load_onnx(path, weights=False).graph
     return any(node.op_type in QUANTIZED_OPS for node in graph.node)
 
 
@@ -106,11 +104,7 @@ def quantize_onnx(
         raise CompressorError(f"{str(src)!r} is already quantized; quantize its fp32 graph instead")
     kind = graph_kind(src)
     with atomic_file(dst, needed=file_bytes(src) // 3) as tmp, tempfile.TemporaryDirectory() as work:
-        proto = products_as_matmul(onnx.load(str(src)))
-        del proto.metadata_props[:]
-        source = Source(proto, kind, vocab, calibration, Path(work), widths, train, frequencies)
-        written = config.write(source, tmp)
-        del proto, source  # the fp32 graph in memory: the gate's session reads it from its file
+        written = config.write(Source(src, kind, vocab, calibration, Path(work), widths, train, frequencies), tmp)
         worst, rel, fed = _parity(src, tmp, vocab, calibration)
         tolerance = kind.gate_tol or config.gate
         failed = None
@@ -125,7 +119,7 @@ def quantize_onnx(
         target = config.target()
         props.update({TARGET_KEY: target} if target is not None else {})
         add_props(tmp, props)
-        graph = onnx.load(str(tmp), load_external_data=False).graph
+        graph = load_onnx(tmp, weights=False).graph
     bits = 3 if three_bit_outputs(graph) else codebook_bits(graph) or 4
     measured = {"path": dst, "parity_max_abs": worst, "parity_rel": rel, "parity_input": fed}
     return QuantizeResult(**vars(written), **measured, table_bits=bits, gate_failed=failed)

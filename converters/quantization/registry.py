@@ -18,7 +18,9 @@ import onnx
 
 from compressor.errors import CompressorError
 from converters.options import Option, config_from_options, field_options, register_once
+from converters.quantization.rounding.products import products_as_matmul
 from eval.kinds import GraphKind
+from files.onnx_files import load_onnx
 
 __all__ = [
     "SchemeConfig",
@@ -37,12 +39,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Source:
-    """What a scheme's writer reads: the exported graph `fp32` (its products as MatMul, its metadata cleared:
-    the writer's to change), its graph kind, the vocabulary, the calibration batches, a folder for scratch
-    files, and what the model gives: `widths` (module → width, a plan's), `train` (the corrections' trainer:
-    training.trainer) and `frequencies` (V,) that rank the word table's rows (None: the batches' counts)."""
+    """What a scheme's writer reads: the exported graph at `path` (`fp32()`), its graph kind, the vocabulary, the
+    calibration batches, a folder for scratch files, and what the model gives: `widths` (module → width, a plan's),
+    `train` (the corrections' trainer: training.trainer) and `frequencies` (V,) that rank the word table's rows
+    (None: the batches' counts)."""
 
-    fp32: onnx.ModelProto
+    path: Path
     kind: GraphKind
     vocab: int
     calibration: list[dict] | None
@@ -50,6 +52,14 @@ class Source:
     widths: Mapping[str, str] | None = None
     train: Callable | None = None
     frequencies: np.ndarray | None = None
+
+    def fp32(self) -> onnx.ModelProto:
+        """The exported graph read from its file, its products as MatMul and its metadata cleared: the writer's own to
+        change, read again at each call, so that what a writer no longer holds is freed (an LM's graph is most of
+        the memory, and a weight changed in place leaves its old bytes behind: files.onnx_files)."""
+        proto = products_as_matmul(load_onnx(self.path))
+        del proto.metadata_props[:]
+        return proto
 
 
 @dataclass(frozen=True)

@@ -36,13 +36,14 @@ class LargeInt8Config(SchemeConfig):
     def write(self, source: Source, out: Path) -> Written:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        graph = source.fp32.graph
+        model = source.fp32()
+        graph = model.graph
         sizes = {i.name: int(np.prod(i.dims)) for i in graph.initializer}
         for k, node in enumerate(graph.node):
             node.name = node.name or f"node_{k}"
         large = [n.name for n in graph.node if n.op_type == "MatMul" and sizes.get(n.input[1], 0) >= self.min_size]
         plain = source.work / "plain.onnx"
-        onnx.save_model(source.fp32, str(plain))
+        onnx.save_model(model, str(plain))
         quantize_dynamic(plain, out, weight_type=QuantType.QInt8, nodes_to_quantize=large)
         return Written(eight_bit=tuple(large))
 

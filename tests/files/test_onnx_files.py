@@ -55,6 +55,13 @@ def test_a_graph_past_the_limit_is_saved_with_its_weights_beside_it_and_kept_who
     assert (tmp_path / "big.onnx.data").stat().st_size >= 64 * 64 * 4
     assert (tmp_path / "big.onnx").stat().st_size < 64 * 64 * 4  # the weights are not in the graph's file
     assert numpy_helper.to_array(model.graph.initializer[0]).shape == (64, 64)  # and still in the caller's model
+    onnx.checker.check_model(str(tmp_path / "big.onnx"))
+    (stored,) = onnx.load(str(tmp_path / "big.onnx"), load_external_data=False).graph.initializer
+    assert int({e.key: e.value for e in stored.external_data}["offset"]) % onnx_files.ALIGN == 0
+    np.testing.assert_array_equal(
+        numpy_helper.to_array(onnx.load(str(tmp_path / "big.onnx")).graph.initializer[0]),
+        numpy_helper.to_array(model.graph.initializer[0]),
+    )
     x = np.ones((1, 64), np.float32)
     session = onnxruntime.InferenceSession(str(tmp_path / "big.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ numpy_helper.to_array(model.graph.initializer[0]))

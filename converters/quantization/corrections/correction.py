@@ -34,6 +34,7 @@ __all__ = [
     "GRAM_BATCHES",
     "check_correction_share",
     "Correction",
+    "input_rows",
     "input_grams",
     "error_factors",
     "FACTOR_FORMS",
@@ -86,35 +87,38 @@ class Correction:
         }
 
 
-def input_grams(model: onnx.ModelProto, feeds: list[dict], precise: bool = True) -> dict[str, torch.Tensor]:
-    """Output name → Σ xᵀx (float64) of the input of each MatMul with a constant weight, over the
-    real tokens of the first GRAM_BATCHES of `feeds` (an attention mask, when the batch has one,
-    drops the padding); MatMuls that share an input share its Gram. Not `precise`: summed in float32 alone, half
-    the memory and no batch's sum beside it (a ranking of layers by loss needs no more; Qwen2.5-0.5B's 24
-    4,864-wide down-projection inputs alone are 4.5 GB in float64)."""
-    weighted = weight_names(model.graph)
-    matmuls = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in weighted}
-    feeds = feeds[:GRAM_BATCHES]
-    inputs: dict[str, np.ndarray] = {}  # precise: fp64 sums of the fp32 sums of about a batch's tokens (GRAM_FLUSH)
-    pending: dict[str, np.ndarray] = inputs if not precise else {}
-    tokens = 0
-    for feed, values in probe_activations(model, sorted(set(matmuls.values())), feeds):
+def input_rows(model: onnx.ModelProto, names: list[str], feeds: list[dict]):
+    """{name: its rows (tokens × K)} of the graph's tensors `names` for each batch (or a batch's chunk) of the first
+    GRAM_BATCHES of `feeds`, the real tokens only (an attention mask, when the batch has one, drops the padding)."""
+    for feed, values in probe_activations(model, names, feeds[:GRAM_BATCHES]):
         mask = feed.get("attention_mask")
+        rows = {}
         for name, value in values.items():
             x = value.reshape(-1, value.shape[-1])
-            if mask is not None and mask.size == len(x):
-                x = x[mask.reshape(-1).astype(bool)]
+            rows[name] = x[mask.reshape(-1).astype(bool)] if mask is not None and mask.size == len(x) else x
+        yield rows
+
+
+def input_grams(model: onnx.ModelProto, feeds: list[dict]) -> dict[str, torch.Tensor]:
+    """Output name → Σ xᵀx (float64) of the input of each MatMul with a constant weight, over the real tokens of
+    the first GRAM_BATCHES of `feeds` (input_rows); MatMuls that share an input share its Gram."""
+    weighted = weight_names(model.graph)
+    matmuls = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in weighted}
+    inputs: dict[str, np.ndarray] = {}  # fp64 sums of the fp32 sums of about a batch's tokens (GRAM_FLUSH)
+    pending: dict[str, np.ndarray] = {}
+    tokens = 0
+    for rows in input_rows(model, sorted(set(matmuls.values())), feeds):
+        for name, x in rows.items():
             gram = x.T @ x
             if name in pending:
                 pending[name] += gram  # in place: a chunk of an LM's batch is a few rows (eval.probe.row_chunks)
             else:
                 pending[name] = gram
-        tokens += len(x) if values else 0  # the tokens of this batch (its last activation's rows)
-        if precise and tokens >= GRAM_FLUSH:
+        tokens += len(x) if rows else 0  # the tokens of this batch (its last activation's rows)
+        if tokens >= GRAM_FLUSH:
             _flush(inputs, pending)
             tokens = 0
-    if precise:
-        _flush(inputs, pending)
+    _flush(inputs, pending)
     return {out: torch.from_numpy(inputs[name]) for out, name in matmuls.items()}
 
 

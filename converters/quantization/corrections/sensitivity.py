@@ -2,15 +2,19 @@
 byte budget are chosen by. Measured (`int4.layer_losses`): the graph kind's distance of the whole
 graph's output with that layer alone rounded, one graph saved and loaded per layer (about 1 s a layer
 for MiniLM's 36, 35 s for SmolLM2's 211 at 540 MB). Estimated, above MEASURED_LAYERS layers: the
-output error energy the rounding leaves in the layer itself, tr(Eᵀ G E) with E = W − Q and G = Σ xᵀx
-its input Gram over the calibration tokens (the metric the corrections are fitted in), which weighs a
-layer by what flows through it but not by what the layers after it make of its error."""
+output error energy the rounding leaves in the layer itself, Σ ‖x E‖² = tr(Eᵀ G E) over the calibration
+tokens x with E = W − Q and G = Σ xᵀx its input Gram (the metric the corrections are fitted in), which weighs a
+layer by what flows through it but not by what the layers after it make of its error. Summed from E itself
+where no Gram is at hand: E is its weight's size, where an LM's K × K Grams were 1.7× its weights (Qwen2.5-0.5B's
+4,864-wide down-projection inputs) and x E costs N / K of xᵀx there"""
 
 import numpy as np
 import onnx
 import torch
+from onnx import numpy_helper
+from tqdm.auto import tqdm
 
-from converters.quantization.corrections.correction import input_grams, rounding_errors
+from converters.quantization.corrections.correction import input_rows, rounding_errors
 from converters.quantization.rounding.int4 import (
     SENSITIVITY_BATCHES,
     alone,
@@ -19,9 +23,10 @@ from converters.quantization.rounding.int4 import (
     quantize_matmuls,
 )
 
-__all__ = ["MEASURED_LAYERS", "gram_losses", "four_bit_losses"]
+__all__ = ["MEASURED_LAYERS", "gram_losses", "error_losses", "four_bit_losses"]
 
 MEASURED_LAYERS = 64  # the most MatMuls whose losses are measured through the graph (MiniLM: 36)
+ROUNDED_BYTES = 2**26  # the fp32 bytes of a weight's columns rounded at a time for its error
 
 
 def gram_losses(
@@ -45,13 +50,36 @@ def gram_losses(
 
 
 def _rounded_alone(model: onnx.ModelProto, block: int, accuracy_level: int, keep_grid: bool, bits: int):
-    """(output name, W − Q) of each MatMul of `model` rounded alone (int4.alone), one at a time: an LM's errors and
-    weights in fp64 held at once were 4× its weights' bytes."""
+    """(output name, W − Q, float32) of each MatMul of `model` rounded alone (int4.alone), one at a time, a wide
+    weight's columns ROUNDED_BYTES at a time (the rounding takes each column's blocks alone): ONNX Runtime's k-quant
+    holds some 11× the weight it is given (Qwen2.5-0.5B's 151,936-column head: 6 GB)."""
     weighted = matmul_weights(model.graph)
-    for node in model.graph.node:
-        if node.name in weighted:
-            rounded = quantize_matmuls(alone(model, node), block, accuracy_level, True, keep_grid=keep_grid, bits=bits)
-            yield from rounding_errors(rounded, alone(model, node)).items()
+    inits = {i.name: i for i in model.graph.initializer}
+    nodes = [node for node in model.graph.node if node.name in weighted]
+    for node in tqdm(nodes, desc=f"each layer's {bits}-bit error", unit="layer", leave=False):
+        k, n = weighted[node.name]
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        error = np.empty((k, n), np.float32)
+        step = max(1, ROUNDED_BYTES // (4 * k))
+        for start in range(0, n, step):
+            part = numpy_helper.from_array(np.ascontiguousarray(weight[:, start : start + step]), node.input[1])
+            rounded = quantize_matmuls(
+                alone(model, node, part), block, accuracy_level, True, keep_grid=keep_grid, bits=bits
+            )
+            (error[:, start : start + step],) = rounding_errors(rounded, alone(model, node, part)).values()
+        yield node.output[0], error
+
+
+def error_losses(model: onnx.ModelProto, feeds: list[dict], errors) -> dict[str, float]:
+    """MatMul node name → Σ ‖x E‖² (float64 over float32 products) over the real tokens x of its input in the
+    first batches of `feeds` (correction.input_rows), of each (output name, E = W − Q) of `errors`."""
+    errors = {out: np.asarray(error, dtype=np.float32) for out, error in errors}
+    nodes = {n.output[0]: n for n in model.graph.node if n.output[0] in errors}
+    losses = dict.fromkeys(errors, 0.0)
+    for rows in input_rows(model, sorted({n.input[0] for n in nodes.values()}), feeds):
+        for out, error in errors.items():
+            losses[out] += float(np.sum(np.square(rows[nodes[out].input[0]] @ error), dtype=np.float64))
+    return {nodes[out].name: loss for out, loss in losses.items()}
 
 
 def four_bit_losses(
@@ -66,11 +94,15 @@ def four_bit_losses(
     bits: int = 4,
 ) -> dict[str, float]:
     """MatMul node name → its loss in 4 bits (module docstring): measured through the graph on the
-    first SENSITIVITY_BATCHES of `feeds` up to MEASURED_LAYERS layers, else estimated from the input
-    Grams (`grams`, or those of `feeds`) and `model` rounded (`quantized`, or rounded here); `keep_grid`:
-    weights on a 4-bit grid rounded as the corrected schemes round them, `bits` 3: in 3 (int4.quantize_matmuls)."""
+    first SENSITIVITY_BATCHES of `feeds` up to MEASURED_LAYERS layers, else estimated in the input
+    Grams `grams` when given, or from the errors on `feeds`, of `model` rounded (`quantized`, or rounded here);
+    `keep_grid`: weights on a 4-bit grid rounded as the corrected schemes round them, `bits` 3: in 3
+    (int4.quantize_matmuls)."""
     layers = len(matmul_weights(model.graph))
     if layers <= MEASURED_LAYERS:
         return layer_losses(model, feeds[:SENSITIVITY_BATCHES], kind, block, accuracy_level, keep_grid, bits)
-    grams = grams if grams is not None else input_grams(model, feeds, precise=False)  # a ranking: float32
-    return gram_losses(model, grams, block, accuracy_level, quantized, keep_grid, bits)
+    if grams is not None:
+        return gram_losses(model, grams, block, accuracy_level, quantized, keep_grid, bits)
+    if quantized is not None:
+        return error_losses(model, feeds, rounding_errors(quantized, model).items())
+    return error_losses(model, feeds, _rounded_alone(model, block, accuracy_level, keep_grid, bits))

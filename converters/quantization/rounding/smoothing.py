@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from eval.graph import make_session
 from eval.probe import full_feed, row_chunks
-from files.onnx_files import save_onnx
+from files.onnx_files import copy_fields, save_onnx
 
 __all__ = [
     "SMOOTH_ALPHA",
@@ -107,34 +107,40 @@ def _scales(absmax: np.ndarray, weights: list[np.ndarray], alpha: float) -> np.n
     return np.clip(s, *SCALE_CLAMP)
 
 
-def smooth(
-    model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float = SMOOTH_ALPHA, in_place: bool = False
-) -> onnx.ModelProto:
-    """A copy of `model` (`model` itself with `in_place`) with every activation in `absmax` divided channel-wise by s
-    (one Mul, placed before its first consumer) and its MatMuls' weight rows multiplied by s."""
-    out = model if in_place else onnx.ModelProto()
-    if not in_place:
-        out.CopyFrom(model)
-    graph = out.graph
+def smooth(model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float = SMOOTH_ALPHA) -> onnx.ModelProto:
+    """A new graph: `model` with every activation in `absmax` divided channel-wise by s (one Mul, placed before its
+    first consumer) and its MatMuls' weight rows multiplied by s; built a weight at a time, not copied and then
+    changed (a weight replaced in a protobuf message leaves its old bytes in the message: files.onnx_files)."""
+    graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    before: dict[int, onnx.NodeProto] = {}  # node index → the Mul that goes before it
+    rows: dict[str, np.ndarray] = {}  # weight name → the s its rows are multiplied by
+    inputs: dict[int, str] = {}  # node index → its smoothed activation
+    inverses, before = [], {}  # the 1 / s initializers; node index → the Mul that goes before it
     for k, (name, consumers) in enumerate(smoothable(graph).items()):
         if name not in absmax:
             continue
-        nodes = [graph.node[i] for i in consumers]
-        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in nodes]
-        s = _scales(absmax[name], weights, alpha)
-        for node, w in zip(nodes, weights):
-            inits[node.input[1]].CopyFrom(numpy_helper.from_array((w * s[:, None]).astype(np.float32), node.input[1]))
-            node.input[0] = f"{name}/smoothed"
-        inverse = f"smooth_inverse_{k}"
-        graph.initializer.append(numpy_helper.from_array((1 / s).astype(np.float32), inverse))
-        before[min(consumers)] = helper.make_node("Mul", [name, inverse], [f"{name}/smoothed"], name=f"smooth_{k}")
-    nodes = []
+        weights = [graph.node[i].input[1] for i in consumers]
+        s = _scales(absmax[name], [numpy_helper.to_array(inits[w]) for w in weights], alpha)
+        rows.update(dict.fromkeys(weights, s))
+        inputs.update(dict.fromkeys(consumers, f"{name}/smoothed"))
+        inverses.append(numpy_helper.from_array((1 / s).astype(np.float32), f"smooth_inverse_{k}"))
+        mul = helper.make_node("Mul", [name, inverses[-1].name], [f"{name}/smoothed"], name=f"smooth_{k}")
+        before[min(consumers)] = mul
+    out = onnx.ModelProto()
+    copy_fields(model, out, ("graph",))
+    copy_fields(graph, out.graph, ("node", "initializer"))
     for k, node in enumerate(graph.node):
-        nodes += [before[k], node] if k in before else [node]
-    graph.ClearField("node")
-    graph.node.extend(nodes)
+        if k in before:
+            out.graph.node.append(before[k])
+        out.graph.node.append(node)
+        if k in inputs:
+            out.graph.node[-1].input[0] = inputs[k]
+    for init in graph.initializer:
+        if init.name in rows:
+            scaled = numpy_helper.to_array(init) * rows[init.name][:, None]
+            init = numpy_helper.from_array(scaled.astype(np.float32), init.name)
+        out.graph.initializer.append(init)
+    out.graph.initializer.extend(inverses)
     return out
 
 
@@ -143,11 +149,9 @@ def smoothed(
     feeds: list[dict[str, np.ndarray]],
     alpha: float,
     channels: Callable[[onnx.ModelProto, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-    in_place: bool = False,
 ) -> tuple[onnx.ModelProto, dict[str, float]]:
-    """(`model` smoothed at `alpha` on the calibration batches `feeds` (a copy; `model` itself with `in_place`), the
-    layers whose inputs hold outliers: `outliers`); `channels(model, absmax)`: the activations to smooth, of their
-    maxima (None: all)."""
+    """(`model` smoothed at `alpha` on the calibration batches `feeds`, a new graph; the layers whose inputs hold
+    outliers: `outliers`); `channels(model, absmax)`: the activations to smooth, of their maxima (None: all)."""
     absmax = activation_absmax(model, feeds)
     outlying = outliers(model, absmax)
-    return smooth(model, absmax if channels is None else channels(model, absmax), alpha, in_place), outlying
+    return smooth(model, absmax if channels is None else channels(model, absmax), alpha), outlying

@@ -107,7 +107,8 @@ class Int4Config(FourBitConfig):
         return self.block_size if self.table_block is None else self.table_block
 
     def write(self, source: Source, out: Path) -> Written:
-        tied = tied_smoothing(source.fp32.graph)
-        quantized = quantize_4bit(source.fp32, self.block_size, self.accuracy_level, table_block=self.tables_block)
+        model = source.fp32()
+        tied = tied_smoothing(model.graph)
+        quantized = quantize_4bit(model, self.block_size, self.accuracy_level, table_block=self.tables_block)
         save_onnx(self.stored(share_tied_codes(quantized, tied)), out)
         return Written()

@@ -83,10 +83,9 @@ class Int4AwareConfig(Int4Config):
         """The activations smoothed, of their maxima `absmax`: all of them."""
         return absmax
 
-    def smoothed(self, source: Source, in_place: bool = False) -> tuple[onnx.ModelProto, dict]:
-        """The graph smoothed at `alpha` (its activations `channels`; `in_place`: `source.fp32` itself), and the layers
-        whose inputs hold outliers."""
-        return smoothed(source.fp32, source.calibration, self.alpha, self.channels, in_place)
+    def smoothed(self, source: Source) -> tuple[onnx.ModelProto, dict]:
+        """The graph smoothed at `alpha` (its activations `channels`), and the layers whose inputs hold outliers."""
+        return smoothed(source.fp32(), source.calibration, self.alpha, self.channels)
 
     def head(self, source: Source, model: onnx.ModelProto) -> tuple[np.ndarray | None, tuple[str, ...]]:
         """(the word table's head ids for its lookup, the nodes of a tied table's 8-bit halves): the `table_head`
@@ -97,7 +96,7 @@ class Int4AwareConfig(Int4Config):
         return (None if tied_head else head), tied_head
 
     def write(self, source: Source, out: Path) -> Written:
-        model, outlying = self.smoothed(source, in_place=True)  # the fp32 graph is not read again: no copy of it
+        model, outlying = self.smoothed(source)
         head, tied_head = self.head(source, model)
         losses = four_bit_losses(model, source.calibration, source.kind, self.block_size, self.accuracy_level)
         eight_bit = tuple(eight_bit_layers(model, losses))

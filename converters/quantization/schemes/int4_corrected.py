@@ -122,7 +122,7 @@ class Int4CorrectedConfig(Int4AwareConfig):
     def corrected(
         self, source: Source, proto: onnx.ModelProto, head, tied_head: tuple[str, ...], int8: frozenset[str]
     ) -> tuple[onnx.ModelProto, dict, tuple[str, ...]]:
-        """int4-aware's rounding of `proto` (the smoothed graph of `source.fp32`; its linear layers in `linear_bits`)
+        """int4-aware's rounding of `proto` (the smoothed graph of `source.fp32()`; its linear layers in `linear_bits`)
         with the word table's `head` rows in 8 bits (but weights on a 4-bit grid keep it: grid.py) and every layer
         not on such a grid, and an LM's head (a layer of `vocab` outputs), rounded by GPTQ on its grid (gptq.py),
         then one byte budget (`correction_share` of the 4-bit codes) spent on each layer's rounding error, as a
@@ -161,7 +161,7 @@ class Int4CorrectedConfig(Int4AwareConfig):
             quantized = gptq_rounded(quantize_4bit(proto, block, level, **{**rounding, **widths}), proto, grams, gptq)
         corrected = add_corrections(quantized, proto, grams, ranks)
         if source.train is not None:
-            corrected = source.train(source.fp32, proto, corrected, int8, frozenset(offset))
+            corrected = source.train(source.fp32(), proto, corrected, int8, frozenset(offset))
         corrected, corrections = store_factors(corrected, proto, grams, kind.factor_form)
         report = {out: c.to_dict() for out, c in corrections.items()}
         offsets = {out: e for out, e in rounding_errors(corrected, proto).items() if out in offset}  # as trained

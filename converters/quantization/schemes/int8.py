@@ -52,7 +52,7 @@ class Int8Config(SchemeConfig):
     def smoothed(self, source: Source) -> tuple[onnx.ModelProto, dict | None]:
         """The graph the int8 weights are rounded from, and the layers whose inputs hold outliers (None: not
         measured)."""
-        return source.fp32, None
+        return source.fp32(), None
 
     def write(self, source: Source, out: Path) -> Written:
         model, outlying = self.smoothed(source)

@@ -23,6 +23,6 @@ class MixedConfig(FourBitConfig):
     planned = True
 
     def write(self, source: Source, out: Path) -> Written:
-        quantized = quantize_mixed(source.fp32, dict(source.widths), self.block_size, self.accuracy_level)
+        quantized = quantize_mixed(source.fp32(), dict(source.widths), self.block_size, self.accuracy_level)
         save_onnx(self.stored(quantized), out)
         return Written()
