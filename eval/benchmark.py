@@ -84,6 +84,7 @@ def bench(
         for key, encoded in batches.items():
             represented = kind.represent(session, encoded, references.get(key))
             quality[key] = kind.quality(references.setdefault(key, represented), represented)
+        del session  # one graph held at a time: an LM's fp32 graph is most of the memory
         rows.append(
             {
                 "name": name,

@@ -17,7 +17,8 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
-import onnx
+
+from files.onnx_files import graph_pieces
 
 __all__ = [
     "INTEGER_PATHS",
@@ -151,10 +152,12 @@ def file_sha256(path: str | Path) -> str:
 
 def graph_sha256(path: str | Path) -> str:
     """The sha256 of a graph without its metadata: the weights and operators alone, which two CPUs that write the
-    same graph share (the metadata holds the parity each CPU's kernels measured)."""
-    model = onnx.load(str(path))
-    del model.metadata_props[:]
-    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+    same graph share (the metadata holds the parity each CPU's kernels measured); read a piece at a time
+    (files.onnx_files.graph_pieces)."""
+    digest = hashlib.sha256()
+    for piece in graph_pieces(path):
+        digest.update(piece)
+    return digest.hexdigest()
 
 
 def texts_sha256(passages: list[str]) -> str:

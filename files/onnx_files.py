@@ -19,7 +19,7 @@ import onnx
 from google.protobuf.message import Message
 from onnx.external_data_helper import load_external_data_for_model
 
-__all__ = ["read_props", "add_props", "save_onnx", "load_onnx", "copy_fields", "TWO_GB"]
+__all__ = ["read_props", "add_props", "save_onnx", "load_onnx", "graph_pieces", "copy_fields", "TWO_GB"]
 
 PROPS_FIELD = 14  # ModelProto.metadata_props
 GRAPH_FIELD = 7  # ModelProto.graph
@@ -89,6 +89,24 @@ def read_props(path: str | Path) -> dict[str, str]:
                 entry = onnx.StringStringEntryProto.FromString(f.read(size))
                 props[entry.key] = entry.value
     return props
+
+
+def graph_pieces(path: str | Path, piece: int = 2**24):
+    """The bytes of the ONNX file at `path` but its metadata props, as written, `piece` bytes at most at a time; then
+    those of each file beside it that holds its weights, in the order the graph names them."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        for field, _, start, value, size in _walk(f, str(path)):
+            if field == PROPS_FIELD:
+                continue
+            f.seek(start)
+            for at in range(start, value + size, piece):
+                yield f.read(min(piece, value + size - at))
+    tensors = load_onnx(path, weights=False).graph.initializer
+    for location in dict.fromkeys(e.value for t in tensors for e in t.external_data if e.key == "location"):
+        with open(path.parent / location, "rb") as f:
+            while chunk := f.read(piece):
+                yield chunk
 
 
 def load_onnx(path: str | Path, weights: bool = True) -> onnx.ModelProto:

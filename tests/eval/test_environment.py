@@ -86,6 +86,8 @@ def test_the_graph_hash_leaves_the_metadata_out(tmp_path):
     onnx.save_model(model, str(tmp_path / "b.onnx"))
     assert file_sha256(tmp_path / "a.onnx") != file_sha256(tmp_path / "b.onnx")
     assert graph_sha256(tmp_path / "a.onnx") == graph_sha256(tmp_path / "b.onnx")
+    onnx.save_model(matmul_graph(2 * np.eye(3, dtype=np.float32)), str(tmp_path / "c.onnx"))
+    assert graph_sha256(tmp_path / "c.onnx") != graph_sha256(tmp_path / "a.onnx")  # another weight
 
 
 def test_the_run_record_gives_the_command_as_typed():

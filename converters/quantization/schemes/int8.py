@@ -56,15 +56,21 @@ class Int8Config(SchemeConfig):
 
     def write(self, source: Source, out: Path) -> Written:
         model, outlying = self.smoothed(source)
-        self.write_int8(model, source, out)
+        plain = self.plain(model, source)
+        del model  # ONNX Runtime's quantizer reads its own from the file: an LM's graph is most of the memory
+        self.write_int8(plain, source, out)
         return Written(outliers=outlying)
 
-    def write_int8(self, model: onnx.ModelProto, source: Source, out: Path) -> None:
-        """`model` through ONNX Runtime's quantize_dynamic into `out`, at the target's int8 range."""
+    def plain(self, model: onnx.ModelProto, source: Source) -> Path:
+        """`model` saved in the scratch folder (without the fp32 parity of the metadata), for the quantizer."""
+        path = source.work / "plain.onnx"
+        save_onnx(model, path)
+        return path
+
+    def write_int8(self, plain: Path, source: Source, out: Path) -> None:
+        """The graph at `plain` through ONNX Runtime's quantize_dynamic into `out`, at the target's int8 range."""
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        plain = source.work / "plain.onnx"  # without the fp32 parity of the metadata
-        save_onnx(model, plain)
         with quiet_quantizer():
             reduce = reduces_range(self.target())
             per_channel = source.kind.int8_per_channel
