@@ -11,7 +11,6 @@ where no Gram is at hand: E is its weight's size, where an LM's K × K Grams wer
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 from tqdm.auto import tqdm
 
 from converters.quantization.corrections.correction import input_rows, rounding_errors
@@ -26,7 +25,6 @@ from converters.quantization.rounding.int4 import (
 __all__ = ["MEASURED_LAYERS", "gram_losses", "error_losses", "four_bit_losses"]
 
 MEASURED_LAYERS = 64  # the most MatMuls whose losses are measured through the graph (MiniLM: 36)
-ROUNDED_BYTES = 2**26  # the fp32 bytes of a weight's columns rounded at a time for its error
 
 
 def gram_losses(
@@ -50,24 +48,14 @@ def gram_losses(
 
 
 def _rounded_alone(model: onnx.ModelProto, block: int, accuracy_level: int, keep_grid: bool, bits: int):
-    """(output name, W − Q, float32) of each MatMul of `model` rounded alone (int4.alone), one at a time, a wide
-    weight's columns ROUNDED_BYTES at a time (the rounding takes each column's blocks alone): ONNX Runtime's k-quant
-    holds some 11× the weight it is given (Qwen2.5-0.5B's 151,936-column head: 6 GB)."""
+    """(output name, W − Q, float32) of each MatMul of `model` rounded alone (int4.alone), one at a time: an LM's
+    errors and weights in fp64 held at once were 4× its weights' bytes."""
     weighted = matmul_weights(model.graph)
-    inits = {i.name: i for i in model.graph.initializer}
     nodes = [node for node in model.graph.node if node.name in weighted]
     for node in tqdm(nodes, desc=f"each layer's {bits}-bit error", unit="layer", leave=False):
-        k, n = weighted[node.name]
-        weight = numpy_helper.to_array(inits[node.input[1]])
-        error = np.empty((k, n), np.float32)
-        step = max(1, ROUNDED_BYTES // (4 * k))
-        for start in range(0, n, step):
-            part = numpy_helper.from_array(np.ascontiguousarray(weight[:, start : start + step]), node.input[1])
-            rounded = quantize_matmuls(
-                alone(model, node, part), block, accuracy_level, True, keep_grid=keep_grid, bits=bits
-            )
-            (error[:, start : start + step],) = rounding_errors(rounded, alone(model, node, part)).values()
-        yield node.output[0], error
+        rounded = quantize_matmuls(alone(model, node), block, accuracy_level, True, keep_grid=keep_grid, bits=bits)
+        ((out, error),) = rounding_errors(rounded, alone(model, node)).items()
+        yield out, error.astype(np.float32)
 
 
 def error_losses(model: onnx.ModelProto, feeds: list[dict], errors) -> dict[str, float]:

@@ -43,7 +43,7 @@ from converters.quantization.rounding.three_bit_linear import three_bit_matmuls
 from converters.quantization.rounding.three_bit_table import three_bit_gather
 from converters.quantization.storage.codebook_table import CODEBOOK_BITS, codebook_gather, piece_of
 from eval.graph import make_session
-from files.onnx_files import save_onnx
+from files.onnx_files import copy_fields, save_onnx
 
 __all__ = [
     "INT4_BLOCK",
@@ -80,6 +80,7 @@ INT4_AWARE_ALPHA = 0.5
 # all-MiniLM-L6-v2, 0.05 buys four layers (value and output projections of the last blocks, the
 # last FFN output): 0.163× → 0.169× the file, recall@10 0.880 → 0.889 (BENCHMARKS.md).
 EIGHT_BIT_SHARE = 0.05
+SLICE_BYTES = 2**26  # the fp32 bytes of a weight's columns the quantizer is given at a time (each_matmul)
 SENSITIVITY_BATCHES = 2  # calibration batches each layer's 4-bit loss is measured on
 
 
@@ -154,7 +155,7 @@ def quantize_matmuls(
     bits: int = 4,
     four_bit=(),
 ) -> onnx.ModelProto:
-    """`model` (named nodes, changed in place) with its MatMul weights in MatMulNBits: all of them,
+    """A new graph: `model` (named nodes) with its MatMul weights in MatMulNBits: all of them,
     or `only` those; `eight_bit` of them (aware only) in 8 bits. ONNX Runtime 1.32's k-quant packs
     the 4-bit zero points of a weight with an odd number of blocks along K wrongly (it fails), so
     those take asymmetric round-to-nearest instead, as do, with `keep_grid` (for the corrected schemes),
@@ -184,11 +185,9 @@ def quantize_matmuls(
         passes = [(kquant, names - nearest), (rtn(4), nearest - eight), (rtn(8), nearest & eight)]
     else:
         passes = [(rtn(4), names)]
-    for config, chosen in passes:
-        if not chosen:
-            continue
 
-        def quantized(one: onnx.ModelProto, config=config) -> onnx.ModelProto:
+    def quantizer_of(config) -> Quantizer:
+        def quantized(one: onnx.ModelProto) -> onnx.ModelProto:
             quantizer = MatMulNBitsQuantizer(
                 one, block_size=block, is_symmetric=not aware, accuracy_level=accuracy_level, algo_config=config
             )
@@ -196,8 +195,10 @@ def quantize_matmuls(
                 quantizer.process()
             return quantizer.model.model
 
-        model = each_matmul(model, chosen, quantized)
-    return three_bit_matmuls(model, weights)
+        return quantized
+
+    chosen = {name: quantizer_of(config) for config, names in passes for name in names}
+    return three_bit_matmuls(each_matmul(model, chosen), weights)
 
 
 def alone(model: onnx.ModelProto, node: onnx.NodeProto, weight: onnx.TensorProto | None = None) -> onnx.ModelProto:
@@ -215,37 +216,75 @@ def alone(model: onnx.ModelProto, node: onnx.NodeProto, weight: onnx.TensorProto
     return onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
 
 
-def each_matmul(
-    model: onnx.ModelProto, chosen: set[str], quantized: Callable[[onnx.ModelProto], onnx.ModelProto]
-) -> onnx.ModelProto:
-    """`model` (changed in place) with each MatMul node named in `chosen` replaced by what `quantized` (ONNX
-    Runtime's quantizer) makes of a graph of that node and its weight alone: its nodes in the node's place, its
-    initializers added, the fp32 weight dropped where no other node reads it. One weight's copies at a time: the
-    quantizer given the whole graph held ~3 copies of it (SmolLM2: 2.7 GB for 0.54 GB of weights)."""
+Quantizer = Callable[[onnx.ModelProto], onnx.ModelProto]  # ONNX Runtime's, on a graph of one MatMul
+
+
+def each_matmul(model: onnx.ModelProto, chosen: dict[str, Quantizer]) -> onnx.ModelProto:
+    """A new graph: `model` with each MatMul node named in `chosen` replaced by what its quantizer (ONNX Runtime's)
+    makes of a graph of that node and its weight alone (`sliced`): its nodes in the node's place, its initializers
+    added, the fp32 weight dropped where no other node reads it. One weight's copies at a time: the quantizer given
+    the whole graph held ~3 copies of it (SmolLM2: 2.7 GB for 0.54 GB of weights); built anew, not changed in place
+    (a protobuf message keeps the bytes of what it drops: files.onnx_files)."""
     graph = model.graph
-    inits = {i.name: k for k, i in enumerate(graph.initializer)}
+    inits = {i.name: i for i in graph.initializer}
     uses = collections.Counter(name for node in graph.node for name in node.input)
     nodes, added, dropped, domains = [], [], set(), {}
     for node in graph.node:
         if node.name not in chosen:
             nodes.append(node)
             continue
-        weight = graph.initializer[inits[node.input[1]]]
-        done = quantized(alone(model, node, weight))
+        weight = inits[node.input[1]]
+        done = sliced(model, node, weight, chosen[node.name])
         nodes.extend(done.graph.node)
         added.extend(i for i in done.graph.initializer if i.name != weight.name)
         domains.update({o.domain: o.version for o in done.opset_import})
         uses[weight.name] -= 1
         if not uses[weight.name]:
             dropped.add(weight.name)
-    kept = [i for i in graph.initializer if i.name not in dropped]
-    graph.ClearField("node")
-    graph.node.extend(nodes)
-    graph.ClearField("initializer")
-    graph.initializer.extend([*kept, *added])
-    held = {o.domain for o in model.opset_import}
-    model.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in domains.items() if d not in held)
-    return model
+    out = onnx.ModelProto()
+    copy_fields(model, out, ("graph",))
+    copy_fields(graph, out.graph, ("node", "initializer"))
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend([*(i for i in graph.initializer if i.name not in dropped), *added])
+    held = {o.domain for o in out.opset_import}
+    out.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in domains.items() if d not in held)
+    return out
+
+
+def sliced(
+    model: onnx.ModelProto,
+    node: onnx.NodeProto,
+    weight: onnx.TensorProto,
+    quantized: Quantizer,
+) -> onnx.ModelProto:
+    """What `quantized` makes of `model`'s MatMul `node` and its `weight` (K × N) alone; a weight past SLICE_BYTES a
+    slice of its columns at a time, the MatMulNBits slices joined along N (a column's blocks are rounded alone, so
+    the codes, scales and zero points are the whole weight's): ONNX Runtime's k-quant holds some 11× the weight it is
+    given (Qwen2.5-0.5B's 151,936-column head: 6 GB)."""
+    k, n = weight.dims
+    step = max(1, SLICE_BYTES // (4 * k))
+    if n <= step:
+        return quantized(alone(model, node, weight))
+    array = numpy_helper.to_array(weight)
+    columns = (np.ascontiguousarray(array[:, at : at + step]) for at in range(0, n, step))
+    parts = [quantized(alone(model, node, numpy_helper.from_array(part, weight.name))) for part in columns]
+    first = parts[0]
+    (joined,) = first.graph.node
+    if joined.op_type != "MatMulNBits":
+        raise CompressorError(f"a slice of {node.name!r} was quantized into {joined.op_type}, not MatMulNBits")
+    for attribute in joined.attribute:
+        if attribute.name == "N":
+            attribute.i = n
+    pieces = {i.name: [numpy_helper.to_array(i)] for i in first.graph.initializer if i.name != weight.name}
+    for part in parts[1:]:
+        for tensor in part.graph.initializer:
+            if tensor.name in pieces:
+                pieces[tensor.name].append(numpy_helper.to_array(tensor))
+    one = onnx.ModelProto()
+    copy_fields(first, one, ("graph",))
+    copy_fields(first.graph, one.graph, ("initializer",))
+    one.graph.initializer.extend(numpy_helper.from_array(np.concatenate(p), name) for name, p in pieces.items())
+    return one
 
 
 def quantize_tables(
@@ -315,7 +354,7 @@ def quantize_4bit(
     linear_bits: int = 4,
     four_bit: tuple[str, ...] = (),
 ) -> onnx.ModelProto:
-    """A copy of `model` with 4-bit MatMul weights and tables (module docstring); `aware` picks the
+    """A new graph: `model` (its nodes named) with 4-bit MatMul weights and tables (module docstring); `aware` picks the
     int4-aware rounding (k-quant and asymmetric tables) over symmetric round-to-nearest, and with
     it the MatMul (and Gather) nodes named in `eight_bit` and the word table's rows of the token ids `head` get 8 bits,
     and with `keep_grid` weights on a 4-bit grid keep it (grid.py); the tables in blocks of `table_block`
@@ -325,8 +364,7 @@ def quantize_4bit(
     check_int4_options(block, accuracy_level)
     if (eight_bit or head is not None) and not aware:
         raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")
-    model = copy.deepcopy(model)
-    name_nodes(model.graph)
+    name_nodes(model.graph)  # the caller's graph named, not copied: each_matmul builds a new one
     model = quantize_matmuls(
         model,
         block,
