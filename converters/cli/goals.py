@@ -89,20 +89,22 @@ def goal_said(goal: str) -> str:
 
 # The original's rows of a causal LM (its kind's baselines: int8, int4 and int4-aware, each graph with its key-value
 # cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512)
-# on 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"): SmolLM2-135M 391 s, peak 4.68 GB
-# (8.7× its fp32 weights); a random Qwen2.5-0.5B shape (494.0 M parameters) 1,762 s, peak 22.67 GB (11.5×). Time and
-# memory grow with the weights (every stage reads each of them a few times), the memory a little faster (the input
-# Grams grow with the square of a layer's width): the larger model's rates, which say SmolLM2's 8 minutes (+21 %)
-# and a peak of at most 6.2 GB
-LM_RUN_SECONDS_PER_PARAM = 1762 / 494.0e6
-LM_RUN_PEAK_PER_FP32_BYTE = 22.67e9 / (494.0e6 * 4)
+# on 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"), graphs written, read and quantized a
+# weight at a time (c110f04): SmolLM2-135M (134.5 M parameters) 394 s, peak 3.30 GB; a random Qwen2.5-0.5B shape
+# (494.0 M) 1,442 s, peak 10.44 GB. Time grows with the weights (every stage reads each of them a few times); the
+# peak with them beside what the libraries hold whatever the model: the line through both runs, 4.97× the fp32
+# bytes and 0.63 GB.
+LM_RUN_SECONDS_PER_PARAM = 1442 / 494.0e6
+LM_RUN_PEAK_PER_FP32_BYTE = (10.44e9 - 3.30e9) / ((494.0e6 - 134.5e6) * 4)
+LM_RUN_PEAK_BASE_BYTES = 10.44e9 - LM_RUN_PEAK_PER_FP32_BYTE * 494.0e6 * 4
 
 
 def lm_run_needs(model_dir: Path) -> tuple[int, int, int]:
     """(parameters, about how many minutes on 2 cores, the peak resident bytes) of the LM run of the model in
     `model_dir`, from the parameters its safetensors headers hold."""
     params = stored_parameters(Path(model_dir))
-    return params, max(1, round(params * LM_RUN_SECONDS_PER_PARAM / 60)), round(params * 4 * LM_RUN_PEAK_PER_FP32_BYTE)
+    peak = LM_RUN_PEAK_BASE_BYTES + params * 4 * LM_RUN_PEAK_PER_FP32_BYTE
+    return params, max(1, round(params * LM_RUN_SECONDS_PER_PARAM / 60)), round(peak)
 
 
 def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
@@ -110,15 +112,14 @@ def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
     when its peak memory exceeds what the machine has available."""
     params, minutes, peak = lm_run_needs(model_dir)
     free = available_memory()
+    rate = f"{LM_RUN_PEAK_BASE_BYTES / 2**30:.1f} GiB and {LM_RUN_PEAK_PER_FP32_BYTE:.1f}× the fp32 weights"
     if free and peak > free:
+        fits = (free - LM_RUN_PEAK_BASE_BYTES) / LM_RUN_PEAK_PER_FP32_BYTE / 4 / 1e9
         raise CompressorError(
             f"the original's rows of this LM ({', '.join(rows)}; {params / 1e9:.2f}B parameters, "
-            f"{params * 4 / 2**30:.1f} GiB in float32) need about {peak / 2**30:.1f} GiB at their peak "
-            f"({LM_RUN_PEAK_PER_FP32_BYTE:.1f}× the fp32 weights, measured on Qwen2.5-0.5B's shape) and this machine "
-            f"has {free / 2**30:.1f} GiB available: a model of up to {free / LM_RUN_PEAK_PER_FP32_BYTE / 4 / 1e9:.2f}B "
-            "parameters fits here"
+            f"{params * 4 / 2**30:.1f} GiB in float32) need about {peak / 2**30:.1f} GiB at their peak ({rate}, "
+            f"measured on SmolLM2-135M and Qwen2.5-0.5B's shape) and this machine has {free / 2**30:.1f} GiB "
+            f"available: a model of up to {max(fits, 0):.2f}B parameters fits here"
         )
-    return (
-        f"about {minutes} minutes on 2 cores and a peak of at most {peak / 2**30:.1f} GiB for {params / 1e9:.2f}B "
-        f"parameters ({LM_RUN_PEAK_PER_FP32_BYTE:.1f}× their fp32 bytes)"
-    )
+    said = f"about {minutes} minutes on 2 cores and a peak of at most {peak / 2**30:.1f} GiB"
+    return f"{said} for {params / 1e9:.2f}B parameters ({rate})"

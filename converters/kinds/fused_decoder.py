@@ -92,11 +92,13 @@ def fused_decoder(model: nn.Module, opset: int = 17) -> onnx.ModelProto | None:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = _head_dim(config)
     layers = len(body.layers)
-    weights: list[onnx.TensorProto] = []
+    # each weight written into the model as it is made (a list of them, a graph of the list and a model of the graph
+    # held a 0.5B LM's 2 GB three times)
+    proto = onnx.ModelProto()
     nodes: list[onnx.NodeProto] = []
 
     def weight(name: str, array, dtype=np.float32) -> str:
-        weights.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=dtype), name))
+        proto.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=dtype), name))
         return name
 
     def node(op: str, inputs: list[str], outputs: list[str], name: str, domain: str = "", **attrs):
@@ -192,10 +194,16 @@ def fused_decoder(model: nn.Module, opset: int = 17) -> onnx.ModelProto | None:
         for name in n.output
         if name and name not in declared
     ]
-    graph = helper.make_graph(nodes, "fused_decoder", inputs, outputs, initializer=weights, value_info=typed)
-    opsets = [helper.make_opsetid("", max(opset, TABLE_OPSET)), helper.make_opsetid(MS, 1)]
-    ir = helper.find_min_ir_version_for(opsets, ignore_unknown=True)  # not the newest onnx's: older runtimes load it
-    return helper.make_model(graph, opset_imports=opsets, producer_name="compressor", ir_version=ir)
+    proto.graph.name = "fused_decoder"
+    proto.graph.node.extend(nodes)
+    proto.graph.input.extend(inputs)
+    proto.graph.output.extend(outputs)
+    proto.graph.value_info.extend(typed)
+    proto.opset_import.extend([helper.make_opsetid("", max(opset, TABLE_OPSET)), helper.make_opsetid(MS, 1)])
+    proto.producer_name = "compressor"
+    # not the newest onnx's IR version: older runtimes load it
+    proto.ir_version = helper.find_min_ir_version_for(proto.opset_import, ignore_unknown=True)
+    return proto
 
 
 _LAYER = re.compile(

@@ -4,9 +4,12 @@ graph's output with that layer alone rounded, one graph saved and loaded per lay
 for MiniLM's 36, 35 s for SmolLM2's 211 at 540 MB). Estimated, above MEASURED_LAYERS layers: the
 output error energy the rounding leaves in the layer itself, Σ ‖x E‖² = tr(Eᵀ G E) over the calibration
 tokens x with E = W − Q and G = Σ xᵀx its input Gram (the metric the corrections are fitted in), which weighs a
-layer by what flows through it but not by what the layers after it make of its error. Summed from E itself
-where no Gram is at hand: E is its weight's size, where an LM's K × K Grams were 1.7× its weights (Qwen2.5-0.5B's
-4,864-wide down-projection inputs) and x E costs N / K of xᵀx there"""
+layer by what flows through it but not by what the layers after it make of its error. Where no Gram is at hand,
+the probe sums whichever is smaller for each input, its Gram or the errors of the layers it feeds
+(`probed_losses`): an LM's K × K Grams were 1.3× its weights (Qwen2.5-0.5B's 4,864-wide down-projection inputs),
+its errors as large as its weights (its head's 151,936 columns)."""
+
+import collections
 
 import numpy as np
 import onnx
@@ -22,7 +25,7 @@ from converters.quantization.rounding.int4 import (
     quantize_matmuls,
 )
 
-__all__ = ["MEASURED_LAYERS", "gram_losses", "error_losses", "four_bit_losses"]
+__all__ = ["MEASURED_LAYERS", "gram_losses", "probed_losses", "four_bit_losses"]
 
 MEASURED_LAYERS = 64  # the most MatMuls whose losses are measured through the graph (MiniLM: 36)
 
@@ -43,31 +46,56 @@ def gram_losses(
     if quantized is not None:
         errors = rounding_errors(quantized, model).items()
     else:
-        errors = _rounded_alone(model, block, accuracy_level, keep_grid, bits)
+        weighted = matmul_weights(model.graph)
+        errors = _rounded_alone(
+            model, [n for n in model.graph.node if n.name in weighted], block, accuracy_level, keep_grid, bits
+        )
     return {names[out]: float(np.sum((grams[out].numpy() @ error) * error)) for out, error in errors}
 
 
-def _rounded_alone(model: onnx.ModelProto, block: int, accuracy_level: int, keep_grid: bool, bits: int):
-    """(output name, W − Q, float32) of each MatMul of `model` rounded alone (int4.alone), one at a time: an LM's
+def _rounded_alone(model: onnx.ModelProto, nodes: list, block: int, accuracy_level: int, keep_grid: bool, bits: int):
+    """(output name, W − Q, float32) of each MatMul of `nodes` rounded alone (int4.alone), one at a time: an LM's
     errors and weights in fp64 held at once were 4× its weights' bytes."""
-    weighted = matmul_weights(model.graph)
-    nodes = [node for node in model.graph.node if node.name in weighted]
     for node in tqdm(nodes, desc=f"each layer's {bits}-bit error", unit="layer", leave=False):
         rounded = quantize_matmuls(alone(model, node), block, accuracy_level, True, keep_grid=keep_grid, bits=bits)
         ((out, error),) = rounding_errors(rounded, alone(model, node)).items()
         yield out, error.astype(np.float32)
 
 
-def error_losses(model: onnx.ModelProto, feeds: list[dict], errors) -> dict[str, float]:
-    """MatMul node name → Σ ‖x E‖² (float64 over float32 products) over the real tokens x of its input in the
-    first batches of `feeds` (correction.input_rows), of each (output name, E = W − Q) of `errors`."""
-    errors = {out: np.asarray(error, dtype=np.float32) for out, error in errors}
-    nodes = {n.output[0]: n for n in model.graph.node if n.output[0] in errors}
-    losses = dict.fromkeys(errors, 0.0)
-    for rows in input_rows(model, sorted({n.input[0] for n in nodes.values()}), feeds):
+def probed_losses(
+    model: onnx.ModelProto, feeds: list[dict], block: int, accuracy_level: int, keep_grid: bool = False, bits: int = 4
+) -> dict[str, float]:
+    """MatMul node name → Σ ‖x E‖² over the real tokens x of its input in the first batches of `feeds`
+    (correction.input_rows), E its rounding error (rounded alone; `keep_grid`, `bits`: as int4.quantize_matmuls),
+    from the smaller of what the probe can sum: an input's Gram G (K × K, shared by the MatMuls it feeds; then
+    tr(Eᵀ G E)) or the errors E of the MatMuls it feeds (K × N each). Qwen2.5-0.5B: its down-projections' errors,
+    the other inputs' Grams, 0.65 GB where its Grams alone were 2.5 GB and its errors 2 GB (its head's 0.5 GB)."""
+    weighted = matmul_weights(model.graph)
+    nodes = [node for node in model.graph.node if node.name in weighted]
+    widths = collections.Counter()
+    for node in nodes:
+        widths[node.input[0]] += weighted[node.name][1]
+    by_gram = {node.input[0] for node in nodes if weighted[node.name][0] <= widths[node.input[0]]}
+    errors = dict(
+        _rounded_alone(model, [n for n in nodes if n.input[0] not in by_gram], block, accuracy_level, keep_grid, bits)
+    )
+    inputs = {node.output[0]: node.input[0] for node in nodes}
+    losses, grams = dict.fromkeys(errors, 0.0), {}
+    for rows in input_rows(model, sorted(set(inputs.values())), feeds):
+        for name in by_gram:
+            gram = rows[name].T @ rows[name]
+            if name in grams:
+                grams[name] += gram  # in place: a chunk of an LM's batch is a row (eval.probe.row_chunks)
+            else:
+                grams[name] = gram
         for out, error in errors.items():
-            losses[out] += float(np.sum(np.square(rows[nodes[out].input[0]] @ error), dtype=np.float64))
-    return {nodes[out].name: loss for out, loss in losses.items()}
+            losses[out] += float(np.sum(np.square(rows[inputs[out]] @ error), dtype=np.float64))
+    del errors
+    for out, error in _rounded_alone(
+        model, [n for n in nodes if n.input[0] in by_gram], block, accuracy_level, keep_grid, bits
+    ):
+        losses[out] = float(np.sum((grams[inputs[out]] @ error) * error, dtype=np.float64))
+    return {node.name: losses[node.output[0]] for node in nodes}
 
 
 def four_bit_losses(
@@ -91,6 +119,4 @@ def four_bit_losses(
         return layer_losses(model, feeds[:SENSITIVITY_BATCHES], kind, block, accuracy_level, keep_grid, bits)
     if grams is not None:
         return gram_losses(model, grams, block, accuracy_level, quantized, keep_grid, bits)
-    if quantized is not None:
-        return error_losses(model, feeds, rounding_errors(quantized, model).items())
-    return error_losses(model, feeds, _rounded_alone(model, block, accuracy_level, keep_grid, bits))
+    return probed_losses(model, feeds, block, accuracy_level, keep_grid, bits)  # rounded alone as `quantized` is
