@@ -26,7 +26,7 @@ def _matmul(k=64, n=48):
 
 
 @pytest.mark.parametrize("k, n", [(64, 48), (16, 48)])  # the probe sums the errors E (K > N), or the Gram
-def test_the_estimate_is_the_output_error_energy_of_the_rounded_layer(tmp_path, k, n):
+def test_the_estimate_is_the_output_error_energy_of_the_rounded_layer(tmp_path, k, n, monkeypatch):
     model = _matmul(k, n)
     name_nodes(model.graph)
     feeds = [{"x": (RNG.standard_normal((32, k)) * np.geomspace(5, 0.2, k)).astype(np.float32)} for _ in range(3)]
@@ -38,6 +38,9 @@ def test_the_estimate_is_the_output_error_energy_of_the_rounded_layer(tmp_path, 
     assert abs(loss - energy) <= 1e-3 * energy
     (probed,) = sensitivity.probed_losses(model, feeds, block=16, accuracy_level=0).values()  # no Gram given
     assert abs(probed - energy) <= 1e-3 * energy
+    monkeypatch.setattr(sensitivity, "SLICE_BYTES", 4 * k * 8)  # each weight rounded 8 columns at a time
+    (sliced,) = sensitivity.probed_losses(model, feeds, block=16, accuracy_level=0).values()
+    assert abs(sliced - probed) <= 1e-5 * probed
     louder = [{"x": 10 * f["x"]} for f in feeds]  # ten times the input: a hundred times the error energy
     (loud,) = sensitivity.gram_losses(model, input_grams(model, louder), block=16, accuracy_level=0).values()
     assert 99 < loud / loss < 101

@@ -14,11 +14,13 @@ import collections
 import numpy as np
 import onnx
 import torch
+from onnx import numpy_helper
 from tqdm.auto import tqdm
 
 from converters.quantization.corrections.correction import input_rows, rounding_errors
 from converters.quantization.rounding.int4 import (
     SENSITIVITY_BATCHES,
+    SLICE_BYTES,
     alone,
     layer_losses,
     matmul_weights,
@@ -50,16 +52,27 @@ def gram_losses(
         errors = _rounded_alone(
             model, [n for n in model.graph.node if n.name in weighted], block, accuracy_level, keep_grid, bits
         )
-    return {names[out]: float(np.sum((grams[out].numpy() @ error) * error)) for out, error in errors}
+    losses: dict[str, float] = {}
+    for out, error in errors:  # whole, or a slice of its columns at a time
+        losses[names[out]] = losses.get(names[out], 0.0) + float(np.sum((grams[out].numpy() @ error) * error))
+    return losses
 
 
 def _rounded_alone(model: onnx.ModelProto, nodes: list, block: int, accuracy_level: int, keep_grid: bool, bits: int):
-    """(output name, W − Q, float32) of each MatMul of `nodes` rounded alone (int4.alone), one at a time: an LM's
-    errors and weights in fp64 held at once were 4× its weights' bytes."""
+    """(output name, W − Q of a slice of SLICE_BYTES of its columns, float32) of each MatMul of `nodes` rounded alone
+    (int4.alone), a slice at a time, in order: a column's blocks are rounded alone, and an error's energy is the sum
+    of its slices'. An LM's errors and weights in fp64 held at once were 4× its weights' bytes, its head's alone 2 GB
+    at 0.5B."""
+    inits = {i.name: i for i in model.graph.initializer}
     for node in tqdm(nodes, desc=f"each layer's {bits}-bit error", unit="layer", leave=False):
-        rounded = quantize_matmuls(alone(model, node), block, accuracy_level, True, keep_grid=keep_grid, bits=bits)
-        ((out, error),) = rounding_errors(rounded, alone(model, node)).items()
-        yield out, error.astype(np.float32)
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        step = max(1, SLICE_BYTES // (4 * weight.shape[0]))
+        for at in range(0, weight.shape[1], step):
+            part = numpy_helper.from_array(np.ascontiguousarray(weight[:, at : at + step]), node.input[1])
+            one = alone(model, node, part)
+            rounded = quantize_matmuls(one, block, accuracy_level, True, keep_grid=keep_grid, bits=bits)
+            ((out, error),) = rounding_errors(rounded, alone(model, node, part)).items()
+            yield out, error.astype(np.float32)
 
 
 def probed_losses(
@@ -76,9 +89,13 @@ def probed_losses(
     for node in nodes:
         widths[node.input[0]] += weighted[node.name][1]
     by_gram = {node.input[0] for node in nodes if weighted[node.name][0] <= widths[node.input[0]]}
-    errors = dict(
-        _rounded_alone(model, [n for n in nodes if n.input[0] not in by_gram], block, accuracy_level, keep_grid, bits)
-    )
+    parts: dict[str, list[np.ndarray]] = {}
+    for out, part in _rounded_alone(
+        model, [n for n in nodes if n.input[0] not in by_gram], block, accuracy_level, keep_grid, bits
+    ):
+        parts.setdefault(out, []).append(part)
+    errors = {out: np.concatenate(part, axis=1) for out, part in parts.items()}
+    del parts
     inputs = {node.output[0]: node.input[0] for node in nodes}
     losses, grams = dict.fromkeys(errors, 0.0), {}
     for rows in input_rows(model, sorted(set(inputs.values())), feeds):
@@ -94,7 +111,7 @@ def probed_losses(
     for out, error in _rounded_alone(
         model, [n for n in nodes if n.input[0] in by_gram], block, accuracy_level, keep_grid, bits
     ):
-        losses[out] = float(np.sum((grams[inputs[out]] @ error) * error, dtype=np.float64))
+        losses[out] = losses.get(out, 0.0) + float(np.sum((grams[inputs[out]] @ error) * error, dtype=np.float64))
     return {node.name: losses[node.output[0]] for node in nodes}
 
 
