@@ -17,6 +17,7 @@ from converters.quantization.storage.packed_codes import Builder, default_opset,
 __all__ = ["tied_pairs", "smoothing_of", "tied_smoothing", "share_tied_codes"]
 
 TRANSPOSED = "_transposed"  # products.products_as_matmul's name of a table's transposed copy
+SMOOTHING_ROWS = 64  # rows of a tied head whose smoothing is read at a time
 
 
 def tied_pairs(graph: onnx.GraphProto) -> list[str]:
@@ -30,10 +31,13 @@ def tied_pairs(graph: onnx.GraphProto) -> list[str]:
 def smoothing_of(graph: onnx.GraphProto, table: str) -> np.ndarray | None:
     """s (D,) with E_transposed = diag(s) Eᵀ (SmoothQuant's scaling of the head's input), None when s = 1."""
     inits = {i.name: i for i in graph.initializer}
-    w = numpy_helper.to_array(inits[table]).T.astype(np.float64)
-    w_s = numpy_helper.to_array(inits[table + TRANSPOSED]).astype(np.float64)
-    norms = (w * w).sum(1)
-    s = np.where(norms > 0, (w_s * w).sum(1) / np.maximum(norms, 1e-30), 1.0)
+    table_, head = numpy_helper.to_array(inits[table]), numpy_helper.to_array(inits[table + TRANSPOSED])
+    s = np.ones(head.shape[0])
+    for at in range(0, len(s), SMOOTHING_ROWS):  # in fp64 a few rows at a time: whole, 4 tables' bytes (0.5B: 4.4 GB)
+        w = table_[:, at : at + SMOOTHING_ROWS].T.astype(np.float64)
+        w_s = head[at : at + SMOOTHING_ROWS].astype(np.float64)
+        norms = (w * w).sum(1)
+        s[at : at + SMOOTHING_ROWS] = np.where(norms > 0, (w_s * w).sum(1) / np.maximum(norms, 1e-30), 1.0)
     return None if np.allclose(s, 1.0, rtol=1e-6, atol=0) else s
 
 
