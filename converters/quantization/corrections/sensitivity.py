@@ -127,13 +127,13 @@ def four_bit_losses(
     bits: int = 4,
 ) -> dict[str, float]:
     """MatMul node name → its loss in 4 bits (module docstring): measured through the graph on the
-    first SENSITIVITY_BATCHES of `feeds` up to MEASURED_LAYERS layers, else estimated in the input
-    Grams `grams` when given, or from the errors on `feeds`, of `model` rounded (`quantized`, or rounded here);
-    `keep_grid`: weights on a 4-bit grid rounded as the corrected schemes round them, `bits` 3: in 3
-    (int4.quantize_matmuls)."""
+    first SENSITIVITY_BATCHES of `feeds` up to MEASURED_LAYERS layers, else estimated: in the input Grams `grams`
+    when given, of `model` rounded (`quantized`, or rounded here), or else probed on `feeds` (probed_losses), each
+    layer rounded alone (as `quantized` rounds it: each_matmul); `keep_grid`: weights on a 4-bit grid rounded as the
+    corrected schemes round them, `bits` 3: in 3 (int4.quantize_matmuls)."""
     layers = len(matmul_weights(model.graph))
     if layers <= MEASURED_LAYERS:
         return layer_losses(model, feeds[:SENSITIVITY_BATCHES], kind, block, accuracy_level, keep_grid, bits)
     if grams is not None:
         return gram_losses(model, grams, block, accuracy_level, quantized, keep_grid, bits)
-    return probed_losses(model, feeds, block, accuracy_level, keep_grid, bits)  # rounded alone as `quantized` is
+    return probed_losses(model, feeds, block, accuracy_level, keep_grid, bits)
