@@ -20,12 +20,11 @@ from tqdm.auto import tqdm
 from converters.quantization.corrections.correction import input_rows, rounding_errors
 from converters.quantization.rounding.int4 import (
     SENSITIVITY_BATCHES,
-    SLICE_BYTES,
-    alone,
     layer_losses,
     matmul_weights,
     quantize_matmuls,
 )
+from converters.quantization.rounding.one_matmul import SLICE_BYTES, alone
 
 __all__ = ["MEASURED_LAYERS", "gram_losses", "probed_losses", "four_bit_losses"]
 
@@ -60,7 +59,7 @@ def gram_losses(
 
 def _rounded_alone(model: onnx.ModelProto, nodes: list, block: int, accuracy_level: int, keep_grid: bool, bits: int):
     """(output name, W − Q of a slice of SLICE_BYTES of its columns, float32) of each MatMul of `nodes` rounded alone
-    (int4.alone), a slice at a time, in order: a column's blocks are rounded alone, and an error's energy is the sum
+    (one_matmul.alone), a slice at a time, in order: a column's blocks are rounded alone, and an error's energy is the sum
     of its slices'. An LM's errors and weights in fp64 held at once were 4× its weights' bytes, its head's alone 2 GB
     at 0.5B."""
     inits = {i.name: i for i in model.graph.initializer}
