@@ -59,9 +59,9 @@ def gram_losses(
 
 def _rounded_alone(model: onnx.ModelProto, nodes: list, block: int, accuracy_level: int, keep_grid: bool, bits: int):
     """(output name, W − Q of a slice of SLICE_BYTES of its columns, float32) of each MatMul of `nodes` rounded alone
-    (one_matmul.alone), a slice at a time, in order: a column's blocks are rounded alone, and an error's energy is the sum
-    of its slices'. An LM's errors and weights in fp64 held at once were 4× its weights' bytes, its head's alone 2 GB
-    at 0.5B."""
+    (one_matmul.alone), a slice at a time, in order: a column's blocks are rounded alone, and an error's energy is
+    the sum of its slices'. An LM's errors and weights in fp64 held at once were 4× its weights' bytes, its head's
+    alone 2 GB at 0.5B."""
     inits = {i.name: i for i in model.graph.initializer}
     for node in tqdm(nodes, desc=f"each layer's {bits}-bit error", unit="layer", leave=False):
         weight = numpy_helper.to_array(inits[node.input[1]])
