@@ -10,6 +10,7 @@ from google.protobuf.message import DecodeError
 
 from compressor.errors import CompressorError
 from eval.probe import session_options
+from eval.memory import trim_heap
 from files.onnx_files import load_onnx
 
 __all__ = [
@@ -54,12 +55,14 @@ def initializer_stats(model: onnx.ModelProto) -> tuple[int, int]:
 def make_session(
     path: str | Path, threads: int = 1, arena: bool = True, optimized_path: Path | None = None, spin: bool = True
 ):
-    """An ONNX Runtime CPU session with the settings of probe.session_options."""
+    """An ONNX Runtime CPU session with the settings of probe.session_options (the heap trimmed first: what earlier
+    sessions freed given back, eval.memory.trim_heap)."""
     import onnxruntime as ort
 
     options = session_options(threads, arena, optimized_path, spin)
     if not Path(path).is_file():
         raise CompressorError(f"ONNX file {str(path)!r} does not exist")
+    trim_heap()
     try:
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except (

@@ -1,12 +1,14 @@
 """Each stage of a run (an export, a row's quantization, the bench) timed, with the peak resident memory of the
 process while it ran: the kernel's high-water mark (VmHWM) is reset as the stage starts (/proc/self/clear_refs,
-Linux), so that each peak is the stage's own; where it cannot be reset, the run's peak so far is said as such."""
+Linux), so that each peak is the stage's own; where it cannot be reset, the run's peak so far is said as such. What
+earlier stages freed is given back first (eval.memory.trim_heap), not counted again."""
 
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from converters.pipeline.say import say
+from eval.memory import trim_heap
 from eval.probe import peak_rss_bytes
 
 __all__ = ["Stages"]
@@ -33,6 +35,7 @@ class Stages:
     @contextmanager
     def stage(self, name: str):
         """Time the work inside as the stage `name`, said on stderr when it ends."""
+        trim_heap()
         own = _reset_peak()
         start = time.perf_counter()
         yield

@@ -167,11 +167,11 @@ def test_layers_rounded_one_at_a_time_are_those_the_quantizer_makes_of_the_whole
         MatMulNBitsQuantizer,
     )
 
-    from converters.quantization.rounding import one_matmul
+    from converters.quantization.rounding import one_node
     from converters.quantization.rounding.int4 import quantize_matmuls
 
     if columns is not None:  # each weight a slice of `columns` columns at a time, the slices joined
-        monkeypatch.setattr(one_matmul, "SLICE_BYTES", 4 * 64 * columns)
+        monkeypatch.setattr(one_node, "SLICE_BYTES", 4 * 64 * columns)
     model = _two_matmuls(np.random.default_rng(0))
     plain = DefaultWeightOnlyQuantConfig(block_size=16, is_symmetric=True, accuracy_level=4, bits=4)
     config = KQuantWeightOnlyQuantConfig() if aware else plain

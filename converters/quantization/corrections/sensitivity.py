@@ -24,7 +24,7 @@ from converters.quantization.rounding.int4 import (
     matmul_weights,
     quantize_matmuls,
 )
-from converters.quantization.rounding.one_matmul import SLICE_BYTES, alone
+from converters.quantization.rounding.one_node import SLICE_BYTES, alone
 
 __all__ = ["MEASURED_LAYERS", "gram_losses", "probed_losses", "four_bit_losses"]
 
@@ -59,7 +59,7 @@ def gram_losses(
 
 def _rounded_alone(model: onnx.ModelProto, nodes: list, block: int, accuracy_level: int, keep_grid: bool, bits: int):
     """(output name, W − Q of a slice of SLICE_BYTES of its columns, float32) of each MatMul of `nodes` rounded alone
-    (one_matmul.alone), a slice at a time, in order: a column's blocks are rounded alone, and an error's energy is
+    (one_node.alone), a slice at a time, in order: a column's blocks are rounded alone, and an error's energy is
     the sum of its slices'. An LM's errors and weights in fp64 held at once were 4× its weights' bytes, its head's
     alone 2 GB at 0.5B."""
     inits = {i.name: i for i in model.graph.initializer}
@@ -68,9 +68,9 @@ def _rounded_alone(model: onnx.ModelProto, nodes: list, block: int, accuracy_lev
         step = max(1, SLICE_BYTES // (4 * weight.shape[0]))
         for at in range(0, weight.shape[1], step):
             part = numpy_helper.from_array(np.ascontiguousarray(weight[:, at : at + step]), node.input[1])
-            one = alone(model, node, part)
+            one = alone(model, node, weight=part)
             rounded = quantize_matmuls(one, block, accuracy_level, True, keep_grid=keep_grid, bits=bits)
-            ((out, error),) = rounding_errors(rounded, alone(model, node, part)).items()
+            ((out, error),) = rounding_errors(rounded, alone(model, node, weight=part)).items()
             yield out, error.astype(np.float32)
 
 
@@ -128,7 +128,7 @@ def four_bit_losses(
     """MatMul node name → its loss in 4 bits (module docstring): measured through the graph on the
     first SENSITIVITY_BATCHES of `feeds` up to MEASURED_LAYERS layers, else estimated: in the input Grams `grams`
     when given, of `model` rounded (`quantized`, or rounded here), or else probed on `feeds` (probed_losses), each
-    layer rounded alone (as `quantized` rounds it: each_matmul); `keep_grid`: weights on a 4-bit grid rounded as the
+    layer rounded alone (as `quantized` rounds it: each_node); `keep_grid`: weights on a 4-bit grid rounded as the
     corrected schemes round them, `bits` 3: in 3 (int4.quantize_matmuls)."""
     layers = len(matmul_weights(model.graph))
     if layers <= MEASURED_LAYERS:

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from compressor.errors import CompressorError
 from converters.nbits_storage import TABLE_OPSET
 from converters.quantization.rounding.grid import grid_matmuls
-from converters.quantization.rounding.one_matmul import Quantizer, each_matmul
+from converters.quantization.rounding.one_node import Quantizer, each_node
 from converters.quantization.rounding.table_head import eight_bit_gather, split_table, word_table
 from converters.quantization.rounding.three_bit_linear import three_bit_matmuls
 from converters.quantization.rounding.three_bit_table import three_bit_gather
@@ -195,7 +195,7 @@ def quantize_matmuls(
         return quantized
 
     chosen = {name: quantizer_of(config) for config, names in passes for name in names}
-    return three_bit_matmuls(each_matmul(model, chosen), weights)
+    return three_bit_matmuls(each_node(model, chosen), weights)
 
 
 def quantize_tables(
@@ -275,7 +275,7 @@ def quantize_4bit(
     check_int4_options(block, accuracy_level)
     if (eight_bit or head is not None) and not aware:
         raise CompressorError("8-bit layers are a choice of int4-aware (k-quant); plain int4 rounds every layer alike")
-    name_nodes(model.graph)  # the caller's graph named, not copied: each_matmul builds a new one
+    name_nodes(model.graph)  # the caller's graph named, not copied: each_node builds a new one
     model = quantize_matmuls(
         model,
         block,

@@ -60,27 +60,32 @@ def smoothable(graph: onnx.GraphProto) -> dict[str, list[int]]:
 
 def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict[str, np.ndarray]]):
     """(the batch, {name: value} of the graph's intermediate tensors `names` on it) for each batch of `feeds`, cut in
-    rows where the graph's output would be large (eval.probe.row_chunks)."""
+    rows where the graph's output would be large (eval.probe.row_chunks). The graph is let go once written for the
+    probe's session: a caller that holds no other reference frees it before the session reads its weights."""
     outputs = len(model.graph.output)
     model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
-    try:  # the probes saved with `model` itself, not a copy of it: an LM's weights are most of the memory
-        with tempfile.TemporaryDirectory() as work:
-            path = Path(work) / "probe.onnx"
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / "probe.onnx"
+        try:  # the probes saved with `model` itself, not a copy of it: an LM's weights are most of the memory
             save_onnx(model, path)
-            session = make_session(path, threads=2)
-    finally:
-        del model.graph.output[outputs:]
+        finally:
+            del model.graph.output[outputs:]
+        del model
+        session = make_session(path, threads=2)
     parts = [part for whole in feeds for part in row_chunks(session, whole)]
     for feed in tqdm(parts, desc=f"activations of {len(names)} tensors", unit="batch", leave=False):
         yield feed, dict(zip(names, session.run(names, full_feed(session, feed))))
 
 
 def activation_absmax(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """max |x_j| per channel (last axis) of every smoothable activation over the batches `feeds`."""
+    """max |x_j| per channel (last axis) of every smoothable activation over the batches `feeds` (`model` let go
+    while they run: probe_activations)."""
     outputs = {o.name for o in model.graph.output}
     names = [n for n in smoothable(model.graph) if n not in outputs]
+    probes = probe_activations(model, names, feeds)
+    del model
     absmax: dict[str, np.ndarray] = {}
-    for _, values in probe_activations(model, names, feeds):
+    for _, values in probes:
         for name, x in values.items():
             peak = np.abs(x).reshape(-1, x.shape[-1]).max(axis=0)
             absmax[name] = np.maximum(absmax[name], peak) if name in absmax else peak
@@ -145,13 +150,16 @@ def smooth(model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float =
 
 
 def smoothed(
-    model: onnx.ModelProto,
+    fp32: Callable[[], onnx.ModelProto],
     feeds: list[dict[str, np.ndarray]],
     alpha: float,
     channels: Callable[[onnx.ModelProto, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, float]]:
-    """(`model` smoothed at `alpha` on the calibration batches `feeds`, a new graph; the layers whose inputs hold
-    outliers: `outliers`); `channels(model, absmax)`: the activations to smooth, of their maxima (None: all)."""
-    absmax = activation_absmax(model, feeds)
+    """(the graph `fp32()` reads smoothed at `alpha` on the calibration batches `feeds`, a new graph; the layers whose
+    inputs hold outliers: `outliers`); `channels(model, absmax)`: the activations to smooth, of their maxima (None:
+    all). `fp32` (Source.fp32) is read twice, the first graph let go while the probe's session holds its weights:
+    Qwen2.5-0.5B's graph and session at once were 7.5 GB."""
+    absmax = activation_absmax(fp32(), feeds)
+    model = fp32()
     outlying = outliers(model, absmax)
     return smooth(model, absmax if channels is None else channels(model, absmax), alpha), outlying

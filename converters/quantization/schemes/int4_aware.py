@@ -85,7 +85,7 @@ class Int4AwareConfig(Int4Config):
 
     def smoothed(self, source: Source) -> tuple[onnx.ModelProto, dict]:
         """The graph smoothed at `alpha` (its activations `channels`), and the layers whose inputs hold outliers."""
-        return smoothed(source.fp32(), source.calibration, self.alpha, self.channels)
+        return smoothed(source.fp32, source.calibration, self.alpha, self.channels)
 
     def head(self, source: Source, model: onnx.ModelProto) -> tuple[np.ndarray | None, tuple[str, ...]]:
         """(the word table's head ids for its lookup, the nodes of a tied table's 8-bit halves): the `table_head`

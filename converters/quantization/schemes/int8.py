@@ -1,7 +1,9 @@
 """int8: ONNX Runtime's dynamic int8 (`quantize_dynamic`), the one line every user knows: each weight
 w = s·q with int8 q per output channel (MatMul weights, factor matrices, TT cores and tables behind a Gather
 alike), |q| ≤ TARGETS[target] for the CPU it is written for (target_cpu), each activation rounded to uint8 at
-run time with one scale a tensor."""
+run time with one scale a tensor. ONNX Runtime's quantizer is given a node at a time (with the nodes that read its
+int8 output: one_node.each_node): given the whole graph it held ~4 copies of it (Qwen2.5-0.5B's shape: 7.8 GB above
+the process for its 2 GB of weights)."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,9 +12,10 @@ import onnx
 
 from converters.options import Option, option_field
 from converters.quantization.registry import QuantizeResult, SchemeConfig, Source, Written, register
-from converters.quantization.rounding.int4 import quiet_quantizer
+from converters.quantization.rounding.int4 import name_nodes, quiet_quantizer
+from converters.quantization.rounding.one_node import each_node, with_shapes
 from converters.quantization.rounding.target_cpu import NATIVE, TARGETS, measured_target, reduces_range, targets_of
-from files.onnx_files import save_onnx
+from files.onnx_files import load_onnx, save_onnx
 
 __all__ = ["TARGET_CPU", "Int8Config"]
 
@@ -56,25 +59,30 @@ class Int8Config(SchemeConfig):
 
     def write(self, source: Source, out: Path) -> Written:
         model, outlying = self.smoothed(source)
-        plain = self.plain(model, source)
-        del model  # ONNX Runtime's quantizer reads its own from the file: an LM's graph is most of the memory
-        self.write_int8(plain, source, out)
+        self.write_int8(model, source, out)
         return Written(outliers=outlying)
 
-    def plain(self, model: onnx.ModelProto, source: Source) -> Path:
-        """`model` saved in the scratch folder (without the fp32 parity of the metadata), for the quantizer."""
-        path = source.work / "plain.onnx"
-        save_onnx(model, path)
-        return path
-
-    def write_int8(self, plain: Path, source: Source, out: Path) -> None:
-        """The graph at `plain` through ONNX Runtime's quantize_dynamic into `out`, at the target's int8 range."""
+    def write_int8(self, model: onnx.ModelProto, source: Source, out: Path) -> None:
+        """`model` (its nodes named here) through ONNX Runtime's quantize_dynamic into `out`, at the target's int8
+        range: each node of an operator it quantizes that reads a stored float weight (with those that read its
+        int8 output) alone, in the scratch folder; the tensors' shapes inferred, as quantize_dynamic leaves them."""
         from onnxruntime.quantization import QuantType, quantize_dynamic
+        from onnxruntime.quantization.registry import IntegerOpsRegistry
 
-        with quiet_quantizer():
-            reduce = reduces_range(self.target())
-            per_channel = source.kind.int8_per_channel
-            quantize_dynamic(plain, out, per_channel=per_channel, weight_type=QuantType.QInt8, reduce_range=reduce)
+        reduce, per_channel = reduces_range(self.target()), source.kind.int8_per_channel
+        src, dst = source.work / "one.onnx", source.work / "one_int8.onnx"
+
+        def quantized(one: onnx.ModelProto) -> onnx.ModelProto:
+            save_onnx(one, src)
+            with quiet_quantizer():
+                quantize_dynamic(src, dst, per_channel=per_channel, weight_type=QuantType.QInt8, reduce_range=reduce)
+            return load_onnx(dst)
+
+        name_nodes(model.graph)
+        floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+        ops = set(IntegerOpsRegistry) - {"Transpose"}  # a Transpose is rounded only after a rounded node
+        chosen = {n.name: quantized for n in model.graph.node if n.op_type in ops and floats.intersection(n.input)}
+        save_onnx(with_shapes(each_node(model, chosen, slices=False)), out)
 
     def report(self, result: QuantizeResult) -> dict:
         return {"target_cpu": self.target()}

@@ -29,4 +29,4 @@ class Int8AwareConfig(Int8Config):
         return absmax
 
     def smoothed(self, source: Source) -> tuple[onnx.ModelProto, dict]:
-        return smoothed(source.fp32(), source.calibration, self.alpha, self.channels)
+        return smoothed(source.fp32, source.calibration, self.alpha, self.channels)

@@ -74,7 +74,7 @@ class Int8W4Config(Int8AwareTableConfig):
         """int8-aware-table's graph (its outliers smoothed), then each layer's int8 weight in 4-bit columns but those
         kept."""
         model, outlying = self.smoothed(source)
-        self.write_int8(self.plain(model, source), source, out)
+        self.write_int8(model, source, out)
         grams = input_grams(model, source.calibration)
         held = {i.name: i for i in model.graph.initializer}
         quantized = onnx.load(str(out))
