@@ -9,8 +9,8 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from compressor.errors import CompressorError
-from eval.probe import session_options
 from eval.memory import trim_heap
+from eval.probe import session_options
 from files.onnx_files import load_onnx
 
 __all__ = [
