@@ -104,17 +104,18 @@ def _in_order(nodes: list[onnx.NodeProto], given: set[str]) -> list[onnx.NodePro
 Quantizer = Callable[[onnx.ModelProto], onnx.ModelProto]  # ONNX Runtime's, on a graph of a few nodes alone
 
 
-def each_node(model: onnx.ModelProto, chosen: dict[str, Quantizer], slices: bool = True) -> onnx.ModelProto:
-    """A new graph: `model` with each node named in `chosen` (with those it reads from or feeds among them: `groups`)
-    replaced by what its quantizer (ONNX Runtime's) makes of a graph of them alone: its nodes in their place (a
-    node it makes twice, the same input's quantization, once), its initializers added, a stored weight dropped
-    where no other node reads it; with `slices`, a single MatMul's wide weight a slice at a time (`sliced`). One
-    weight's copies at a time; built anew, not changed in place (a protobuf message keeps the bytes of what it
-    drops: files.onnx_files)."""
+def each_node(model: onnx.ModelProto, chosen: dict[str, Quantizer], joined: bool = False) -> onnx.ModelProto:
+    """A new graph: `model` with each node named in `chosen` replaced by what its quantizer (ONNX Runtime's) makes of
+    a graph of it alone: its nodes in its place (a node made twice, the same input's quantization, once), its
+    initializers added, a stored weight dropped where no other node reads it. A MatMul's wide weight a slice at a
+    time (`sliced`), or with `joined` the nodes that read one another together (`groups`: a quantizer whose int8
+    output the next reads). One weight's copies at a time; built anew, not changed in place (a protobuf message
+    keeps the bytes of what it drops: files.onnx_files)."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     uses = collections.Counter(name for node in graph.node for name in node.input)
-    firsts = {group[0].name: group for group in groups(graph, set(chosen))}
+    together = groups(graph, set(chosen)) if joined else [[n] for n in graph.node if n.name in chosen]
+    firsts = {group[0].name: group for group in together}
     members = {node.name for group in firsts.values() for node in group}
     nodes, added, domains, made, touched = [], {}, {}, set(), set()
     for node in graph.node:
@@ -124,7 +125,7 @@ def each_node(model: onnx.ModelProto, chosen: dict[str, Quantizer], slices: bool
             nodes.append(node)
             continue
         group = firsts[node.name]
-        if slices and len(group) == 1 and node.op_type == "MatMul" and node.input[1] in inits:
+        if not joined and node.op_type == "MatMul" and node.input[1] in inits:
             done = sliced(model, node, inits[node.input[1]], chosen[node.name])
         else:
             done = chosen[node.name](alone(model, *group))

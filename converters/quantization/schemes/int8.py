@@ -82,7 +82,7 @@ class Int8Config(SchemeConfig):
         floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
         ops = set(IntegerOpsRegistry) - {"Transpose"}  # a Transpose is rounded only after a rounded node
         chosen = {n.name: quantized for n in model.graph.node if n.op_type in ops and floats.intersection(n.input)}
-        save_onnx(with_shapes(each_node(model, chosen, slices=False)), out)
+        save_onnx(with_shapes(each_node(model, chosen, joined=True)), out)
 
     def report(self, result: QuantizeResult) -> dict:
         return {"target_cpu": self.target()}
