@@ -215,11 +215,12 @@ def main() -> None:
     p.add_argument("what", choices=("vocab", "sizes", "lms"))
     p.add_argument("--out", type=Path, default=Path("runs/large"))
     p.add_argument("--again", action="store_true", help="measure again what OUT/large_models.json already holds")
+    p.add_argument("--only", default="", help="measure only the models (lms) whose name holds this, e.g. Qwen")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     models = _built(args.what, args.out)
     if args.what == "lms":
-        return _run_lms(models, args.out, args.again)
+        return _run_lms({k: v for k, v in models.items() if args.only in k}, args.out, args.again)
     if args.what == "vocab":
         runs = {name: (models["xlmr-250k"], options.split()) for name, options in VOCAB_RUNS.items()}
     else:
