@@ -26,8 +26,9 @@ def _reset_peak() -> bool:
 
 
 class Stages:
-    """The stages of one run, in order: {"stage", "seconds", "peak_rss_bytes", "peak_of"} each ("peak_of": "stage",
-    or "run" where the peak could not be reset and is the run's so far)."""
+    """The stages of one run, in order: {"stage", "seconds", "peak_rss_bytes", "peak_of", "start_rss_bytes"} each
+    ("peak_of": "stage", or "run" where the peak could not be reset and is the run's so far; "start_rss_bytes": what
+    the process held as the stage began, which its peak counts)."""
 
     def __init__(self):
         self.done: list[dict] = []
@@ -37,13 +38,21 @@ class Stages:
         """Time the work inside as the stage `name`, said on stderr when it ends."""
         trim_heap()
         own = _reset_peak()
+        held = peak_rss_bytes("VmRSS")
         start = time.perf_counter()
         yield
         seconds, peak = time.perf_counter() - start, peak_rss_bytes()
         self.done.append(
-            {"stage": name, "seconds": round(seconds, 1), "peak_rss_bytes": peak, "peak_of": "stage" if own else "run"}
+            {
+                "stage": name,
+                "seconds": round(seconds, 1),
+                "peak_rss_bytes": peak,
+                "peak_of": "stage" if own else "run",
+                "start_rss_bytes": held,
+            }
         )
-        say(f"{name}: {seconds:.0f} s, peak RSS {peak / 2**30:.2f} GiB{'' if own else ' (the run so far)'}")
+        peak_of = f" ({held / 2**30:.2f} at its start)" if own else " (the run so far)"
+        say(f"{name}: {seconds:.0f} s, peak RSS {peak / 2**30:.2f} GiB{peak_of}")
 
     def whole(self) -> dict:
         """The run's stages and, over them, its seconds and peak RSS."""
