@@ -139,7 +139,9 @@ def measure_run(model: Path, out: Path) -> dict:
     from eval.environment import integer_path, machine
 
     here = machine()
-    result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said, "commit": commit or None}
+    result["date"] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime())
     result["environment"] = {"cpu": here["cpu"], "integer_path": integer_path(), "onnxruntime": here["onnxruntime"]}
     if done.returncode == 0:
         report = json.loads((out / "report.json").read_text())

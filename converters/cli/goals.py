@@ -90,13 +90,13 @@ def goal_said(goal: str) -> str:
 # The original's rows of a causal LM (its kind's baselines: int8, int4 and int4-aware, each graph with its key-value
 # cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512)
 # on 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"), graphs written, read and quantized a
-# weight at a time: SmolLM2-135M (134.5 M parameters) 394 s, peak 3.30 GB (c110f04); a random Qwen2.5-0.5B shape
-# (494.0 M) 1,352 s, peak 9.65 GB (ba21d6e). Time grows with the weights (every stage reads each of them a few
-# times); the peak with them beside what the libraries hold whatever the model: the line through both runs, 4.42×
-# the fp32 bytes and 0.92 GB.
-LM_RUN_SECONDS_PER_PARAM = 1352 / 494.0e6
-LM_RUN_PEAK_PER_FP32_BYTE = (9.65e9 - 3.30e9) / ((494.0e6 - 134.5e6) * 4)
-LM_RUN_PEAK_BASE_BYTES = 9.65e9 - LM_RUN_PEAK_PER_FP32_BYTE * 494.0e6 * 4
+# weight at a time, int8 a node at a time, the heap trimmed between stages: SmolLM2-135M (134.5 M parameters) 393 s,
+# peak 2.61 GB (7941840); a random Qwen2.5-0.5B shape (494.0 M) 1,364 s, peak 7.85 GB (8606f49). Time grows with the
+# weights (every stage reads each of them a few times); the peak with them beside what the libraries hold whatever
+# the model: the line through both runs, 3.64× the fp32 bytes and 0.66 GB.
+LM_RUN_SECONDS_PER_PARAM = 1364 / 494.0e6
+LM_RUN_PEAK_PER_FP32_BYTE = (7.85e9 - 2.61e9) / ((494.0e6 - 134.5e6) * 4)
+LM_RUN_PEAK_BASE_BYTES = 7.85e9 - LM_RUN_PEAK_PER_FP32_BYTE * 494.0e6 * 4
 
 
 def lm_run_needs(model_dir: Path) -> tuple[int, int, int]:
