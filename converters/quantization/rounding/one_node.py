@@ -10,6 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from files.onnx_files import copy_fields
@@ -118,6 +119,7 @@ def each_node(model: onnx.ModelProto, chosen: dict[str, Quantizer], joined: bool
     firsts = {group[0].name: group for group in together}
     members = {node.name for group in firsts.values() for node in group}
     nodes, added, domains, made, touched = [], {}, {}, set(), set()
+    bar = tqdm(total=len(firsts), desc="quantized a node at a time", unit="node", leave=False)
     for node in graph.node:
         if node.name in members and node.name not in firsts:
             continue  # quantized with its group's first
@@ -145,6 +147,8 @@ def each_node(model: onnx.ModelProto, chosen: dict[str, Quantizer], joined: bool
                 raise CompressorError(f"the quantizer rounded {tensor.name!r} two ways for two nodes")
             added[tensor.name] = tensor
         domains.update({o.domain: o.version for o in done.opset_import})
+        bar.update()
+    bar.close()
     out = onnx.ModelProto()
     copy_fields(model, out, ("graph",))
     copy_fields(graph, out.graph, ("node", "initializer"))
