@@ -18,7 +18,6 @@ from converters.quantization.storage.codebook_table import codebook_bits
 from eval.benchmark import PARITY_KEY, WIDTH_KEY
 from eval.graph import file_bytes, make_session
 from eval.kinds import graph_kind
-from eval.memory import trim_heap
 from eval.probe import full_feed, row_chunks
 from files.atomic import atomic_file
 from files.model_folder import TARGET_KEY, graph_file
@@ -106,7 +105,6 @@ def quantize_onnx(
     kind = graph_kind(src)
     with atomic_file(dst, needed=file_bytes(src) // 3) as tmp, tempfile.TemporaryDirectory() as work:
         written = config.write(Source(src, kind, vocab, calibration, Path(work), widths, train, frequencies), tmp)
-        trim_heap()  # what the writer freed, before the gate's sessions
         worst, rel, fed = _parity(src, tmp, vocab, calibration)
         tolerance = kind.gate_tol or config.gate
         failed = None
