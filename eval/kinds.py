@@ -49,6 +49,16 @@ class GraphKind:
     gate_batches: int = 4
     # Whether its graphs are timed at the (batch, sequence, threads) of eval.latency (else by what its users run)
     shape_latency: bool = True
+    # The held-out passages its quality reads by default, times the model's parameters (None: every passage): each
+    # row's forward passes over them cost as much at any size (held_out_count)
+    quality_parameter_passages: float | None = None
+
+    def held_out_count(self, available: int, parameters: int | None) -> int:
+        """How many of `available` held-out passages the quality reads by default for a model of `parameters`:
+        all of them, or the budget's share (at least one batch of 32 and `min_passages`)."""
+        if self.quality_parameter_passages is None or not parameters:
+            return available
+        return min(available, max(32, self.min_passages, int(self.quality_parameter_passages // parameters)))
 
     def recognises(self, inputs: list[str], outputs: list[str]) -> bool:
         return sorted(inputs) == sorted(self.inputs) and self.output in outputs
@@ -145,6 +155,10 @@ CAUSAL_LM = CausalLMGraphKind(
     # Its time is what its users run, a prefill and each generated token (eval.decode, at batch 1); the encoder's
     # shapes took 9 of SmolLM2's bench's 17 minutes and say nothing a decoding user feels
     shape_latency=False,
+    # SmolLM2-135M's 300 passages of each text (134.5 M parameters: 26–31 s a text and row on 2 cores); on
+    # Qwen2.5-0.5B's shape (494 M) reading all of them took 10.6 of its bench's 11.4 minutes. The budget reads 81
+    # passages at 0.5B, 32 at 1B
+    quality_parameter_passages=300 * 135e6,
 )
 GRAPH_KINDS = (ENCODER, CAUSAL_LM)
 

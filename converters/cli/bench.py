@@ -10,6 +10,7 @@ from converters.pipeline.steps import eval_texts, second_texts
 from converters.quantization.rounding.target_cpu import NATIVE, TARGETS, resolve_target
 from converters.spec import check_runs
 from eval.benchmark import bench
+from eval.graph import initializer_stats, load_graph
 from eval.kinds import graph_kind
 from eval.report import markdown_table, write_report
 from files.atomic import check_writable
@@ -54,8 +55,9 @@ def run(args) -> None:
     target = None if args.target_cpu is None else resolve_target(args.target_cpu)
     graphs = [graph_in(p, target, fallback=resolve_target(NATIVE)) for p in args.onnx]
     kind = graph_kind(graphs[0])
-    texts, where = eval_texts(text, kind)
-    second, second_where = second_texts(text, kind)
+    parameters, _ = initializer_stats(load_graph(graphs[0], with_data=False))
+    texts, where = eval_texts(text, kind, parameters)
+    second, second_where = second_texts(text, kind, parameters)
     first = folder_of(graphs[0]) if graphs[0].parent.name == GRAPH_DIR else None
     tokenizer = args.tokenizer or (first if first and not lacks_tokenizer(first) else default_model_path())
     names = ["original", *[_name(p) for p in graphs[1:]]]

@@ -8,7 +8,7 @@ import functools
 from compressor.errors import CompressorError
 from converters.export import check_export_forms
 from converters.kinds import ModelKind, kind_for_config
-from converters.loading import resolve_model_dir
+from converters.loading import resolve_model_dir, stored_parameters
 from converters.pipeline.calibrating import quantize_calibration, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import (
@@ -90,7 +90,8 @@ def measure(run: RunSpec) -> None:
     source = resolve_model_dir(run.model)
     kind = kind_for_config(source)
     original_quantize = check_spec(run, kind)
-    texts, second = eval_texts(run.texts, kind.graph), second_texts(run.texts, kind.graph)
+    parameters = stored_parameters(source)  # an LM's quality reads fewer passages the bigger it is
+    texts, second = eval_texts(run.texts, kind.graph, parameters), second_texts(run.texts, kind.graph, parameters)
     schemes = [*original_quantize.schemes, *(s for variant in run.variants for s in variant.quantize.schemes)]
     schemes = list(dict.fromkeys(schemes))
     batches = quantize_calibration(run.texts, schemes, kind.graph, source)

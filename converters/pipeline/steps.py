@@ -255,30 +255,36 @@ def load_original(model_arg) -> tuple[nn.Module, Path]:
     return model, source
 
 
-def _held_out(texts: TextSpec, kind_graph, path, text: str) -> tuple[list[str], str]:
+def _held_out(texts: TextSpec, kind_graph, path, text: str, parameters: int | None) -> tuple[list[str], str]:
     """The passages of the held-out `text` (eval, second): from `path`, else the kind's default;
-    cut to eval_passages."""
+    cut to eval_passages, else to what the kind reads for a model of `parameters` (GraphKind.held_out_count)."""
     passages, where = kind_graph.passages(path, text)
     if texts.eval_passages is not None:
         if texts.eval_passages < kind_graph.min_passages:
             raise CompressorError(
                 f"--eval-passages must be at least {kind_graph.min_passages} (recall@10), got {texts.eval_passages}"
             )
-        passages = passages[: texts.eval_passages]
-    return passages, where
+        return passages[: texts.eval_passages], where
+    count = kind_graph.held_out_count(len(passages), parameters)
+    if count < len(passages):
+        cut = f"the first {count} of its {len(passages)} passages at {parameters / 1e9:.2f}B parameters"
+        say(f"{text} text: {cut}, to bound the bench's quality (--eval-passages sets how many)")
+        where = f"{where}; {cut}"
+    return passages[:count], where
 
 
-def eval_texts(texts: TextSpec, kind_graph) -> tuple[list[str], str]:
-    """The held-out passages of the eval text (or the kind's default), cut to eval_passages."""
-    return _held_out(texts, kind_graph, texts.eval_text, "eval")
+def eval_texts(texts: TextSpec, kind_graph, parameters: int | None = None) -> tuple[list[str], str]:
+    """The held-out passages of the eval text (or the kind's default), cut to eval_passages or to what the kind
+    reads for a model of `parameters`."""
+    return _held_out(texts, kind_graph, texts.eval_text, "eval", parameters)
 
 
-def second_texts(texts: TextSpec, kind_graph) -> tuple[list[str] | None, str | None]:
+def second_texts(texts: TextSpec, kind_graph, parameters: int | None = None) -> tuple[list[str] | None, str | None]:
     """The second held-out text (or the kind's default: news articles, unlike the fit text in genre),
-    cut to eval_passages; (None, None) with "none"."""
+    cut as eval_texts; (None, None) with "none"."""
     if texts.second_text == "none":
         return None, None
-    return _held_out(texts, kind_graph, texts.second_text, SECOND)
+    return _held_out(texts, kind_graph, texts.second_text, SECOND, parameters)
 
 
 def check_schemes(quantizes, kind_graph) -> None:
