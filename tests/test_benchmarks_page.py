@@ -184,13 +184,15 @@ def test_the_lm_runs_at_scale_are_a_table_of_their_own(tmp_path):
         "said": ["compressor: … about 24 minutes on 2 cores and a peak of at most 16.0 GiB …"],
     }
     ran["stages"] = {"stages": [{"stage": "bench", "seconds": 672.1, "peak_rss_bytes": 2**30}], "peak_rss_bytes": 2**30}
+    ran["rows"] = {"original": {"file_bytes": 2**28}}
     refused = {**run, "exit": 2, "seconds": 3.4, "said": ["compressor: error: … need about 40.0 GiB at their peak …"]}
     (tmp_path / "scale" / "lms.json").write_text(json.dumps({"small": ran, "large": refused}))
     section = benchmarks_page.scale_section(tmp_path / "scale")
     assert (
-        "| small | AMD EPYC, `avx512_vnni`, 1.32.0 | 24 minutes / 16.0 GiB | 29.4 min | 1.00 GiB | bench 672, 1.00 |"
-        in section
+        "| small | AMD EPYC, `avx512_vnni`, 1.32.0 | 24 minutes / 16.0 GiB | 29.4 min | 1.00 GiB (4.0× the fp32 graph) "
+        "| bench 672, 1.00 |" in section
     )
+    assert "large: `python benchmarks/large_models.py lms --out runs/large`, commit `abc1234`" in section
     assert "| large | AMD EPYC, `avx512_vnni`, 1.32.0 | 40.0 GiB | refused (exit 2) | – | – |" in section
 
 

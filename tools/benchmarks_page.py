@@ -316,14 +316,19 @@ def scale_section(folder: Path) -> str:
             before = " / ".join(g for g in (estimate.groups() if estimate else ()) if g) or "–"
             stages = run.get("stages") or {}
             peak = f"{stages['peak_rss_bytes'] / 2**30:.2f} GiB" if stages else "–"
+            fp32 = ((run.get("rows") or {}).get("original") or {}).get("file_bytes")
+            peak += f" ({stages['peak_rss_bytes'] / fp32:.1f}× the fp32 graph)" if stages and fp32 else ""
             took = f"{run['seconds'] / 60:.1f} min" if run.get("exit") == 0 else f"refused (exit {run.get('exit')})"
             each = "; ".join(
                 f"{s['stage']} {s['seconds']:.0f}, {s['peak_rss_bytes'] / 2**30:.2f}" for s in stages.get("stages", [])
             )
             lines.append(f"| {name} | {machine} | {before} | {took} | {peak} | {each or '–'} |")
-        first = next(iter(json.loads(file.read_text(encoding="utf-8")).values()), {})
-        lines += ["", f"(`benchmarks/results/scale/{file.name}`: `{_said(first.get('command'))}`, commit "]
-        lines[-1] += f"`{_said(first.get('commit'))}`, {_said(first.get('date'))})"
+        runs = json.loads(file.read_text(encoding="utf-8"))
+        each = "; ".join(
+            f"{name}: `{_said(run.get('command'))}`, commit `{_said(run.get('commit'))}`, {_said(run.get('date'))}"
+            for name, run in runs.items()
+        )
+        lines += ["", f"(`benchmarks/results/scale/{file.name}`: {each})"]
     return "\n".join(lines) + "\n"
 
 

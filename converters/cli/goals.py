@@ -95,7 +95,9 @@ def goal_said(goal: str) -> str:
 # weights (every stage reads each of them a few times) but for the bench's quality, whose passages shrink as the
 # model grows (eval.kinds, quality_parameter_passages): about what SmolLM2's four rows took, 200 s, at any size; at
 # 0.5B the rest took 728 s (1,364 less the quality's 636). The peak grows with the weights beside what the libraries
-# hold whatever the model: the line through both runs, 3.64× the fp32 bytes and 0.66 GB.
+# hold whatever the model: the line through both runs, 3.64× the fp32 bytes and 0.66 GB. So said (2b16869): the 0.5B
+# shape 15 minutes and 7.3 GiB, took 15.1 and 7.32; Llama-3.2-1B's shape (1.24 B) 34 minutes and 17.4 GiB, took 35.0
+# and 15.80.
 LM_RUN_SECONDS_PER_PARAM = (1364 - 636) / 494.0e6
 LM_RUN_QUALITY_SECONDS = 200
 LM_RUN_PEAK_PER_FP32_BYTE = (7.85e9 - 2.61e9) / ((494.0e6 - 134.5e6) * 4)
