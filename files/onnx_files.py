@@ -13,13 +13,23 @@ is written and read a weight at a time too (`save_onnx`, `load_onnx`): onnx's sa
 first and its load reads the whole file before parsing it, twice a 0.5B LM's 2 GB at once."""
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 
 import onnx
 from google.protobuf.message import Message
 from onnx.external_data_helper import load_external_data_for_model
 
-__all__ = ["read_props", "add_props", "save_onnx", "load_onnx", "graph_pieces", "copy_fields", "TWO_GB"]
+__all__ = [
+    "read_props",
+    "add_props",
+    "save_onnx",
+    "save_external",
+    "load_onnx",
+    "graph_pieces",
+    "copy_fields",
+    "TWO_GB",
+]
 
 PROPS_FIELD = 14  # ModelProto.metadata_props
 GRAPH_FIELD = 7  # ModelProto.graph
@@ -132,6 +142,8 @@ def load_onnx(path: str | Path, weights: bool = True) -> onnx.ModelProto:
                     model.graph.MergeFromString(f.read(inner_value + inner_size - inner_start))
     if weights and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         load_external_data_for_model(model, str(path.parent))
+        for tensor in model.graph.initializer:
+            tensor.ClearField("data_location")  # onnx sets it to DEFAULT: the tensor as a graph in one file holds it
     return model
 
 
@@ -168,15 +180,16 @@ def copy_fields(src: Message, dst: Message, skip: tuple[str, ...]) -> None:
             setattr(dst, field.name, value)
 
 
-def _save_external(model: onnx.ModelProto, path: Path) -> None:
+def save_external(model: onnx.ModelProto, path: Path, initializers: Iterable[onnx.TensorProto] | None = None) -> None:
     """`model` at `path` with each of its graph's weights of INLINE_BYTES or more in PATH.data, written one at a
-    time from `model` (not changed) into a skeleton that holds their places in the file."""
+    time from `model` (not changed) into a skeleton that holds their places in the file; `initializers`: the graph's
+    initializers one at a time, made as they are written, where `model` holds none."""
     skeleton = onnx.ModelProto()
     copy_fields(model, skeleton, ("graph",))
     copy_fields(model.graph, skeleton.graph, ("initializer",))
     location = f"{path.name}.data"
     with open(path.parent / location, "wb") as data:
-        for tensor in model.graph.initializer:
+        for tensor in model.graph.initializer if initializers is None else initializers:
             entry = skeleton.graph.initializer.add()
             if len(tensor.raw_data) < INLINE_BYTES:
                 entry.CopyFrom(tensor)
@@ -216,4 +229,4 @@ def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:
     if _weight_bytes(model) + GRAPH_ROOM <= TWO_GB:
         _save_inline(model, path)
     else:
-        _save_external(model, path)
+        save_external(model, path)

@@ -10,8 +10,9 @@ from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.quantization.quantize import is_quantized, quantize_onnx
 from converters.quantization.registry import scheme_named
-from converters.quantization.rounding.smoothing import activation_absmax, smooth, smoothable
+from converters.quantization.rounding.smoothing import activation_absmax, smooth, smoothable, smoothed
 from eval.graph import make_session
+from files.onnx_files import load_onnx
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,14 @@ def test_smoothing_is_exact_in_fp32_and_evens_out_the_ranges(graph, tmp_path):
         live = peak > 0
         np.testing.assert_allclose(smoothed_peak[live], 1.0, rtol=1e-5)
         assert peak[live].max() / peak[live].min() > 1.5  # the ranges were uneven before
+
+
+def test_the_smoothed_graph_written_a_weight_at_a_time_is_the_one_built_in_memory(graph):
+    path, _, batches = graph
+    proto = onnx.load(str(path))
+    built = smooth(proto, activation_absmax(proto, batches), 0.8)
+    written, _ = smoothed(lambda: load_onnx(path), batches, 0.8)  # through a file beside it and back
+    assert written.SerializeToString() == built.SerializeToString()
 
 
 def test_int8_aware_quantizes_every_weight_within_tolerance(graph, tmp_path):

@@ -9,7 +9,7 @@ calibration tokens and over every W that x feeds; the division is one Mul node p
 Per-channel weight scales then absorb the outliers the activation scale no longer has to."""
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tqdm.auto import tqdm
 
 from eval.graph import make_session
+from eval.memory import trim_heap
 from eval.probe import full_feed, row_chunks
-from files.onnx_files import copy_fields, save_onnx
+from files.onnx_files import copy_fields, load_onnx, save_external, save_onnx
 
 __all__ = [
     "SMOOTH_ALPHA",
@@ -112,10 +113,11 @@ def _scales(absmax: np.ndarray, weights: list[np.ndarray], alpha: float) -> np.n
     return np.clip(s, *SCALE_CLAMP)
 
 
-def smooth(model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float = SMOOTH_ALPHA) -> onnx.ModelProto:
-    """A new graph: `model` with every activation in `absmax` divided channel-wise by s (one Mul, placed before its
-    first consumer) and its MatMuls' weight rows multiplied by s; built a weight at a time, not copied and then
-    changed (a weight replaced in a protobuf message leaves its old bytes in the message: files.onnx_files)."""
+def _smoothing(
+    model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float
+) -> tuple[onnx.ModelProto, Iterator[TensorProto]]:
+    """(`model` smoothed, without its initializers; those initializers one at a time: each of `model`'s, its rows
+    multiplied by s where it is a smoothed MatMul's weight, then each activation's 1 / s)."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     rows: dict[str, np.ndarray] = {}  # weight name → the s its rows are multiplied by
@@ -140,12 +142,24 @@ def smooth(model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float =
         out.graph.node.append(node)
         if k in inputs:
             out.graph.node[-1].input[0] = inputs[k]
-    for init in graph.initializer:
-        if init.name in rows:
-            scaled = numpy_helper.to_array(init) * rows[init.name][:, None]
-            init = numpy_helper.from_array(scaled.astype(np.float32), init.name)
-        out.graph.initializer.append(init)
-    out.graph.initializer.extend(inverses)
+
+    def initializers() -> Iterator[TensorProto]:
+        for init in graph.initializer:
+            if init.name in rows:
+                scaled = numpy_helper.to_array(init) * rows[init.name][:, None]
+                init = numpy_helper.from_array(scaled.astype(np.float32), init.name)
+            yield init
+        yield from inverses
+
+    return out, initializers()
+
+
+def smooth(model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float = SMOOTH_ALPHA) -> onnx.ModelProto:
+    """A new graph: `model` with every activation in `absmax` divided channel-wise by s (one Mul, placed before its
+    first consumer) and its MatMuls' weight rows multiplied by s; built a weight at a time, not copied and then
+    changed (a weight replaced in a protobuf message leaves its old bytes in the message: files.onnx_files)."""
+    out, initializers = _smoothing(model, absmax, alpha)
+    out.graph.initializer.extend(initializers)
     return out
 
 
@@ -157,9 +171,18 @@ def smoothed(
 ) -> tuple[onnx.ModelProto, dict[str, float]]:
     """(the graph `fp32()` reads smoothed at `alpha` on the calibration batches `feeds`, a new graph; the layers whose
     inputs hold outliers: `outliers`); `channels(model, absmax)`: the activations to smooth, of their maxima (None:
-    all). `fp32` (Source.fp32) is read twice, the first graph let go while the probe's session holds its weights:
-    Qwen2.5-0.5B's graph and session at once were 7.5 GB."""
+    all). `fp32` (Source.fp32) is read twice, the first graph let go while the probe's session holds its weights
+    (Qwen2.5-0.5B's graph and session at once were 7.5 GB); the smoothed graph is written a weight at a time beside
+    the graph it comes from and read back once that is gone, not built beside it (two graphs in memory, the
+    smoothing's peak at 0.5B)."""
     absmax = activation_absmax(fp32(), feeds)
     model = fp32()
     outlying = outliers(model, absmax)
-    return smooth(model, absmax if channels is None else channels(model, absmax), alpha), outlying
+    skeleton, initializers = _smoothing(model, absmax if channels is None else channels(model, absmax), alpha)
+    del model  # held by `initializers` until they are written
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / "smoothed.onnx"
+        save_external(skeleton, path, initializers)
+        del initializers
+        trim_heap()  # the graph it came from given back before the smoothed one is read
+        return load_onnx(path), outlying
