@@ -18,6 +18,7 @@ __all__ = [
     "NBitsGrid",
     "nbits_grid",
     "dequantize_nbits",
+    "dequantize_grid",
     "constant_of",
     "scale_values",
 ]
@@ -36,9 +37,10 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def unpack(packed: np.ndarray, bits: int) -> np.ndarray:
-    """Codes packed as `pack` packs them, `8 // bits` to a byte, unpacked along the last axis (numpy)."""
+    """Codes packed as `pack` packs them, `8 // bits` to a byte, unpacked along the last axis (numpy uint8)."""
     per = 8 // bits
-    codes = np.stack([(packed.astype(np.int64) >> (bits * j)) & ((1 << bits) - 1) for j in range(per)], axis=-1)
+    packed = np.asarray(packed, dtype=np.uint8)
+    codes = np.stack([(packed >> np.uint8(bits * j)) & np.uint8((1 << bits) - 1) for j in range(per)], axis=-1)
     return codes.reshape(*packed.shape[:-1], packed.shape[-1] * per)
 
 
@@ -72,9 +74,14 @@ def nbits_grid(graph: onnx.GraphProto, node: onnx.NodeProto) -> NBitsGrid:
 
 def dequantize_nbits(graph: onnx.GraphProto, node: onnx.NodeProto) -> np.ndarray:
     """The weight Q (K × N, float64) a MatMulNBits node multiplies by: scale · (q − z) a block (nbits_grid)."""
-    grid = nbits_grid(graph, node)
-    n, blocks = grid.scales.shape
-    weight = (grid.codes.reshape(n, blocks, grid.block) - grid.zero[..., None]) * grid.scales[..., None]
+    return dequantize_grid(nbits_grid(graph, node))
+
+
+def dequantize_grid(grid: NBitsGrid, columns: slice = slice(None)) -> np.ndarray:
+    """The weight Q (K × N, float64) of `grid`, or the `columns` of it (a slice of N)."""
+    codes, zero, scales = grid.codes[columns], grid.zero[columns], grid.scales[columns]
+    n, blocks = scales.shape
+    weight = (codes.reshape(n, blocks, grid.block).astype(np.float64) - zero[..., None]) * scales[..., None]
     return weight.reshape(n, blocks * grid.block)[:, : grid.k].T
 
 

@@ -31,6 +31,7 @@ from converters.quantization.quantize import quantize_for_targets
 from converters.quantization.registry import SchemeConfig
 from eval.graph import load_graph
 from eval.kinds import CAUSAL_LM
+from eval.memory import trim_heap
 from files.atomic import check_writable
 from files.model_folder import check_model_folder, graph_file, lacks_tokenizer, load_lines, model_folder, own_ops
 from files.onnx_files import save_onnx
@@ -123,7 +124,8 @@ def run(args) -> None:
     several = config is not None and len(config.targets()) > 1
     target = config.target() if several else None  # one graph a target, under sentence-transformers' names
     with model_folder(out, source, width, target) if folder else contextlib.nullcontext(out) as path:
-        checked = _export(model, path, config, args.opset, vocab, fit_for, batches, frequencies)
+        held, model = [model], None  # _export's alone, to let go once its graph is written
+        checked = _export(held, path, config, args.opset, vocab, fit_for, batches, frequencies)
         if args.kv_cache == "int8":
             checked += _with_int8_cache(path, texts.calib, kind.graph, source)
     if not folder:
@@ -151,23 +153,29 @@ def _with_int8_cache(path: Path, calib: Path | None, kind_graph, source: Path) -
 
 
 def _export(
-    model, path: Path, config: SchemeConfig | None, opset: int, vocab: int, fit_for, batches, frequencies
+    held: list, path: Path, config: SchemeConfig | None, opset: int, vocab: int, fit_for, batches, frequencies
 ) -> str:
-    """The model's graph at `path`, quantized by the scheme `config` if any; what its checks measured;
-    `frequencies`: the token frequencies (a Calibration) that rank the word table's head rows."""
+    """The graph of the model `held` hands over (a list of it, emptied here) at `path`, quantized by the scheme
+    `config` if any; what its checks measured; `frequencies`: the token frequencies (a Calibration) that rank the
+    word table's head rows. A scheme that trains nothing lets the model go once its fp32 graph is written: an LM's
+    weights in PyTorch were as large as the graph the quantizer then reads (2 GB at 0.5B)."""
+    model = held.pop()
     if config is None:
         result = export_onnx(model, path, opset=opset)
         return f"parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e}"
     fit = None if fit_for is None else fit_for(model, config, config.scheme)
     with tempfile.TemporaryDirectory() as work:
         fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=opset)
+        train = None if fit is None else trainer(model, fit)
+        del model
+        trim_heap()
         result = quantize_for_targets(
             fp32.path,
             path,
             config,
             batches,
             vocab=vocab,
-            train=None if fit is None else trainer(model, fit),
+            train=train,
             frequencies=head_frequencies(config, frequencies),
         )
     for note in config.notes(result):

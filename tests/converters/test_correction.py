@@ -16,7 +16,14 @@ from compressor.budget import tail_error
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.corrections.correction import correction_bytes, error_factors
+from converters.quantization.corrections import correction
+from converters.quantization.corrections.correction import (
+    correction_bytes,
+    error_factors,
+    error_spectrum,
+    input_grams,
+    rounding_errors,
+)
 from converters.quantization.corrections.correction_plan import correction_ranks, plan_corrections
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
@@ -46,6 +53,34 @@ def test_the_reader_gives_the_weight_onnx_runtime_multiplies_by(tmp_path, aware)
     assert 0.01 < np.abs(q - weight).max() < 0.5  # rounded, not the weight itself
 
 
+def test_the_grams_sum_every_token_and_each_read_is_a_float64_copy_of_its_own():
+    # held in float32 a Gram an input, read as float64 a layer at a time: a read changed never changes the next
+    model, weight = _matmul()
+    batches = [{"x": RNG.standard_normal((9, 64)).astype(np.float32)} for _ in range(3)]
+    grams = input_grams(model, batches)
+    (out,) = list(grams)
+    x = np.concatenate([b["x"] for b in batches]).astype(np.float64)
+    first = grams[out]
+    assert out == "y" and "x" not in grams and len(grams) == 1 and first.dtype == torch.float64
+    assert np.abs(first.numpy() - x.T @ x).max() <= 1e-5 * np.abs(x.T @ x).max()
+    first += 1.0
+    assert torch.equal(grams[out], first - 1.0)
+
+
+def test_the_rounding_errors_are_made_on_each_read_from_the_graph_as_it_is(monkeypatch):
+    monkeypatch.setattr(correction, "ERROR_VALUES", 64 * 5)  # five of 48 columns at a time
+    model, weight = _matmul()
+    quantized = quantize_4bit(model, block=16, accuracy_level=0, aware=False)
+    errors = rounding_errors(quantized, model)
+    (out,) = list(errors)
+    (node,) = [n for n in quantized.graph.node if n.op_type == "MatMulNBits"]
+    assert errors.shape(out) == (64, 48) and errors[out].dtype == np.float64
+    np.testing.assert_array_equal(errors[out], weight.astype(np.float64) - dequantize_nbits(quantized.graph, node))
+    parts = list(errors.columns(out))
+    assert len(parts) == 10 and all(part.shape[0] == 64 for part in parts)
+    np.testing.assert_array_equal(np.concatenate(parts, axis=1), errors[out])
+
+
 def _anisotropic_gram(k=64, tokens=400):
     x = RNG.standard_normal((tokens, k)) * np.geomspace(10, 0.1, k)  # a few channels carry most
     return x, torch.from_numpy(x.T @ x)
@@ -57,6 +92,19 @@ def test_at_full_rank_the_correction_restores_the_error():
     left, right, spectrum = error_factors(error, gram, 48)
     assert left.shape == (64, 48) and right.shape == (48, 48) and spectrum.shape == (48,)
     assert np.abs(left.astype(np.float64) @ right - error).max() <= 1e-5
+
+
+@pytest.mark.parametrize("n", [24, 200])
+def test_the_spectrum_from_column_slices_is_the_whitened_error_s_singular_values(n):
+    # σ² as the eigenvalues of Sᵀ E Eᵀ S, K × K, summed over slices of E's columns: fewer outputs than inputs or more
+    error = RNG.standard_normal((64, n)) * 0.1
+    _, gram = _anisotropic_gram()
+    _, _, spectrum = error_factors(error, gram, 1)
+    sliced = error_spectrum((error[:, at : at + 7] for at in range(0, n, 7)), gram)
+    assert sliced.shape == (64,) and np.all(np.diff(sliced.numpy()) <= 0)
+    top = min(64, n)
+    np.testing.assert_allclose(sliced[:top].numpy(), spectrum.numpy()[:top], rtol=1e-6, atol=1e-9 * float(spectrum[0]))
+    assert np.abs(sliced[top:].numpy()).max(initial=0.0) <= 1e-6 * float(spectrum[0])
 
 
 def test_the_output_metric_fit_leaves_less_output_error_than_a_plain_svd():

@@ -13,6 +13,7 @@ from converters.quantization.corrections.correction import rounding_errors
 from converters.quantization.corrections.correction_plan import Plan
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
+from converters.quantization.rounding import gptq
 from converters.quantization.rounding.gptq import gptq_codes, gptq_rounded
 from converters.quantization.rounding.int4 import quantize_4bit
 from converters.quantization.schemes import int4_corrected
@@ -61,6 +62,17 @@ def test_with_uncorrelated_inputs_gptq_rounds_to_nearest():
     scales, zero = _grid(weight)
     codes = gptq_codes(weight, np.diag(RNG.uniform(0.5, 2.0, K)), scales, zero, 4)
     np.testing.assert_array_equal(codes, np.clip(np.round(weight.T / scales + zero), 0, 15))
+
+
+def test_a_block_s_values_given_once_and_the_outputs_in_slices_round_as_the_whole(monkeypatch):
+    # an output's codes never move another's, and a block's scale given once is the one repeated over its inputs
+    weight = RNG.standard_normal((K, N))
+    x = _correlated_inputs()
+    scales, zero = _grid(weight)
+    whole = gptq_codes(weight, x.T @ x, scales, zero, 4)
+    monkeypatch.setattr(gptq, "ROW_BYTES", 8 * K * 5)  # five outputs at a time
+    sliced = gptq_codes(weight, x.T @ x, scales[:, ::BLOCK], zero[:, ::BLOCK], 4, block=BLOCK)
+    assert sliced.dtype == np.int16 and (sliced == whole).mean() >= 0.999
 
 
 def test_the_graph_multiplies_by_the_gptq_codes_and_keeps_its_scales_and_bytes(tmp_path):

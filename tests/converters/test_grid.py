@@ -16,6 +16,7 @@ from converters.quantization.corrections.correction import correction_bytes, err
 from converters.quantization.corrections.correction_plan import correction_ranks
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
+from converters.quantization.rounding import grid as grid_module
 from converters.quantization.rounding.grid import (
     add_offsets,
     grid_matmuls,
@@ -49,6 +50,15 @@ def test_a_dequantized_4_bit_weight_is_told_from_a_trained_one():
     assert not on_grid(grid[:40], BLOCK)  # K not a whole number of blocks
     off = grid.copy()
     off[3, 5] += 0.3 * abs(grid[1, 5] - grid[0, 5]) / 15 + 1e-3  # one weight between two levels
+    assert not on_grid(off, BLOCK)
+
+
+def test_a_weight_read_a_few_columns_at_a_time_is_told_so_too(monkeypatch):
+    monkeypatch.setattr(grid_module, "GRID_VALUES", 64 * 5)  # five of 48 columns at a time
+    grid = q4_1(64, 48)
+    assert on_grid(grid, BLOCK)
+    off = grid.copy()
+    off[3, 47] += 0.3 * abs(grid[1, 47] - grid[0, 47]) / 15 + 1e-3  # in the last slice only
     assert not on_grid(off, BLOCK)
 
 

@@ -14,6 +14,7 @@ correction_plan."""
 
 import copy
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +22,11 @@ import numpy as np
 import onnx
 import torch
 from onnx import helper, numpy_helper
+from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
-from compressor.lowrank import whitened_factors
-from converters.nbits_storage import dequantize_nbits
+from compressor.lowrank import cholesky_whitener, whitened_factors
+from converters.nbits_storage import dequantize_grid, dequantize_nbits, nbits_grid
 from converters.quantization.rounding.int4 import quiet_quantizer, weight_names
 from converters.quantization.rounding.smoothing import probe_activations
 from converters.quantization.storage.half_scales import SCALE_BYTES
@@ -37,6 +39,7 @@ __all__ = [
     "input_rows",
     "input_grams",
     "error_factors",
+    "error_spectrum",
     "FACTOR_FORMS",
     "correction_bytes",
     "output_energy",
@@ -53,8 +56,8 @@ __all__ = [
 # precision").
 CORRECTION_SHARE = 0.2
 GRAM_BATCHES = 8  # calibration batches the input Grams sum over (256 passages at the default batch)
-GRAM_FLUSH = 4096  # tokens whose Gram is summed in fp32 before it is added to the fp64 total (a batch's, about)
 FACTOR_FORMS = ("int8", "nbits")
+ERROR_VALUES = 1 << 22  # weights of a layer's rounding error made at once by RoundingErrors.columns
 FACTOR_BITS = 8
 FACTOR_BLOCK = {"left": 64, "right": 16}  # "nbits": L (K × r) blocks along K; R (r × N) along r, a multiple of 16
 FACTOR_ACCURACY = 4  # "nbits": MatMulNBits' int8 compute ("The corrections' factors at accuracy level 4")
@@ -99,37 +102,40 @@ def input_rows(model: onnx.ModelProto, names: list[str], feeds: list[dict]):
         yield rows
 
 
-def input_grams(model: onnx.ModelProto, feeds: list[dict]) -> dict[str, torch.Tensor]:
-    """Output name → Σ xᵀx (float64) of the input of each MatMul with a constant weight, over the real tokens of
-    the first GRAM_BATCHES of `feeds` (input_rows); MatMuls that share an input share its Gram."""
+class Grams(Mapping):
+    """Output name → the input Gram Σ xᵀx of a MatMul, held in float32 (one array an input, shared by the MatMuls it
+    feeds) and read as a float64 tensor of its own: an LM's K × K Grams in fp64 were 2.5× its weights at 0.5B
+    (Qwen2.5-0.5B's 4,864-wide down-projection inputs), and a layer's is read alone."""
+
+    def __init__(self, sums: dict[str, np.ndarray], inputs: dict[str, str]):
+        self._sums, self._inputs = sums, inputs
+
+    def __getitem__(self, out: str) -> torch.Tensor:
+        return torch.from_numpy(self._sums[self._inputs[out]].astype(np.float64))
+
+    def __contains__(self, out) -> bool:
+        return out in self._inputs
+
+    def __iter__(self):
+        return iter(self._inputs)
+
+    def __len__(self) -> int:
+        return len(self._inputs)
+
+
+def input_grams(model: onnx.ModelProto, feeds: list[dict]) -> Grams:
+    """Output name → Σ xᵀx of the input of each MatMul with a constant weight, over the real tokens of the first
+    GRAM_BATCHES of `feeds` (input_rows), summed in float32 a batch (or a batch's chunk) at a time."""
     weighted = weight_names(model.graph)
     matmuls = {n.output[0]: n.input[0] for n in model.graph.node if n.output[0] in weighted}
-    inputs: dict[str, np.ndarray] = {}  # fp64 sums of the fp32 sums of about a batch's tokens (GRAM_FLUSH)
-    pending: dict[str, np.ndarray] = {}
-    tokens = 0
+    sums: dict[str, np.ndarray] = {}
     for rows in input_rows(model, sorted(set(matmuls.values())), feeds):
         for name, x in rows.items():
-            gram = x.T @ x
-            if name in pending:
-                pending[name] += gram  # in place: a chunk of an LM's batch is a few rows (eval.probe.row_chunks)
+            if name in sums:
+                sums[name] += x.T @ x  # a chunk of an LM's batch is a few rows (eval.probe.row_chunks)
             else:
-                pending[name] = gram
-        tokens += len(x) if rows else 0  # the tokens of this batch (its last activation's rows)
-        if tokens >= GRAM_FLUSH:
-            _flush(inputs, pending)
-            tokens = 0
-    _flush(inputs, pending)
-    return {out: torch.from_numpy(inputs[name]) for out, name in matmuls.items()}
-
-
-def _flush(totals: dict[str, np.ndarray], pending: dict[str, np.ndarray]) -> None:
-    """The fp32 sums `pending` added to the fp64 `totals`, and cleared."""
-    for name, gram in pending.items():
-        if name in totals:
-            totals[name] += gram
-        else:
-            totals[name] = gram.astype(np.float64)
-    pending.clear()
+                sums[name] = (x.T @ x).astype(np.float32)
+    return Grams(sums, {out: name for out, name in matmuls.items() if name in sums})
 
 
 def error_factors(error: np.ndarray, gram: torch.Tensor, rank: int) -> tuple[np.ndarray, np.ndarray, torch.Tensor]:
@@ -137,6 +143,15 @@ def error_factors(error: np.ndarray, gram: torch.Tensor, rank: int) -> tuple[np.
     output metric of `gram` (K × K), and every singular value σ of the whitened error."""
     f = whitened_factors(torch.from_numpy(np.asarray(error, dtype=np.float64).T), gram, rank)  # Eᵀ ≈ up down
     return f.down.T.numpy().astype(np.float32), f.up.T.numpy().astype(np.float32), f.spectrum
+
+
+def error_spectrum(parts, gram: torch.Tensor) -> torch.Tensor:
+    """Every singular value σ (descending) of the whitened error that error_factors truncates (E in the metric
+    S Sᵀ = G + λI), from E's column slices `parts` (K × n each): σ² are the eigenvalues of Sᵀ (Σ E_s E_sᵀ) S, K × K
+    however many columns E has (an LM head's whole error and its SVD were 5 GB at 0.5B)."""
+    whitener, _ = cholesky_whitener(gram)
+    energy = torch.from_numpy(sum(part @ part.T for part in parts))
+    return torch.linalg.eigvalsh(whitener.T @ energy @ whitener).clamp_min(0).sqrt().flip(0)
 
 
 def correction_bytes(k: int, n: int, rank: int, form: str = "int8") -> int:
@@ -194,18 +209,47 @@ def _quantize_factors(model: onnx.ModelProto, nodes: dict[str, list[str]], form:
     return model
 
 
-def _float64_weights(fp32: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Output name → the constant weight (K × N, float64) of each MatMul of the fp32 graph."""
-    initializers = {i.name: i for i in fp32.graph.initializer}
-    names = weight_names(fp32.graph)
-    return {out: numpy_helper.to_array(initializers[w]).astype(np.float64) for out, w in names.items()}
+class RoundingErrors(Mapping):
+    """Output name → W − Q (float64) of each MatMul of `fp32` that `quantized` holds in MatMulNBits, made anew on each
+    read, so that a caller holds a layer's at a time (an LM's at once in fp64 were twice its fp32 weights)."""
+
+    def __init__(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto):
+        initializers = {i.name: i for i in fp32.graph.initializer}
+        self._weights = {out: initializers[w] for out, w in weight_names(fp32.graph).items()}
+        self._graph = quantized.graph
+        self._nodes = {
+            n.output[0]: n for n in self._graph.node if n.op_type == "MatMulNBits" and n.output[0] in self._weights
+        }
+
+    def __getitem__(self, out: str) -> np.ndarray:
+        return fp64_weight(self._weights[out]) - dequantize_nbits(self._graph, self._nodes[out])
+
+    def __iter__(self):
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def columns(self, out: str):
+        """W − Q of `out` (float64), ERROR_VALUES weights' columns at a time, in order."""
+        grid, weight = nbits_grid(self._graph, self._nodes[out]), numpy_helper.to_array(self._weights[out])
+        step = max(1, ERROR_VALUES // weight.shape[0])
+        for at in range(0, weight.shape[1], step):
+            yield weight[:, at : at + step].astype(np.float64) - dequantize_grid(grid, slice(at, at + step))
+
+    def shape(self, out: str) -> tuple[int, int]:
+        """K × N, read from the weight's dims."""
+        k, n = self._weights[out].dims
+        return int(k), int(n)
 
 
-def rounding_errors(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Output name → W − Q (float64) of each MatMul of `fp32` that `quantized` holds in MatMulNBits."""
-    weights = _float64_weights(fp32)
-    rounded = {n.output[0]: n for n in quantized.graph.node if n.op_type == "MatMulNBits" and n.output[0] in weights}
-    return {out: weights[out] - dequantize_nbits(quantized.graph, node) for out, node in rounded.items()}
+def fp64_weight(initializer: onnx.TensorProto) -> np.ndarray:
+    return numpy_helper.to_array(initializer).astype(np.float64)
+
+
+def rounding_errors(quantized: onnx.ModelProto, fp32: onnx.ModelProto) -> RoundingErrors:
+    """Output name → W − Q (float64) of each MatMul of `fp32` that `quantized` holds in MatMulNBits, a layer a read."""
+    return RoundingErrors(quantized, fp32)
 
 
 def add_corrections(
@@ -219,9 +263,7 @@ def add_corrections(
     errors = rounding_errors(model, fp32)
     rounded = {n.output[0]: n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] in errors}
     added: dict[str, list[onnx.NodeProto]] = {}
-    for out, rank in ranks.items():
-        if not rank:
-            continue
+    for out, rank in tqdm([(out, r) for out, r in ranks.items() if r], desc="low-rank corrections", leave=False):
         left, right, _ = error_factors(errors[out], grams[out], rank)
         node = rounded[out]
         node.output[0] = f"{out}_rounded"
@@ -288,30 +330,28 @@ def _stored_factor(graph: onnx.GraphProto, out: str, side: str, form: str) -> np
 
 
 def store_factors(
-    model: onnx.ModelProto, fp32: onnx.ModelProto, grams: dict[str, torch.Tensor], form: str = "int8"
+    model: onnx.ModelProto, fp32: onnx.ModelProto, grams: Mapping[str, torch.Tensor], form: str = "int8"
 ) -> tuple[onnx.ModelProto, dict[str, Correction]]:
     """`model` (from add_corrections, its factors fitted or trained) with L and R in 8 bits in `form`,
     and each corrected layer's output errors: rounded alone, with the fp32 factors, as stored."""
-    weights = _float64_weights(fp32)
     layers = corrected_layers(model)
     inits = {i.name: i for i in model.graph.initializer}
-    rounded = {n.output[0]: n for n in model.graph.node if n.op_type == "MatMulNBits"}
-    errors = {out: weights[out] - dequantize_nbits(model.graph, rounded[f"{out}_rounded"]) for out in layers}
-    fitted = {
-        out: numpy_helper.to_array(inits[f"{out}_L"]).astype(np.float64) @ numpy_helper.to_array(inits[f"{out}_R"])
-        for out in layers
-    }
-    ranks = {out: int(inits[f"{out}_R"].dims[0]) for out in layers}
+    factors = {out: [numpy_helper.to_array(inits[f"{out}_{side}"]) for side in "LR"] for out in layers}
     sides = {side: [f"{out}_correction_{side}" for out in layers] for side in FACTOR_BLOCK}
     model = _quantize_factors(model, sides, form)
+    weights = {i.name: i for i in fp32.graph.initializer}
+    names = weight_names(fp32.graph)
+    rounded = {n.output[0]: n for n in model.graph.node if n.op_type == "MatMulNBits"}
     report = {}
-    for out in layers:
-        gram, w = grams[out].numpy(), weights[out]
+    for out in tqdm(layers, desc="the corrections' errors as stored", leave=False):
+        gram, w = grams[out].numpy(), fp64_weight(weights[names[out]])
+        error = w - dequantize_nbits(model.graph, rounded[f"{out}_rounded"])
+        left, right = factors[out]
         kept = _stored_factor(model.graph, out, "left", form) @ _stored_factor(model.graph, out, "right", form)
         report[out] = Correction(
-            ranks[out],
-            relative_error(errors[out], w, gram),
-            relative_error(errors[out] - fitted[out], w, gram),
-            relative_error(errors[out] - kept, w, gram),
+            right.shape[0],
+            relative_error(error, w, gram),
+            relative_error(error - left.astype(np.float64) @ right, w, gram),
+            relative_error(error - kept, w, gram),
         )
     return model, report

@@ -15,12 +15,13 @@ from typing import NamedTuple
 
 import onnx
 import torch
+from tqdm.auto import tqdm
 
 from compressor.budget import Point, allocate, tail_error
 from compressor.errors import CompressorError
 from converters.quantization.corrections.correction import (
     correction_bytes,
-    error_factors,
+    error_spectrum,
     output_energy,
     rounding_errors,
 )
@@ -122,17 +123,19 @@ def plan_corrections(
     missing = sorted(set(errors) - set(grams))
     if missing:
         raise CompressorError(f"no calibration statistics for the layers {', '.join(missing[:3])}")
-    spectra = {out: error_factors(error, grams[out], 1)[2] for out, error in errors.items()}
-    shapes = {out: error.shape for out, error in errors.items()}
-    offsets = {
-        out: (offset_bytes(*errors[out].shape, block), offset_residual(errors[out], grams[out].numpy(), block))
-        for out in grid & set(errors)
-    }
-    layer_losses = {out: losses.get(out, 0.0) for out in errors}
     three = {node.output[0] for node in three_bit_layers(quantized)} & set(errors) if wider is not None else set()
     four = rounding_errors(wider, fp32) if three else {}
-    shares = {
-        out: output_energy(four[out], grams[out].numpy()) / max(output_energy(errors[out], grams[out].numpy()), 1e-30)
-        for out in three & set(four)
-    }
+    spectra, offsets, shares = {}, {}, {}
+    for out in tqdm(errors, desc="each layer's error spectrum", unit="layer", leave=False):
+        gram = grams[out]
+        spectra[out] = error_spectrum(errors.columns(out), gram)
+        if out not in grid and out not in three:
+            continue
+        error = errors[out]  # whole: a layer's on a grid or in 3 bits, an LM's head never
+        if out in grid:
+            offsets[out] = (offset_bytes(*error.shape, block), offset_residual(error, gram.numpy(), block))
+        if out in three and out in four:
+            shares[out] = output_energy(four[out], gram.numpy()) / max(output_energy(error, gram.numpy()), 1e-30)
+    shapes = {out: errors.shape(out) for out in errors}
+    layer_losses = {out: losses.get(out, 0.0) for out in errors}
     return correction_ranks(spectra, layer_losses, shapes, budget, form, offsets, ranks_only, shares)

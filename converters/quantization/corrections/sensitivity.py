@@ -45,7 +45,8 @@ def gram_losses(
     with every MatMul so rounded, when the caller has it already (`keep_grid`, `bits`: as int4.quantize_matmuls)."""
     names = {n.output[0]: n.name for n in model.graph.node}
     if quantized is not None:
-        errors = rounding_errors(quantized, model).items()
+        rounded = rounding_errors(quantized, model)
+        errors = ((out, part) for out in rounded for part in rounded.columns(out))
     else:
         weighted = matmul_weights(model.graph)
         errors = _rounded_alone(

@@ -157,6 +157,7 @@ class Int4CorrectedConfig(Int4AwareConfig):
         )
         eight_bit, four_bit = (tuple(nodes[out] for out in chosen) for chosen in (eight, four))
         if eight_bit or four_bit:
+            del quantized  # rounded again: the first graph let go before the second is built
             widths = {"eight_bit": tied_head + eight_bit, "four_bit": four_bit}
             quantized = gptq_rounded(quantize_4bit(proto, block, level, **{**rounding, **widths}), proto, grams, gptq)
         corrected = add_corrections(quantized, proto, grams, ranks)
@@ -164,7 +165,8 @@ class Int4CorrectedConfig(Int4AwareConfig):
             corrected = source.train(source.fp32(), proto, corrected, int8, frozenset(offset))
         corrected, corrections = store_factors(corrected, proto, grams, kind.factor_form)
         report = {out: c.to_dict() for out, c in corrections.items()}
-        offsets = {out: e for out, e in rounding_errors(corrected, proto).items() if out in offset}  # as trained
+        errors = rounding_errors(corrected, proto)
+        offsets = {out: errors[out] for out in errors if out in offset}  # as trained
         for out, error in offsets.items():
             left = offset_residual(error, grams[out].numpy(), block)
             report[out] = {"offsets": error.shape[0] // block, "loss_share_left": left}
