@@ -4,6 +4,7 @@ every embedding method) and whole models of 22M to ~1B parameters (low rank on e
     python benchmarks/large_models.py vocab --out runs/large     # a random 12-layer XLM-R, 250,002 × 384
     python benchmarks/large_models.py sizes --out runs/large     # 22M, 110M, 135M, ~1B: aware against plain
     python benchmarks/large_models.py lms --out runs/large       # compressor run: Qwen2.5-0.5B's, Llama-3.2-1B's shapes
+    python benchmarks/large_models.py corrected --out runs/large # int4-corrected's export: SmolLM2, both shapes
 
 Each `compressor compress` runs in its own process, without the calibration cache (every run pays for its
 statistics); its wall time and peak resident memory (the process's own, from wait4) are printed and
@@ -136,13 +137,7 @@ def measure_run(model: Path, out: Path) -> dict:
     seconds = time.perf_counter() - start
     err = log.read_text()
     said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
-    from eval.environment import integer_path, machine
-
-    here = machine()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said, "commit": commit or None}
-    result["date"] = time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime())
-    result["environment"] = {"cpu": here["cpu"], "integer_path": integer_path(), "onnxruntime": here["onnxruntime"]}
+    result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said, **_provenance()}
     if done.returncode == 0:
         report = json.loads((out / "report.json").read_text())
         result["stages"] = report["run"]["stages"]
@@ -176,17 +171,44 @@ def _save(path: Path, build) -> Path:
 def measure(model: Path, options: list[str], out: Path) -> dict:
     """One `compressor compress` in a process of its own: wall seconds, peak RSS (GiB), what it said; its
     checkpoint removed after."""
-    argv = [sys.executable, "-m", "converters.cli", "compress", str(model), *options, "--no-cache", "--out", str(out)]
+    return _measured(["compress", str(model), *options, "--no-cache", "--out", str(out)], out)
+
+
+def _measured(command: list[str], out: Path) -> dict:
+    """`compressor COMMAND` in a process of its own: wall seconds, peak RSS (GiB, from wait4), what it said; OUT
+    removed after."""
+    argv = [sys.executable, "-m", "converters.cli", *command]
     start = time.perf_counter()
     child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err = child.stderr.read()
     _, status, usage = os.wait4(child.pid, 0)
     seconds = time.perf_counter() - start
-    said = [line for line in err.splitlines() if line.startswith("compressor:")]
+    said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(argv)} failed:\n{err[-2000:]}")
     shutil.rmtree(out)
     return {"seconds": round(seconds, 1), "peak_gib": round(usage.ru_maxrss / 2**20, 2), "said": said}
+
+
+def measure_corrected(model: Path, out: Path) -> dict:
+    """`compressor export MODEL --quantize int4-corrected` (the default calibration) measured as `_measured`, with
+    the commit, date and machine."""
+    result = _measured(["export", str(model), "--quantize", "int4-corrected", "--out", str(out)], out)
+    return {**result, **_provenance()}
+
+
+def _provenance() -> dict:
+    """The commit, the date (UTC) and the machine a measurement was taken on."""
+    from eval.environment import integer_path, machine
+
+    here = machine()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    environment = {"cpu": here["cpu"], "integer_path": integer_path(), "onnxruntime": here["onnxruntime"]}
+    return {
+        "commit": commit or None,
+        "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+        "environment": environment,
+    }
 
 
 def _models(what: str, out: Path) -> dict[str, str]:
@@ -195,6 +217,8 @@ def _models(what: str, out: Path) -> dict[str, str]:
         return {"xlmr-250k": str(_xlmr_250k(out))}
     if what == "lms":
         return _lms(out)
+    if what == "corrected":
+        return {"135M SmolLM2": str(SMOLLM2), **_lms(out)}
     return {
         "22M all-MiniLM-L6-v2": str(_default_model()),
         "110M BERT-base (random)": str(_bert_110m(out)),
@@ -214,15 +238,15 @@ def _built(what: str, out: Path) -> dict[str, Path]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("vocab", "sizes", "lms"))
+    p.add_argument("what", choices=("vocab", "sizes", "lms", "corrected"))
     p.add_argument("--out", type=Path, default=Path("runs/large"))
     p.add_argument("--again", action="store_true", help="measure again what OUT/large_models.json already holds")
     p.add_argument("--only", default="", help="measure only the models (lms) whose name holds this, e.g. Qwen")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     models = _built(args.what, args.out)
-    if args.what == "lms":
-        return _run_lms({k: v for k, v in models.items() if args.only in k}, args.out, args.again)
+    if args.what in ("lms", "corrected"):
+        return _run_lms({k: v for k, v in models.items() if args.only in k}, args.out, args.again, args.what)
     if args.what == "vocab":
         runs = {name: (models["xlmr-250k"], options.split()) for name, options in VOCAB_RUNS.items()}
     else:
@@ -243,17 +267,22 @@ def main() -> None:
         results_path.write_text(json.dumps(results, indent=2))
 
 
-def _run_lms(models: dict[str, Path], out: Path, again: bool) -> None:
-    """`compressor run` on each LM shape, into OUT/large_lms.json."""
-    results_path = out / "large_lms.json"
+def _run_lms(models: dict[str, Path], out: Path, again: bool, what: str) -> None:
+    """`compressor run` (lms) or `compressor export --quantize int4-corrected` (corrected) on each LM, into
+    OUT/large_lms.json or OUT/large_corrected.json."""
+    results_path = out / f"large_{what}.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for name, model in models.items():
         if name in results and not again:
             continue
-        result = measure_run(model, out / "run")
-        results[name] = {"model": str(model), "command": f"compressor run {model}", **result}
-        peak = result.get("stages", {}).get("peak_rss_bytes", 0) / 2**30
-        print(f"{name:35s} exit {result['exit']}  {result['seconds']:7.1f} s  {peak:5.2f} GiB peak", flush=True)
+        if what == "corrected":
+            result = measure_corrected(model, out / "corrected")
+            command, peak = f"compressor export {model} --quantize int4-corrected", result["peak_gib"]
+        else:
+            result = measure_run(model, out / "run")
+            command, peak = f"compressor run {model}", result.get("stages", {}).get("peak_rss_bytes", 0) / 2**30
+        results[name] = {"model": str(model), "command": command, **result}
+        print(f"{name:35s} {result['seconds']:7.1f} s  {peak:5.2f} GiB peak", flush=True)
         results_path.write_text(json.dumps(results, indent=2))
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
+from converters.cli.corrected_needs import check_corrected_fits
 from converters.cli.options import (
     calibration_options,
     data_option,
@@ -29,6 +30,7 @@ from converters.pipeline.steps import check_schemes, correction_fit
 from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_for_targets
 from converters.quantization.registry import SchemeConfig
+from converters.quantization.schemes.int4_corrected import Int4CorrectedConfig
 from eval.graph import load_graph
 from eval.kinds import CAUSAL_LM
 from eval.memory import trim_heap
@@ -103,6 +105,10 @@ def run(args) -> None:
             f"--kv-cache {args.kv_cache} is a causal LM's cache; {str(source)!r} is a model of the {kind.name} kind"
         )
     check_schemes([quantize], kind.graph)
+    if isinstance(config, Int4CorrectedConfig) and kind.graph is CAUSAL_LM:
+        needs = check_corrected_fits(source, config.scheme, config.trains)
+        if needs:
+            say(needs)
     if folder and lacks_tokenizer(source):
         say(
             f"warning: {str(source)!r} has no tokenizer file; the folder will hold none, and tools cannot tokenize text"

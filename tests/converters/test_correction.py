@@ -22,6 +22,7 @@ from converters.quantization.corrections.correction import (
     error_factors,
     error_spectrum,
     input_grams,
+    layer_factors,
     rounding_errors,
 )
 from converters.quantization.corrections.correction_plan import correction_ranks, plan_corrections
@@ -95,16 +96,33 @@ def test_at_full_rank_the_correction_restores_the_error():
 
 
 @pytest.mark.parametrize("n", [24, 200])
-def test_the_spectrum_from_column_slices_is_the_whitened_error_s_singular_values(n):
-    # σ² as the eigenvalues of Sᵀ E Eᵀ S, K × K, summed over slices of E's columns: fewer outputs than inputs or more
-    error = RNG.standard_normal((64, n)) * 0.1
+def test_the_spectrum_is_the_whitened_error_s_singular_values_for_fewer_outputs_or_more(n, monkeypatch):
+    # more outputs than inputs: σ² the eigenvalues of Sᵀ E Eᵀ S, K × K, summed over slices of E's columns
+    monkeypatch.setattr(correction, "ERROR_VALUES", 64 * 7)
+    model, _ = _matmul(64, n)
+    errors = rounding_errors(quantize_4bit(model, block=16, accuracy_level=0, aware=False), model)
     _, gram = _anisotropic_gram()
-    _, _, spectrum = error_factors(error, gram, 1)
-    sliced = error_spectrum((error[:, at : at + 7] for at in range(0, n, 7)), gram)
-    assert sliced.shape == (64,) and np.all(np.diff(sliced.numpy()) <= 0)
+    _, _, spectrum = error_factors(errors["y"], gram, 1)
+    sliced = error_spectrum(errors, "y", gram)
     top = min(64, n)
+    assert sliced.shape[0] >= top and np.all(np.diff(sliced.numpy()) <= 0)
     np.testing.assert_allclose(sliced[:top].numpy(), spectrum.numpy()[:top], rtol=1e-6, atol=1e-9 * float(spectrum[0]))
     assert np.abs(sliced[top:].numpy()).max(initial=0.0) <= 1e-6 * float(spectrum[0])
+
+
+@pytest.mark.parametrize("n", [24, 200])
+def test_a_layer_s_factors_from_column_slices_are_the_whole_error_s_fit(n, monkeypatch):
+    monkeypatch.setattr(correction, "ERROR_VALUES", 64 * 7)
+    model, _ = _matmul(64, n)
+    errors = rounding_errors(quantize_4bit(model, block=16, accuracy_level=0, aware=False), model)
+    _, gram = _anisotropic_gram()
+    left, right, _ = error_factors(errors["y"], gram, 8)
+    sliced_left, sliced_right = layer_factors(errors, "y", gram, 8)
+    assert sliced_left.shape == (64, 8) and sliced_right.shape == (8, n)
+    whole = left.astype(np.float64) @ right
+    assert np.abs(sliced_left.astype(np.float64) @ sliced_right - whole).max() <= 1e-4 * np.abs(whole).max()
+    scales = np.abs(sliced_left).max(axis=0) / np.abs(sliced_right).max(axis=1)
+    np.testing.assert_allclose(scales, np.abs(left).max(axis=0) / np.abs(right).max(axis=1), rtol=1e-3)  # split so
 
 
 def test_the_output_metric_fit_leaves_less_output_error_than_a_plain_svd():

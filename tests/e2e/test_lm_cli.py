@@ -111,6 +111,26 @@ def test_an_lm_run_the_machine_cannot_hold_is_refused_before_any_work(
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
 
 
+def test_a_corrected_export_says_its_time_and_peak_and_is_refused_where_they_do_not_fit(
+    tiny_llama_dir, lm_text, tmp_path, capsys, monkeypatch
+):
+    from converters.cli.corrected_needs import gram_entries
+
+    config = json.loads((tiny_llama_dir / "config.json").read_text())
+    h, i, n = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    assert gram_entries(tiny_llama_dir) == n * (3 * h * h + i * i) + h * h  # each distinct input's K × K
+    out = tmp_path / "corrected"
+    argv = ("export", tiny_llama_dir, "--quantize", "int4-corrected", "--calib", lm_text, "--out", out)
+    monkeypatch.setattr("converters.cli.corrected_needs.available_memory", lambda: 2**20)  # 1 MiB available
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and "int4-corrected on this LM" in err and "0.0 GiB available" in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+    monkeypatch.setattr("converters.cli.corrected_needs.available_memory", lambda: 2**40)
+    code, _, err = run_cli(capsys, *argv)
+    said = next(line for line in err.splitlines() if "int4-corrected: about" in line)
+    assert code == 0 and "min on 2 cores and a peak of about" in said and err.index(said) < err.index("wrote")
+
+
 @pytest.mark.parametrize("keep", [False, True])
 def test_the_original_is_freed_once_exported_when_no_row_needs_it(tiny_llama_dir, tmp_path, keep):
     import gc

@@ -40,6 +40,7 @@ __all__ = [
     "input_grams",
     "error_factors",
     "error_spectrum",
+    "layer_factors",
     "FACTOR_FORMS",
     "correction_bytes",
     "output_energy",
@@ -145,13 +146,35 @@ def error_factors(error: np.ndarray, gram: torch.Tensor, rank: int) -> tuple[np.
     return f.down.T.numpy().astype(np.float32), f.up.T.numpy().astype(np.float32), f.spectrum
 
 
-def error_spectrum(parts, gram: torch.Tensor) -> torch.Tensor:
-    """Every singular value σ (descending) of the whitened error that error_factors truncates (E in the metric
-    S Sᵀ = G + λI), from E's column slices `parts` (K × n each): σ² are the eigenvalues of Sᵀ (Σ E_s E_sᵀ) S, K × K
-    however many columns E has (an LM head's whole error and its SVD were 5 GB at 0.5B)."""
+def error_spectrum(errors: "RoundingErrors", out: str, gram: torch.Tensor) -> torch.Tensor:
+    """Every singular value σ (descending) of the whitened rounding error of `out` that error_factors truncates (E in
+    the metric S Sᵀ = G + λI): those of Sᵀ E where E (K × N) has no more columns than rows, else the roots of the
+    eigenvalues of Sᵀ (Σ E_s E_sᵀ) S summed over E's column slices, K × K however many columns E has (an LM head's
+    whole error and its SVD were 5 GB at 0.5B)."""
     whitener, _ = cholesky_whitener(gram)
-    energy = torch.from_numpy(sum(part @ part.T for part in parts))
+    k, n = errors.shape(out)
+    if n <= k:
+        return torch.linalg.svdvals(whitener.T @ torch.from_numpy(errors[out]))
+    energy = torch.from_numpy(sum(part @ part.T for part in errors.columns(out)))
     return torch.linalg.eigvalsh(whitener.T @ energy @ whitener).clamp_min(0).sqrt().flip(0)
+
+
+def layer_factors(errors: "RoundingErrors", out: str, gram: torch.Tensor, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """error_factors' (L, R) of the rounding error of `out`, E read whole where it has no more columns than rows,
+    else a column slice at a time: Sᵀ (Σ E_s E_sᵀ) S = V Σ² Vᵀ (K × K), L = S⁻ᵀ V_r Σ_r^½, R = Σ_r^-½ V_rᵀ Sᵀ E (a
+    slice of its columns at a time), the same product split as error_factors splits it."""
+    k, n = errors.shape(out)
+    if n <= k:
+        return error_factors(errors[out], gram, rank)[:2]
+    whitener, _ = cholesky_whitener(gram)
+    energy = torch.from_numpy(sum(part @ part.T for part in errors.columns(out)))
+    values, vectors = torch.linalg.eigh(whitener.T @ energy @ whitener)  # ascending
+    root = values.flip(0)[:rank].clamp_min(1e-300).sqrt().sqrt()  # Σ_r^½
+    top = vectors.flip(1)[:, :rank]
+    left = torch.linalg.solve_triangular(whitener.T, top * root, upper=True)
+    project = (whitener @ top / root).T.numpy()
+    right = np.concatenate([project @ part for part in errors.columns(out)], axis=1)
+    return left.numpy().astype(np.float32), right.astype(np.float32)
 
 
 def correction_bytes(k: int, n: int, rank: int, form: str = "int8") -> int:
@@ -233,14 +256,19 @@ class RoundingErrors(Mapping):
     def columns(self, out: str):
         """W − Q of `out` (float64), ERROR_VALUES weights' columns at a time, in order."""
         grid, weight = nbits_grid(self._graph, self._nodes[out]), numpy_helper.to_array(self._weights[out])
-        step = max(1, ERROR_VALUES // weight.shape[0])
-        for at in range(0, weight.shape[1], step):
-            yield weight[:, at : at + step].astype(np.float64) - dequantize_grid(grid, slice(at, at + step))
+        for columns in column_slices(*weight.shape):
+            yield weight[:, columns].astype(np.float64) - dequantize_grid(grid, columns)
 
     def shape(self, out: str) -> tuple[int, int]:
         """K × N, read from the weight's dims."""
         k, n = self._weights[out].dims
         return int(k), int(n)
+
+
+def column_slices(k: int, n: int):
+    """The slices of N columns of a K × N weight that hold about ERROR_VALUES of its weights each, in order."""
+    step = max(1, ERROR_VALUES // k)
+    return [slice(at, at + step) for at in range(0, n, step)]
 
 
 def fp64_weight(initializer: onnx.TensorProto) -> np.ndarray:
@@ -264,7 +292,7 @@ def add_corrections(
     rounded = {n.output[0]: n for n in graph.node if n.op_type == "MatMulNBits" and n.output[0] in errors}
     added: dict[str, list[onnx.NodeProto]] = {}
     for out, rank in tqdm([(out, r) for out, r in ranks.items() if r], desc="low-rank corrections", leave=False):
-        left, right, _ = error_factors(errors[out], grams[out], rank)
+        left, right = layer_factors(errors, out, grams[out], rank)
         node = rounded[out]
         node.output[0] = f"{out}_rounded"
         graph.initializer.extend(
@@ -333,7 +361,8 @@ def store_factors(
     model: onnx.ModelProto, fp32: onnx.ModelProto, grams: Mapping[str, torch.Tensor], form: str = "int8"
 ) -> tuple[onnx.ModelProto, dict[str, Correction]]:
     """`model` (from add_corrections, its factors fitted or trained) with L and R in 8 bits in `form`,
-    and each corrected layer's output errors: rounded alone, with the fp32 factors, as stored."""
+    and each corrected layer's output errors: rounded alone, with the fp32 factors, as stored (each summed over
+    slices of its columns: column_slices)."""
     layers = corrected_layers(model)
     inits = {i.name: i for i in model.graph.initializer}
     factors = {out: [numpy_helper.to_array(inits[f"{out}_{side}"]) for side in "LR"] for out in layers}
@@ -344,14 +373,15 @@ def store_factors(
     rounded = {n.output[0]: n for n in model.graph.node if n.op_type == "MatMulNBits"}
     report = {}
     for out in tqdm(layers, desc="the corrections' errors as stored", leave=False):
-        gram, w = grams[out].numpy(), fp64_weight(weights[names[out]])
-        error = w - dequantize_nbits(model.graph, rounded[f"{out}_rounded"])
+        gram, weight = grams[out].numpy(), numpy_helper.to_array(weights[names[out]])
+        grid = nbits_grid(model.graph, rounded[f"{out}_rounded"])
         left, right = factors[out]
-        kept = _stored_factor(model.graph, out, "left", form) @ _stored_factor(model.graph, out, "right", form)
-        report[out] = Correction(
-            right.shape[0],
-            relative_error(error, w, gram),
-            relative_error(error - left.astype(np.float64) @ right, w, gram),
-            relative_error(error - kept, w, gram),
-        )
+        stored = [_stored_factor(model.graph, out, side, form) for side in ("left", "right")]
+        energy = np.zeros(4)  # of W, of E = W − Q, of E − L R, of E − L R as stored
+        for columns in column_slices(*weight.shape):
+            w = weight[:, columns].astype(np.float64)
+            error = w - dequantize_grid(grid, columns)
+            fitted, kept = left.astype(np.float64) @ right[:, columns], stored[0] @ stored[1][:, columns]
+            energy += [output_energy(delta, gram) for delta in (w, error, error - fitted, error - kept)]
+        report[out] = Correction(right.shape[0], *(float(np.sqrt(e / energy[0])) for e in energy[1:]))
     return model, report

@@ -128,7 +128,7 @@ def plan_corrections(
     spectra, offsets, shares = {}, {}, {}
     for out in tqdm(errors, desc="each layer's error spectrum", unit="layer", leave=False):
         gram = grams[out]
-        spectra[out] = error_spectrum(errors.columns(out), gram)
+        spectra[out] = error_spectrum(errors, out, gram)
         if out not in grid and out not in three:
             continue
         error = errors[out]  # whole: a layer's on a grid or in 3 bits, an LM's head never

@@ -1,0 +1,64 @@
+"""What the corrected 4-bit schemes (int4-corrected, int4-trained) need on a causal LM: said before any work, and
+refused before any where it does not fit. Their cost follows the input Grams more than the weights: each distinct
+input of a linear layer has a K × K Gram, summed over the calibration tokens (tokens · K² multiply-adds), held in
+float32 to the end, and GPTQ and the corrections' fit work in it. So the estimate goes by Σ K² over those inputs
+(a Llama-style layer: its hidden width three times, attention's, its output's and the FFN's, and its FFN width once;
+the head's input once more), read from config.json, beside the fp32 weights' bytes for the graphs the scheme holds."""
+
+import json
+from pathlib import Path
+
+from compressor.errors import CompressorError
+from converters.loading import available_memory, stored_parameters
+
+__all__ = ["gram_entries", "corrected_needs", "check_corrected_fits"]
+
+# int4-corrected through `compressor export --quantize int4-corrected` at the default calibration (256 passages) on 2
+# cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "int4-corrected at scale"): the random Qwen2.5-0.5B shape
+# (494.0 M parameters, Σ K² 627 M) took 1,380 s at 498507e's parent, most of it the Grams' sums and GPTQ, both in
+# K²; its peak, after the Grams (2.5 GB in float32), the graph, the rounded graph and a layer's work at a time.
+SECONDS_PER_GRAM_ENTRY = 1380 / 627.1e6
+PEAK_BASE_BYTES = 0.66e9  # what the libraries hold whatever the model (the LM run's line: goals.py)
+PEAK_PER_FP32_BYTE = 3.0
+PEAK_PER_GRAM_ENTRY = 4  # the Grams in float32
+
+
+def gram_entries(model_dir: Path) -> int | None:
+    """Σ K² over the distinct inputs of the linear layers of the Llama-style LM in `model_dir` (its config.json's
+    widths); None where the config gives none."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        h, i, n = (int(config[key]) for key in ("hidden_size", "intermediate_size", "num_hidden_layers"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return n * (3 * h * h + i * i) + h * h
+
+
+def corrected_needs(model_dir: Path) -> tuple[int, int, int, int] | None:
+    """(parameters, Σ K², about how many minutes on 2 cores, the peak resident bytes) of a corrected scheme's
+    export of the LM in `model_dir`; None where its config gives no widths."""
+    grams = gram_entries(model_dir)
+    if grams is None:
+        return None
+    params = stored_parameters(Path(model_dir))
+    peak = PEAK_BASE_BYTES + PEAK_PER_FP32_BYTE * 4 * params + PEAK_PER_GRAM_ENTRY * grams
+    return params, grams, max(1, round(grams * SECONDS_PER_GRAM_ENTRY / 60)), round(peak)
+
+
+def check_corrected_fits(model_dir: Path, scheme: str, trains: bool) -> str | None:
+    """What `scheme` on the LM in `model_dir` will take, in a sentence (None where its config gives no widths);
+    refused before any work when its peak exceeds what the machine has available."""
+    needs = corrected_needs(model_dir)
+    if needs is None:
+        return None
+    params, grams, minutes, peak = needs
+    sizes = f"{params / 1e9:.2f}B parameters, Σ K² {grams / 1e6:.0f} M over the linear layers' inputs"
+    free = available_memory()
+    if free and peak > free:
+        raise CompressorError(
+            f"{scheme} on this LM ({sizes}) needs about {peak / 2**30:.1f} GiB at its peak (the graphs at "
+            f"{PEAK_PER_FP32_BYTE:.0f}× the fp32 weights and the input Grams in float32) and this machine has "
+            f"{free / 2**30:.1f} GiB available: quantize it with int4-aware, whose peak is the LM run's"
+        )
+    training = " before the training" if trains else ""
+    return f"{scheme}: about {minutes} min on 2 cores{training} and a peak of about {peak / 2**30:.1f} GiB ({sizes})"
