@@ -273,7 +273,8 @@ def _run_lms(models: dict[str, Path], out: Path, again: bool, what: str) -> None
     results_path = out / f"large_{what}.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for name, model in models.items():
-        if name in results and not again:
+        key = f"{name}: int4-corrected" if what == "corrected" else name
+        if key in results and not again:
             continue
         if what == "corrected":
             result = measure_corrected(model, out / "corrected")
@@ -281,8 +282,8 @@ def _run_lms(models: dict[str, Path], out: Path, again: bool, what: str) -> None
         else:
             result = measure_run(model, out / "run")
             command, peak = f"compressor run {model}", result.get("stages", {}).get("peak_rss_bytes", 0) / 2**30
-        results[name] = {"model": str(model), "command": command, **result}
-        print(f"{name:35s} {result['seconds']:7.1f} s  {peak:5.2f} GiB peak", flush=True)
+        results[key] = {"model": str(model), "command": command, **result}
+        print(f"{key:35s} {result['seconds']:7.1f} s  {peak:5.2f} GiB peak", flush=True)
         results_path.write_text(json.dumps(results, indent=2))
 
 

@@ -187,7 +187,16 @@ def test_the_lm_runs_at_scale_are_a_table_of_their_own(tmp_path):
     ran["rows"] = {"original": {"file_bytes": 2**28}}
     refused = {**run, "exit": 2, "seconds": 3.4, "said": ["compressor: error: … need about 40.0 GiB at their peak …"]}
     (tmp_path / "scale" / "lms.json").write_text(json.dumps({"small": ran, "large": refused}))
+    corrected = {**run, "seconds": 156.3, "peak_gib": 2.79, "said": ["compressor: int4-corrected: about 4 min on 2 "]}
+    corrected["said"][0] += (
+        "cores and a peak of about 2.5 GiB (0.13B parameters, Σ K² 101 M over the linear layers' inputs)"
+    )
+    (tmp_path / "scale" / "corrected.json").write_text(json.dumps({"small: int4-corrected": corrected}))
     section = benchmarks_page.scale_section(tmp_path / "scale")
+    assert (
+        "| small: int4-corrected | AMD EPYC, `avx512_vnni`, 1.32.0 | 4 min / 2.5 GiB | 2.6 min | 2.79 GiB | – |"
+        in section
+    )
     assert (
         "| small | AMD EPYC, `avx512_vnni`, 1.32.0 | 24 minutes / 16.0 GiB | 29.4 min | 1.00 GiB (4.0× the fp32 graph) "
         "| bench 672, 1.00 |" in section

@@ -290,7 +290,7 @@ before this page was generated (4,022 lines by issue and day, each figure with i
 
 
 # what a run said before its work: its minutes and peak, or the peak that refused it
-ESTIMATE = r"about ([\d.]+ minutes).*?peak of (?:at most )?([\d.]+ GiB)|need about ([\d.]+ GiB)"
+ESTIMATE = r"about ([\d.]+ min(?:utes)?).*?peak of (?:at most |about )?([\d.]+ GiB)|needs? about ([\d.]+ GiB)"
 
 
 def scale_section(folder: Path) -> str:
@@ -302,7 +302,8 @@ def scale_section(folder: Path) -> str:
     lines = [
         "## LMs at scale",
         "",
-        "`compressor run MODEL` on an LM (its original's rows), in a process of its own:",
+        "`compressor run MODEL` on an LM (its original's rows), and `compressor export MODEL --quantize "
+        "int4-corrected` (a row named so), each in a process of its own:",
         "",
     ]
     lines += ["| model | CPU, integer path, ONNX Runtime | said before | took | peak RSS | stages (s, GiB) |"]
@@ -316,9 +317,10 @@ def scale_section(folder: Path) -> str:
             before = " / ".join(g for g in (estimate.groups() if estimate else ()) if g) or "–"
             stages = run.get("stages") or {}
             peak = f"{stages['peak_rss_bytes'] / 2**30:.2f} GiB" if stages else "–"
+            peak = f"{run['peak_gib']:.2f} GiB" if "peak_gib" in run else peak  # one process's own, from wait4
             fp32 = ((run.get("rows") or {}).get("original") or {}).get("file_bytes")
             peak += f" ({stages['peak_rss_bytes'] / fp32:.1f}× the fp32 graph)" if stages and fp32 else ""
-            took = f"{run['seconds'] / 60:.1f} min" if run.get("exit") == 0 else f"refused (exit {run.get('exit')})"
+            took = f"{run['seconds'] / 60:.1f} min" if run.get("exit", 0) == 0 else f"refused (exit {run.get('exit')})"
             each = "; ".join(
                 f"{s['stage']} {s['seconds']:.0f}, {s['peak_rss_bytes'] / 2**30:.2f}" for s in stages.get("stages", [])
             )

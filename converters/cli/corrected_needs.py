@@ -14,12 +14,15 @@ from converters.loading import available_memory, stored_parameters
 __all__ = ["gram_entries", "corrected_needs", "check_corrected_fits"]
 
 # int4-corrected through `compressor export --quantize int4-corrected` at the default calibration (256 passages) on 2
-# cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "int4-corrected at scale"): the random Qwen2.5-0.5B shape
-# (494.0 M parameters, Σ K² 627 M) took 1,380 s at 498507e's parent, most of it the Grams' sums and GPTQ, both in
-# K²; its peak, after the Grams (2.5 GB in float32), the graph, the rounded graph and a layer's work at a time.
-SECONDS_PER_GRAM_ENTRY = 1380 / 627.1e6
-PEAK_BASE_BYTES = 0.66e9  # what the libraries hold whatever the model (the LM run's line: goals.py)
-PEAK_PER_FP32_BYTE = 3.0
+# cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"; 2aca999): SmolLM2-135M (Σ K² 101 M) 156 s
+# at a peak of 2.79 GiB, the random Qwen2.5-0.5B shape (494.0 M parameters, Σ K² 626 M) 1,187 s at 10.95 GiB. Time
+# grows a little faster than Σ K² (the Grams' sums, GPTQ and the spectra all go by K²; GPTQ and the fits by N too):
+# the power through both runs. The peak: the libraries (0.66 GB, the LM run's line: goals.py), the Grams in float32
+# and, from the 0.5B run, 4.35× the fp32 weights for the graphs the scheme holds at once (SmolLM2 then said 3.2 GiB).
+SECONDS_AT = (1187.4, 626.0e6)  # (seconds, Σ K²) of the 0.5B shape's run
+SECONDS_POWER = 1.112  # log(1187.4 / 156.3) / log(626 / 101): SmolLM2's run on the same line
+PEAK_BASE_BYTES = 0.66e9
+PEAK_PER_FP32_BYTE = 4.35
 PEAK_PER_GRAM_ENTRY = 4  # the Grams in float32
 
 
@@ -42,7 +45,8 @@ def corrected_needs(model_dir: Path) -> tuple[int, int, int, int] | None:
         return None
     params = stored_parameters(Path(model_dir))
     peak = PEAK_BASE_BYTES + PEAK_PER_FP32_BYTE * 4 * params + PEAK_PER_GRAM_ENTRY * grams
-    return params, grams, max(1, round(grams * SECONDS_PER_GRAM_ENTRY / 60)), round(peak)
+    seconds = SECONDS_AT[0] * (grams / SECONDS_AT[1]) ** SECONDS_POWER
+    return params, grams, max(1, round(seconds / 60)), round(peak)
 
 
 def check_corrected_fits(model_dir: Path, scheme: str, trains: bool) -> str | None:
@@ -57,7 +61,7 @@ def check_corrected_fits(model_dir: Path, scheme: str, trains: bool) -> str | No
     if free and peak > free:
         raise CompressorError(
             f"{scheme} on this LM ({sizes}) needs about {peak / 2**30:.1f} GiB at its peak (the graphs at "
-            f"{PEAK_PER_FP32_BYTE:.0f}× the fp32 weights and the input Grams in float32) and this machine has "
+            f"{PEAK_PER_FP32_BYTE:.2f}× the fp32 weights and the input Grams in float32) and this machine has "
             f"{free / 2**30:.1f} GiB available: quantize it with int4-aware, whose peak is the LM run's"
         )
     training = " before the training" if trains else ""
