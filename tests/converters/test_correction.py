@@ -95,13 +95,19 @@ def test_at_full_rank_the_correction_restores_the_error():
     assert np.abs(left.astype(np.float64) @ right - error).max() <= 1e-5
 
 
-@pytest.mark.parametrize("n", [24, 200])
-def test_the_spectrum_is_the_whitened_error_s_singular_values_for_fewer_outputs_or_more(n, monkeypatch):
-    # more outputs than inputs: σ² the eigenvalues of Sᵀ E Eᵀ S, K × K, summed over slices of E's columns
+def _sliced_errors(n: int, monkeypatch):
+    """The rounding errors of a 64 × `n` layer made 7 columns at a time, and an anisotropic Gram."""
     monkeypatch.setattr(correction, "ERROR_VALUES", 64 * 7)
     model, _ = _matmul(64, n)
     errors = rounding_errors(quantize_4bit(model, block=16, accuracy_level=0, aware=False), model)
     _, gram = _anisotropic_gram()
+    return errors, gram
+
+
+@pytest.mark.parametrize("n", [24, 200])
+def test_the_spectrum_is_the_whitened_error_s_singular_values_for_fewer_outputs_or_more(n, monkeypatch):
+    # more outputs than inputs: σ² the eigenvalues of Sᵀ E Eᵀ S, K × K, summed over slices of E's columns
+    errors, gram = _sliced_errors(n, monkeypatch)
     _, _, spectrum = error_factors(errors["y"], gram, 1)
     sliced = error_spectrum(errors, "y", gram)
     top = min(64, n)
@@ -112,10 +118,7 @@ def test_the_spectrum_is_the_whitened_error_s_singular_values_for_fewer_outputs_
 
 @pytest.mark.parametrize("n", [24, 200])
 def test_a_layer_s_factors_from_column_slices_are_the_whole_error_s_fit(n, monkeypatch):
-    monkeypatch.setattr(correction, "ERROR_VALUES", 64 * 7)
-    model, _ = _matmul(64, n)
-    errors = rounding_errors(quantize_4bit(model, block=16, accuracy_level=0, aware=False), model)
-    _, gram = _anisotropic_gram()
+    errors, gram = _sliced_errors(n, monkeypatch)
     left, right, _ = error_factors(errors["y"], gram, 8)
     sliced_left, sliced_right = layer_factors(errors, "y", gram, 8)
     assert sliced_left.shape == (64, 8) and sliced_right.shape == (8, n)
