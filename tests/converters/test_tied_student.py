@@ -45,7 +45,9 @@ def test_the_student_of_a_tied_lm_computes_what_its_graph_computes(tiny_gpt2_dir
     quantized = quantize_4bit(smoothed, 16, 0, aware=True, eight_bit=tied_head)
     logits = [n.output[0] for n in quantized.graph.node if n.op_type == "MatMulNBits" and "logits" in n.output[0]]
     assert len(logits) == (2 if split else 1)
-    corrected = add_corrections(quantized, smoothed, input_grams(smoothed, feeds), dict.fromkeys(logits, 4))
+    corrected = add_corrections(
+        copy.deepcopy(quantized), smoothed, input_grams(smoothed, feeds), dict.fromkeys(logits, 4)
+    )
     assert sorted(corrected_layers(corrected)) == sorted(logits)  # the tied head corrected, whole or both halves
     student, links = student_of(copy.deepcopy(model), exported, smoothed, corrected)
     onnx.save_model(share_tied_codes(copy.deepcopy(corrected), tied), str(tmp_path / "q.onnx"))
