@@ -50,7 +50,7 @@ def gptq_codes(
 
 def _row_codes(weight: np.ndarray, u: torch.Tensor, scales: np.ndarray, zero: np.ndarray, bits: int, block: int):
     """gptq_codes of some of the outputs, `u` the upper Cholesky factor of their shared damped H⁻¹."""
-    w = torch.from_numpy(np.ascontiguousarray(weight.T, dtype=np.float64))  # n × K: one column per input
+    w = torch.from_numpy(np.ascontiguousarray(weight.T, dtype=np.float64)).clone()  # n × K: one column an input
     s = torch.from_numpy(np.asarray(scales, dtype=np.float64))
     z = torch.from_numpy(np.asarray(zero, dtype=np.float64))
     steps = torch.where(s != 0, s, torch.ones_like(s))  # a block's scale may be negative (symmetric: max / −8)
