@@ -150,12 +150,19 @@ def error_spectrum(errors: "RoundingErrors", out: str, gram: torch.Tensor) -> to
     the metric S Sᵀ = G + λI): those of Sᵀ E where E (K × N) has no more columns than rows, else the roots of the
     eigenvalues of Sᵀ (Σ E_s E_sᵀ) S summed over E's column slices, K × K however many columns E has (an LM head's
     whole error and its SVD were 5 GB at 0.5B)."""
-    whitener, _ = cholesky_whitener(gram)
     k, n = errors.shape(out)
     if n <= k:
-        return torch.linalg.svdvals(whitener.T @ torch.from_numpy(errors[out]))
+        return torch.linalg.svdvals(cholesky_whitener(gram)[0].T @ torch.from_numpy(errors[out]))
+    _, energy = _whitened_energy(errors, out, gram)
+    return torch.linalg.eigvalsh(energy).clamp_min(0).sqrt().flip(0)
+
+
+def _whitened_energy(errors: "RoundingErrors", out: str, gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S, Sᵀ (Σ E_s E_sᵀ) S): the whitener of `gram` (S Sᵀ = G + λI) and the rounding error's energy in it, K × K,
+    summed over the error's column slices."""
+    whitener, _ = cholesky_whitener(gram)
     energy = torch.from_numpy(sum(part @ part.T for part in errors.columns(out)))
-    return torch.linalg.eigvalsh(whitener.T @ energy @ whitener).clamp_min(0).sqrt().flip(0)
+    return whitener, whitener.T @ energy @ whitener
 
 
 def layer_factors(errors: "RoundingErrors", out: str, gram: torch.Tensor, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -165,9 +172,8 @@ def layer_factors(errors: "RoundingErrors", out: str, gram: torch.Tensor, rank: 
     k, n = errors.shape(out)
     if n <= k:
         return error_factors(errors[out], gram, rank)[:2]
-    whitener, _ = cholesky_whitener(gram)
-    energy = torch.from_numpy(sum(part @ part.T for part in errors.columns(out)))
-    values, vectors = torch.linalg.eigh(whitener.T @ energy @ whitener)  # ascending
+    whitener, energy = _whitened_energy(errors, out, gram)
+    values, vectors = torch.linalg.eigh(energy)  # ascending
     root = values.flip(0)[:rank].clamp_min(1e-300).sqrt().sqrt()  # Σ_r^½
     top = vectors.flip(1)[:, :rank]
     left = torch.linalg.solve_triangular(whitener.T, top * root, upper=True)
