@@ -10,12 +10,19 @@ weight replaced in place, or moved out to a file and read back in, leaves its ol
 the limit is written tensor by tensor beside a skeleton that holds none of them, and the caller's graph is not
 touched (a 0.5B LM's probes saved and read back this way held another copy of its 2.5 GB each). A graph within it
 is written and read a weight at a time too (`save_onnx`, `load_onnx`): onnx's save serializes the whole message
-first and its load reads the whole file before parsing it, twice a 0.5B LM's 2 GB at once."""
+first and its load reads the whole file before parsing it, twice a 0.5B LM's 2 GB at once.
+
+A graph may be read with its weights left where they are (`load_lazy`): each weight of INLINE_BYTES or more a
+reference to its bytes in the file (its place in the graph's own file, or in the file beside it), by its absolute
+path, read when a writer takes it (`resolved`, `weight_array`); the writers here read each as they write it. A
+writer that walks a 0.5B LM's graph a node at a time then holds what it makes, not the 2 GB it reads."""
 
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import onnx
 from google.protobuf.message import Message
 from onnx.external_data_helper import load_external_data_for_model
@@ -26,6 +33,11 @@ __all__ = [
     "save_onnx",
     "save_external",
     "load_onnx",
+    "load_lazy",
+    "is_lazy",
+    "resolved",
+    "weight_array",
+    "loaded",
     "graph_pieces",
     "copy_fields",
     "TWO_GB",
@@ -34,6 +46,7 @@ __all__ = [
 PROPS_FIELD = 14  # ModelProto.metadata_props
 GRAPH_FIELD = 7  # ModelProto.graph
 INITIALIZER_FIELD = 5  # GraphProto.initializer
+RAW_DATA_FIELD = 9  # TensorProto.raw_data
 TWO_GB = 2**31  # protobuf's most bytes of one message
 GRAPH_ROOM = 2**26  # what a graph holds beside its weights (nodes, names, metadata), at most
 INLINE_BYTES = 1024  # a tensor this small stays in the graph's file (onnx's own threshold)
@@ -119,11 +132,37 @@ def graph_pieces(path: str | Path, piece: int = 2**24):
                 yield chunk
 
 
-def load_onnx(path: str | Path, weights: bool = True) -> onnx.ModelProto:
-    """The ONNX file at `path` read a field at a time, each weight parsed from its own bytes, those a file beside it
-    holds read in (ValueError, DecodeError: not ONNX); not `weights`: the graph without its weights' values (their
-    names, shapes, types and where a file beside it holds them remain)."""
-    path = Path(path)
+def _tensor(f, path: Path, value: int, size: int, weights: str) -> onnx.TensorProto:
+    """The TensorProto of `size` bytes at `value` in the file `f` (at `path`): whole (`weights` "all"), without its
+    raw bytes ("none"), or those of INLINE_BYTES or more left in the file, referred to by their place ("lazy")."""
+    if weights == "all":
+        return onnx.TensorProto.FromString(f.read(size))
+    tensor, raw = onnx.TensorProto(), None
+    for field, wire, start, at, length in _walk(f, str(path), value + size):
+        if field == RAW_DATA_FIELD and wire == _LENGTH:
+            raw = (at, length)
+            continue
+        f.seek(start)
+        tensor.MergeFromString(f.read(at + length - start))
+    if weights == "lazy" and raw is not None:
+        if raw[1] < INLINE_BYTES:
+            f.seek(raw[0])
+            tensor.raw_data = f.read(raw[1])
+        else:
+            _refer(tensor, path.resolve(), *raw)
+    return tensor
+
+
+def _refer(tensor: onnx.TensorProto, where: Path, offset: int, length: int) -> None:
+    """`tensor`'s values (its raw bytes) left at `offset` in the file `where`, `length` bytes."""
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", str(where)), ("offset", offset), ("length", length)):
+        tensor.external_data.add(key=key, value=str(value))
+
+
+def _read(path: Path, weights: str) -> onnx.ModelProto:
+    """The ONNX file at `path` read a field at a time, each weight as `_tensor` reads it."""
     model = onnx.ModelProto()
     with open(path, "rb") as f:
         for field, wire, start, value, size in _walk(f, str(path)):
@@ -133,18 +172,95 @@ def load_onnx(path: str | Path, weights: bool = True) -> onnx.ModelProto:
                 continue
             for inner, inner_wire, inner_start, inner_value, inner_size in _walk(f, str(path), value + size):
                 if inner == INITIALIZER_FIELD and inner_wire == _LENGTH:
-                    tensor = onnx.TensorProto.FromString(f.read(inner_size))
-                    if not weights:
-                        tensor.ClearField("raw_data")  # its own message: the bytes go with it
-                    model.graph.initializer.append(tensor)
+                    model.graph.initializer.append(_tensor(f, path, inner_value, inner_size, weights))
                 else:
                     f.seek(inner_start)
                     model.graph.MergeFromString(f.read(inner_value + inner_size - inner_start))
+    return model
+
+
+def load_onnx(path: str | Path, weights: bool = True) -> onnx.ModelProto:
+    """The ONNX file at `path` read a field at a time, each weight parsed from its own bytes, those a file beside it
+    holds read in (ValueError, DecodeError: not ONNX); not `weights`: the graph without its weights' values (their
+    names, shapes, types and where a file beside it holds them remain; their bytes never read)."""
+    path = Path(path)
+    model = _read(path, "all" if weights else "none")
     if weights and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
         load_external_data_for_model(model, str(path.parent))
         for tensor in model.graph.initializer:
             tensor.ClearField("data_location")  # onnx sets it to DEFAULT: the tensor as a graph in one file holds it
     return model
+
+
+def load_lazy(path: str | Path) -> onnx.ModelProto:
+    """The ONNX file at `path` with each weight of INLINE_BYTES or more left where it is (`is_lazy`): in the graph's
+    file or the one beside it, referred to by its absolute path, offset and length; for a writer that reads each
+    as it takes it (`resolved`), and never for ONNX Runtime or onnx's own tools, which read none of them."""
+    path = Path(path)
+    model = _read(path, "lazy")
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and not is_lazy(tensor):
+            entries = {e.key: e.value for e in tensor.external_data}
+            where = (path.parent / entries["location"]).resolve()
+            offset = int(entries.get("offset", 0))
+            _refer(tensor, where, offset, int(entries.get("length", os.path.getsize(where) - offset)))
+    return model
+
+
+def is_lazy(tensor: onnx.TensorProto) -> bool:
+    """Whether `tensor`'s values are left in a file (`load_lazy`): its location an absolute path."""
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return False
+    return any(e.key == "location" and os.path.isabs(e.value) for e in tensor.external_data)
+
+
+def _place(tensor: onnx.TensorProto) -> tuple[str, int, int]:
+    """(file, offset, length) of a lazy tensor's values."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    return entries["location"], int(entries["offset"]), int(entries["length"])
+
+
+def resolved(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """`tensor` with its values: itself, or a lazy one's copy with its bytes read from its file."""
+    if not is_lazy(tensor):
+        return tensor
+    where, offset, length = _place(tensor)
+    out = onnx.TensorProto()
+    copy_fields(tensor, out, ("external_data", "data_location"))
+    with open(where, "rb") as f:
+        f.seek(offset)
+        out.raw_data = f.read(length)
+    return out
+
+
+def weight_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """`tensor`'s values as an array of its own (a lazy one's read straight from its file)."""
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    if not is_lazy(tensor) or dtype.kind not in "biuf":
+        return onnx.numpy_helper.to_array(resolved(tensor))
+    where, offset, length = _place(tensor)
+    return np.fromfile(where, dtype=dtype.newbyteorder("<"), count=length // dtype.itemsize, offset=offset).reshape(
+        tuple(tensor.dims)
+    )
+
+
+def loaded(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (changed in place) with each lazy weight's values read into it: for a tool that reads the whole
+    graph (a lazy weight holds no bytes, so none are left behind)."""
+    for tensor in model.graph.initializer:
+        if is_lazy(tensor):
+            tensor.CopyFrom(resolved(tensor))
+    return model
+
+
+def _lazy_size(tensor: onnx.TensorProto) -> int:
+    """The bytes `resolved(tensor)` serializes to, its values not read."""
+    if not is_lazy(tensor):
+        return tensor.ByteSize()
+    bare = onnx.TensorProto()
+    copy_fields(tensor, bare, ("external_data", "data_location"))
+    length = _place(tensor)[2]
+    return bare.ByteSize() + len(_encode(RAW_DATA_FIELD << 3 | _LENGTH)) + len(_encode(length)) + length
 
 
 def add_props(path: str | Path, props: dict[str, str]) -> None:
@@ -190,6 +306,7 @@ def save_external(model: onnx.ModelProto, path: Path, initializers: Iterable[onn
     location = f"{path.name}.data"
     with open(path.parent / location, "wb") as data:
         for tensor in model.graph.initializer if initializers is None else initializers:
+            tensor = resolved(tensor)
             entry = skeleton.graph.initializer.add()
             if len(tensor.raw_data) < INLINE_BYTES:
                 entry.CopyFrom(tensor)
@@ -206,20 +323,21 @@ def save_external(model: onnx.ModelProto, path: Path, initializers: Iterable[onn
 
 def _save_inline(model: onnx.ModelProto, path: Path) -> None:
     """`model` at `path` as onnx.save_model writes it, but a weight serialized at a time: the model's fields, then
-    its graph's beside its initializers, then each initializer (protobuf reads a message's fields in any order)."""
+    its graph's beside its initializers, then each initializer, a lazy one read as it is written (protobuf reads a
+    message's fields in any order)."""
     skeleton, graph = onnx.ModelProto(), onnx.GraphProto()
     copy_fields(model, skeleton, ("graph",))
     copy_fields(model.graph, graph, ("initializer",))
     head = graph.SerializeToString()
     tag = _encode(INITIALIZER_FIELD << 3 | _LENGTH)
-    sizes = [tensor.ByteSize() for tensor in model.graph.initializer]
+    sizes = [_lazy_size(tensor) for tensor in model.graph.initializer]
     total = len(head) + sum(len(tag) + len(_encode(size)) + size for size in sizes)
     with open(path, "wb") as f:
         f.write(skeleton.SerializeToString())
         f.write(_encode(GRAPH_FIELD << 3 | _LENGTH) + _encode(total) + head)
         for tensor, size in zip(model.graph.initializer, sizes):
             f.write(tag + _encode(size))
-            f.write(tensor.SerializeToString())
+            f.write(resolved(tensor).SerializeToString())
 
 
 def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:

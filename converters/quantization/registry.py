@@ -20,7 +20,7 @@ from compressor.errors import CompressorError
 from converters.options import Option, config_from_options, field_options, register_once
 from converters.quantization.rounding.products import products_as_matmul
 from eval.kinds import GraphKind
-from files.onnx_files import load_onnx
+from files.onnx_files import load_lazy, load_onnx
 
 __all__ = [
     "SchemeConfig",
@@ -53,11 +53,12 @@ class Source:
     train: Callable | None = None
     frequencies: np.ndarray | None = None
 
-    def fp32(self) -> onnx.ModelProto:
+    def fp32(self, lazy: bool = False) -> onnx.ModelProto:
         """The exported graph read from its file, its products as MatMul and its metadata cleared: the writer's own to
         change, read again at each call, so that what a writer no longer holds is freed (an LM's graph is most of
-        the memory, and a weight changed in place leaves its old bytes behind: files.onnx_files)."""
-        proto = products_as_matmul(load_onnx(self.path))
+        the memory, and a weight changed in place leaves its old bytes behind: files.onnx_files); `lazy`: its
+        weights left in the file, each read as it is taken (files.onnx_files.load_lazy: a writer a node at a time)."""
+        proto = products_as_matmul(load_lazy(self.path) if lazy else load_onnx(self.path))
         del proto.metadata_props[:]
         return proto
 

@@ -2,11 +2,15 @@
 ONNX Runtime's quantize_dynamic makes of the whole graph (the same nodes, weights, shapes and outputs), a Gather
 whose int8 rows a MatMul reads quantized with it; the groups a quantizer takes together."""
 
+import dataclasses
+
 import numpy as np
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from converters.quantization.registry import Source, scheme_named
+from converters.quantization.rounding import one_node
 from converters.quantization.rounding.int4 import name_nodes
 from converters.quantization.rounding.one_node import groups
 from eval.kinds import graph_kind
@@ -40,14 +44,17 @@ def _factored_graph(path):
     return path
 
 
-def _both(fp32, vocab, tmp_path):
-    """(quantize_dynamic's graph of the whole, int8's of each node) of the fp32 graph at `fp32`."""
+def _both(fp32, vocab, tmp_path, per_channel=None):
+    """(quantize_dynamic's graph of the whole, int8's of each node) of the fp32 graph at `fp32` (`per_channel`: as
+    its kind scales int8 weights, else that way)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     config = scheme_named("int8")(target_cpu="avx512_vnni")
     work = tmp_path / "work"
     work.mkdir()
-    source = Source(fp32, graph_kind(fp32), vocab, None, work)
+    kind = graph_kind(fp32)
+    kind = kind if per_channel is None else dataclasses.replace(kind, int8_per_channel=per_channel)
+    source = Source(fp32, kind, vocab, None, work)
     plain = source.fp32()
     name_nodes(plain.graph)
     save_onnx(plain, tmp_path / "plain.onnx")
@@ -77,6 +84,18 @@ def _assert_same(whole, each, vocab):
 def test_int8_a_node_at_a_time_is_the_whole_graphs_int8(tiny_bert_graph, tmp_path):
     fp32, vocab, _ = tiny_bert_graph
     _assert_same(*_both(fp32, vocab, tmp_path), vocab)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_int8_of_wide_weights_a_slice_at_a_time_is_the_whole_graphs_int8(
+    tiny_bert_graph, tmp_path, monkeypatch, per_channel
+):
+    fp32, vocab, _ = tiny_bert_graph
+    monkeypatch.setattr(one_node, "SLICE_BYTES", 4 * 96)  # its MatMuls' columns and (per tensor) its tables' rows
+    whole, cut = one_node.sliced, []
+    monkeypatch.setattr(one_node, "sliced", lambda model, node, *a: cut.append(node.op_type) or whole(model, node, *a))
+    _assert_same(*_both(fp32, vocab, tmp_path, per_channel), vocab)
+    assert set(cut) == ({"MatMul"} if per_channel else {"MatMul", "Gather"})  # per tensor at the whole one's range
 
 
 def test_a_gathers_int8_rows_go_to_the_matmul_that_reads_them(tmp_path):

@@ -65,3 +65,27 @@ def test_a_graph_past_the_limit_is_saved_with_its_weights_beside_it_and_kept_who
     x = np.ones((1, 64), np.float32)
     session = onnxruntime.InferenceSession(str(tmp_path / "big.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ numpy_helper.to_array(model.graph.initializer[0]))
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_lazy_graph_reads_each_weight_from_its_file_and_is_written_as_the_graph_it_came_from(
+    tmp_path, monkeypatch, beside
+):
+    from files import onnx_files
+
+    path = _graph_file(tmp_path / "m.onnx")
+    if beside:  # its weights in the file beside it, as a graph past protobuf's limit is saved
+        monkeypatch.setattr(onnx_files, "TWO_GB", 1000)
+        onnx_files.save_onnx(onnx.load(str(path)), tmp_path / "big.onnx")
+        path = tmp_path / "big.onnx"
+    whole = onnx_files.load_onnx(path)
+    lazy = onnx_files.load_lazy(path)
+    (weight,) = lazy.graph.initializer
+    assert onnx_files.is_lazy(weight) and not weight.raw_data and list(weight.dims) == [64, 64]
+    expected = numpy_helper.to_array(whole.graph.initializer[0])
+    np.testing.assert_array_equal(onnx_files.weight_array(weight), expected)
+    np.testing.assert_array_equal(numpy_helper.to_array(onnx_files.resolved(weight)), expected)
+    onnx_files.save_onnx(lazy, tmp_path / "again.onnx")  # each weight read as it is written
+    again = onnx_files.load_onnx(tmp_path / "again.onnx")
+    assert again.SerializeToString() == whole.SerializeToString()
+    assert not onnx_files.load_onnx(path, weights=False).graph.initializer[0].raw_data

@@ -25,6 +25,7 @@ from converters.quantization.rounding.int4 import (
     quantize_matmuls,
 )
 from converters.quantization.rounding.one_node import SLICE_BYTES, alone
+from files.onnx_files import weight_array
 
 __all__ = ["MEASURED_LAYERS", "gram_losses", "probed_losses", "four_bit_losses"]
 
@@ -65,7 +66,7 @@ def _rounded_alone(model: onnx.ModelProto, nodes: list, block: int, accuracy_lev
     alone 2 GB at 0.5B."""
     inits = {i.name: i for i in model.graph.initializer}
     for node in tqdm(nodes, desc=f"each layer's {bits}-bit error", unit="layer", leave=False):
-        weight = numpy_helper.to_array(inits[node.input[1]])
+        weight = weight_array(inits[node.input[1]])
         step = max(1, SLICE_BYTES // (4 * weight.shape[0]))
         for at in range(0, weight.shape[1], step):
             part = numpy_helper.from_array(np.ascontiguousarray(weight[:, at : at + step]), node.input[1])

@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from converters.quantization.rounding.smoothing import smoothable
+from files.onnx_files import weight_array
 
 __all__ = [
     "GRID_TOL",
@@ -69,7 +70,7 @@ def grid_matmuls(model: onnx.ModelProto, block: int, names=None) -> set[str]:
         if node.op_type == "MatMul"
         and node.input[1] in inits
         and (names is None or node.name in names)
-        and on_grid(numpy_helper.to_array(inits[node.input[1]]), block)
+        and on_grid(weight_array(inits[node.input[1]]), block)
     }
 
 

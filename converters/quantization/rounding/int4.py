@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, version_converter
+from onnx import version_converter
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
@@ -42,7 +42,7 @@ from converters.quantization.rounding.three_bit_linear import three_bit_matmuls
 from converters.quantization.rounding.three_bit_table import three_bit_gather
 from converters.quantization.storage.codebook_table import CODEBOOK_BITS, codebook_gather, piece_of
 from eval.graph import make_session
-from files.onnx_files import save_onnx
+from files.onnx_files import loaded, save_onnx, weight_array
 
 __all__ = [
     "INT4_BLOCK",
@@ -135,7 +135,7 @@ def matmul_arrays(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     """MatMul output name → its constant 2-D weight (K × N), for the MatMuls the quantizer takes."""
     inits = {i.name: i for i in graph.initializer if len(i.dims) == 2}
     return {
-        n.output[0]: numpy_helper.to_array(inits[n.input[1]])
+        n.output[0]: weight_array(inits[n.input[1]])
         for n in graph.node
         if n.op_type == "MatMul" and n.input[1] in inits
     }
@@ -195,7 +195,7 @@ def quantize_matmuls(
         return quantized
 
     chosen = {name: quantizer_of(config) for config, names in passes for name in names}
-    return three_bit_matmuls(each_node(model, chosen), weights)
+    return three_bit_matmuls(each_node(model, chosen, axes={"MatMul": 1}), weights)
 
 
 def quantize_tables(
@@ -217,6 +217,7 @@ def quantize_tables(
     ReduceMean takes its axes as an input from opset 18), so an older graph is converted to opset 21 first."""
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
+    model = loaded(model)  # ONNX Runtime's quantizer reads the whole graph: its weights left in their file read in
     if any(o.domain in ("", "ai.onnx") and o.version < TABLE_OPSET for o in model.opset_import):
         if not any(o.domain == "com.microsoft" for o in model.opset_import):  # its MatMulNBits, if any
             model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))

@@ -1,8 +1,10 @@
 """Each node a quantizer rounds, quantized from a graph of that node and the stored weights it reads alone
-(`alone`), one weight's copies at a time, into a new graph (`each_node`); a MatMul's wide weight a slice of its
-columns at a time (`sliced`), where its columns round alone. ONNX Runtime's quantizers given a whole graph hold
-copies of it: its 4-bit one ~3 (SmolLM2: 2.7 GB for 0.54 GB of weights), `quantize_dynamic` ~4 (Qwen2.5-0.5B's
-shape: 7.8 GB above the process for 2 GB), its k-quant ~11× the weight it is given."""
+(`alone`), one weight's copies at a time, into a new graph (`each_node`); a wide weight a slice at a time
+(`sliced`: a MatMul's columns, a Gather's rows), where its slices round as the whole does. ONNX Runtime's quantizers
+given a whole graph hold copies of it: its 4-bit one ~3 (SmolLM2: 2.7 GB for 0.54 GB of weights),
+`quantize_dynamic` ~4 (Qwen2.5-0.5B's shape: 7.8 GB above the process for 2 GB), and 5× (per tensor) to 11×
+(k-quant) the weight they are given. The graph given may leave its weights in their file (files.onnx_files.load_lazy):
+each is read as its node is quantized, and those no quantizer takes stay where they are."""
 
 import collections
 from collections.abc import Callable
@@ -13,11 +15,12 @@ from onnx import numpy_helper
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
-from files.onnx_files import copy_fields
+from files.onnx_files import copy_fields, is_lazy, resolved, weight_array
 
-__all__ = ["SLICE_BYTES", "Quantizer", "alone", "each_node", "sliced", "groups", "with_shapes"]
+__all__ = ["SLICE_BYTES", "WEIGHT_INPUT", "Quantizer", "alone", "each_node", "sliced", "groups", "with_shapes"]
 
-SLICE_BYTES = 2**26  # the fp32 bytes of a weight's columns the quantizer is given at a time (each_node)
+SLICE_BYTES = 2**26  # the fp32 bytes of a weight's columns (or rows) the quantizer is given at a time (each_node)
+WEIGHT_INPUT = {"MatMul": 1, "Gather": 0}  # the input of an operator a wide stored weight is, which may be sliced
 SHAPE_BYTES = 2**16  # a stored tensor this large is a weight, whose values shape inference does not read
 
 
@@ -50,7 +53,7 @@ def alone(model: onnx.ModelProto, *nodes: onnx.NodeProto, weight: onnx.TensorPro
     outside |= {o.name for o in model.graph.output}
     kept = [o for o in made if o in outside] or sorted(made)
     outputs = [onnx.helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in kept]
-    weights = [stored[name] for name in read if name in stored]
+    weights = [resolved(stored[name]) for name in read if name in stored]
     graph = onnx.helper.make_graph(list(nodes), "one", inputs, outputs, weights)
     return onnx.helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version)
 
@@ -105,12 +108,25 @@ def _in_order(nodes: list[onnx.NodeProto], given: set[str]) -> list[onnx.NodePro
 Quantizer = Callable[[onnx.ModelProto], onnx.ModelProto]  # ONNX Runtime's, on a graph of a few nodes alone
 
 
-def each_node(model: onnx.ModelProto, chosen: dict[str, Quantizer], joined: bool = False) -> onnx.ModelProto:
+def _wide(group: list[onnx.NodeProto], inits: dict, axes: dict[str, int]) -> onnx.TensorProto | None:
+    """The stored weight of a group of one node whose operator `axes` may slice, when it passes SLICE_BYTES."""
+    (node, *others) = group
+    if others or node.op_type not in axes or node.input[WEIGHT_INPUT[node.op_type]] not in inits:
+        return None
+    weight = inits[node.input[WEIGHT_INPUT[node.op_type]]]
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(weight.data_type).itemsize
+    return weight if itemsize * int(np.prod(weight.dims)) > SLICE_BYTES else None
+
+
+def each_node(
+    model: onnx.ModelProto, chosen: dict[str, Quantizer], joined: bool = False, axes: dict[str, int] | None = None
+) -> onnx.ModelProto:
     """A new graph: `model` with each node named in `chosen` replaced by what its quantizer (ONNX Runtime's) makes of
     a graph of it alone: its nodes in its place (a node made twice, the same input's quantization, once), its
-    initializers added, a stored weight dropped where no other node reads it. A MatMul's wide weight a slice at a
-    time (`sliced`), or with `joined` the nodes that read one another together (`groups`: a quantizer whose int8
-    output the next reads). One weight's copies at a time; built anew, not changed in place (a protobuf message
+    initializers added, a stored weight dropped where no other node reads it. With `joined`, the nodes that read one
+    another together (`groups`: a quantizer whose int8 output the next reads); `axes`, operator → the axis along
+    which a node of it alone has its wide weight given a slice at a time (`sliced`; its quantizer rounds each slice
+    as it rounds the whole). One weight's copies at a time; built anew, not changed in place (a protobuf message
     keeps the bytes of what it drops: files.onnx_files)."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
@@ -127,8 +143,9 @@ def each_node(model: onnx.ModelProto, chosen: dict[str, Quantizer], joined: bool
             nodes.append(node)
             continue
         group = firsts[node.name]
-        if not joined and node.op_type == "MatMul" and node.input[1] in inits:
-            done = sliced(model, node, inits[node.input[1]], chosen[node.name])
+        wide = _wide(group, inits, axes or {})
+        if wide is not None:
+            done = sliced(model, node, wide, chosen[node.name], axes[node.op_type])
         else:
             done = chosen[node.name](alone(model, *group))
         for member in group:
@@ -165,25 +182,29 @@ def sliced(
     node: onnx.NodeProto,
     weight: onnx.TensorProto,
     quantized: Quantizer,
+    axis: int,
 ) -> onnx.ModelProto:
-    """What `quantized` makes of `model`'s MatMul `node` and its `weight` (K × N) alone; a weight past SLICE_BYTES a
-    slice of its columns at a time, the MatMulNBits slices joined along N (a column's blocks are rounded alone, so
-    the codes, scales and zero points are the whole weight's): ONNX Runtime's k-quant holds some 11× the weight it is
-    given (Qwen2.5-0.5B's 151,936-column head: 6 GB)."""
-    k, n = weight.dims
-    step = max(1, SLICE_BYTES // (4 * k))
-    if n <= step:
-        return quantized(alone(model, node, weight=weight))
-    array = numpy_helper.to_array(weight)
-    columns = (np.ascontiguousarray(array[:, at : at + step]) for at in range(0, n, step))
-    parts = [quantized(alone(model, node, weight=numpy_helper.from_array(part, weight.name))) for part in columns]
+    """What `quantized` makes of `model`'s `node` and its wide `weight` alone, given a slice of SLICE_BYTES along
+    `axis` at a time (a MatMul's columns, a Gather's rows), the slices' tensors joined: MatMulNBits' along N (a
+    column's blocks are rounded alone), another's quantized weight along `axis` (a scale per column along its
+    one), a scalar (the scale of the whole weight, at whose range the quantizer rounds each slice) the same in all.
+    ONNX Runtime's k-quant holds some 11× the weight it is given, its per-tensor int8 5× (Qwen2.5-0.5B's
+    151,936-row head: 6 GB, 2.7 GB)."""
+    array = weight_array(weight)
+    count = array.shape[axis]
+    step = max(1, SLICE_BYTES // (array.nbytes // count))
+    cut = (np.ascontiguousarray(np.take(array, range(at, min(at + step, count)), axis)) for at in range(0, count, step))
+    parts = [quantized(alone(model, node, weight=numpy_helper.from_array(part, weight.name))) for part in cut]
+    del array
     first = parts[0]
-    (joined,) = first.graph.node
-    if joined.op_type != "MatMulNBits":
-        raise CompressorError(f"a slice of {node.name!r} was quantized into {joined.op_type}, not MatMulNBits")
-    for attribute in joined.attribute:
-        if attribute.name == "N":
-            attribute.i = n
+    ops = [n.op_type for n in first.graph.node]
+    if any([n.op_type for n in part.graph.node] != ops for part in parts[1:]):
+        raise CompressorError(f"the slices of {weight.name!r} were quantized into different operators")
+    join = 0 if "MatMulNBits" in ops else axis
+    for made in first.graph.node:
+        for attribute in made.attribute:
+            if made.op_type == "MatMulNBits" and attribute.name == "N":
+                attribute.i = count
     pieces = {i.name: [numpy_helper.to_array(i)] for i in first.graph.initializer if i.name != weight.name}
     for part in parts[1:]:
         for tensor in part.graph.initializer:
@@ -192,7 +213,14 @@ def sliced(
     one = onnx.ModelProto()
     copy_fields(first, one, ("graph",))
     copy_fields(first.graph, one.graph, ("initializer",))
-    one.graph.initializer.extend(numpy_helper.from_array(np.concatenate(p), name) for name, p in pieces.items())
+    for name, arrays in pieces.items():
+        if arrays[0].ndim:  # a weight's codes, or a scale per column (the last axis of one along `axis`)
+            joined = np.concatenate(arrays, min(join, arrays[0].ndim - 1))
+            one.graph.initializer.append(numpy_helper.from_array(joined, name))
+        elif all(np.array_equal(a, arrays[0]) for a in arrays[1:]):
+            one.graph.initializer.append(numpy_helper.from_array(arrays[0], name))
+        else:
+            raise CompressorError(f"the slices of {weight.name!r} were rounded at different scales ({name!r})")
     return one
 
 
@@ -205,10 +233,10 @@ def with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     copy_fields(model.graph, skeleton.graph, ("initializer", "value_info"))
     for tensor in model.graph.initializer:
         entry = skeleton.graph.initializer.add()
-        if len(tensor.raw_data) < SHAPE_BYTES:
+        if len(tensor.raw_data) < SHAPE_BYTES and not is_lazy(tensor):
             entry.CopyFrom(tensor)
         else:
-            copy_fields(tensor, entry, ("raw_data",))
+            copy_fields(tensor, entry, ("raw_data", "external_data"))
             entry.data_location = onnx.TensorProto.EXTERNAL  # its values elsewhere: inference reads its dims
             entry.external_data.add(key="location", value="none")
     inferred = onnx.shape_inference.infer_shapes(skeleton).graph.value_info

@@ -4,6 +4,8 @@ all) take a weight only where a MatMul multiplies by it, and pass a Gemm or a Fu
 import numpy as np
 import onnx
 
+from files.onnx_files import weight_array
+
 __all__ = ["products_as_matmul"]
 
 
@@ -30,7 +32,7 @@ def products_as_matmul(proto: onnx.ModelProto) -> onnx.ModelProto:
         if attrs.get("transB", 0) == 1:
             if name not in transposed:
                 transposed[name] = f"{name}_transposed"
-                data = np.swapaxes(onnx.numpy_helper.to_array(weights[name]), -1, -2).copy()  # the last two axes
+                data = np.swapaxes(weight_array(weights[name]), -1, -2).copy()  # the last two axes
                 graph.initializer.append(onnx.numpy_helper.from_array(data, transposed[name]))
             node.input[1] = transposed[name]
         node.op_type, node.domain = "MatMul", ""

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from eval.graph import make_session
 from eval.memory import trim_heap
 from eval.probe import full_feed, row_chunks
-from files.onnx_files import copy_fields, load_onnx, save_external, save_onnx
+from files.onnx_files import copy_fields, load_lazy, load_onnx, save_external, save_onnx, weight_array
 
 __all__ = [
     "SMOOTH_ALPHA",
@@ -127,7 +127,7 @@ def _smoothing(
         if name not in absmax:
             continue
         weights = [graph.node[i].input[1] for i in consumers]
-        s = _scales(absmax[name], [numpy_helper.to_array(inits[w]) for w in weights], alpha)
+        s = _scales(absmax[name], [weight_array(inits[w]) for w in weights], alpha)
         rows.update(dict.fromkeys(weights, s))
         inputs.update(dict.fromkeys(consumers, f"{name}/smoothed"))
         inverses.append(numpy_helper.from_array((1 / s).astype(np.float32), f"smooth_inverse_{k}"))
@@ -146,7 +146,7 @@ def _smoothing(
     def initializers() -> Iterator[TensorProto]:
         for init in graph.initializer:
             if init.name in rows:
-                scaled = numpy_helper.to_array(init) * rows[init.name][:, None]
+                scaled = weight_array(init) * rows[init.name][:, None]
                 init = numpy_helper.from_array(scaled.astype(np.float32), init.name)
             yield init
         yield from inverses
@@ -168,20 +168,26 @@ def smoothed(
     feeds: list[dict[str, np.ndarray]],
     alpha: float,
     channels: Callable[[onnx.ModelProto, dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+    work: Path | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, float]]:
     """(the graph `fp32()` reads smoothed at `alpha` on the calibration batches `feeds`, a new graph; the layers whose
     inputs hold outliers: `outliers`); `channels(model, absmax)`: the activations to smooth, of their maxima (None:
-    all). `fp32` (Source.fp32) is read twice, the first graph let go while the probe's session holds its weights
-    (Qwen2.5-0.5B's graph and session at once were 7.5 GB); the smoothed graph is written a weight at a time beside
-    the graph it comes from and read back once that is gone, not built beside it (two graphs in memory, the
-    smoothing's peak at 0.5B)."""
+    all). `fp32` (Source.fp32, its weights left in their file or not) is read twice, the first graph let go while
+    the probe's session holds its weights (Qwen2.5-0.5B's graph and session at once were 7.5 GB); the smoothed
+    graph is written a weight at a time, not built beside the one it comes from (two graphs in memory, the
+    smoothing's peak at 0.5B), and read back whole, or with `work` (a folder that outlives the graph) left there,
+    each weight read as it is taken (files.onnx_files.load_lazy)."""
     absmax = activation_absmax(fp32(), feeds)
     model = fp32()
     outlying = outliers(model, absmax)
     skeleton, initializers = _smoothing(model, absmax if channels is None else channels(model, absmax), alpha)
     del model  # held by `initializers` until they are written
-    with tempfile.TemporaryDirectory() as work:
-        path = Path(work) / "smoothed.onnx"
+    if work is not None:
+        path = Path(tempfile.mkdtemp(dir=work)) / "smoothed.onnx"
+        save_external(skeleton, path, initializers)
+        return load_lazy(path), outlying
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "smoothed.onnx"
         save_external(skeleton, path, initializers)
         del initializers
         trim_heap()  # the graph it came from given back before the smoothed one is read

@@ -15,6 +15,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from compressor.errors import CompressorError
+from files.onnx_files import weight_array
 
 __all__ = [
     "TABLE_HEAD",
@@ -48,7 +49,7 @@ def split_table(model: onnx.ModelProto, node: onnx.NodeProto, head: np.ndarray) 
     token ids `head`; (head Gather's name, tail Gather's name)."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    weight = numpy_helper.to_array(inits[node.input[0]])
+    weight = weight_array(inits[node.input[0]])
     rows, h = weight.shape[0], len(head)
     head = np.asarray(head, dtype=np.int64)
     if len(np.unique(head)) != h or not ((head >= 0) & (head < rows)).all() or not 0 < h < rows:
@@ -103,7 +104,7 @@ def eight_bit_gather(model: onnx.ModelProto, name: str, block: int) -> None:
     graph = model.graph
     node = next(n for n in graph.node if n.name == name)
     inits = {i.name: i for i in graph.initializer}
-    weight = numpy_helper.to_array(inits[node.input[0]]).astype(np.float32)
+    weight = weight_array(inits[node.input[0]]).astype(np.float32)
     rows, cols = weight.shape
     if cols % block:
         raise CompressorError(f"an 8-bit table's rows split into blocks of {block}; its {cols} columns do not")
@@ -145,7 +146,7 @@ def split_tables(graph: onnx.GraphProto) -> dict[str, tuple[onnx.NodeProto, onnx
     for node in graph.node:
         out = node.output[0]
         if node.op_type == "Where" and out + HEAD_SUFFIX in makers and f"{out}_perm" in inits:
-            perm = numpy_helper.to_array(inits[f"{out}_perm"])
+            perm = weight_array(inits[f"{out}_perm"])
             found[out] = (makers[out + HEAD_SUFFIX], makers[out + TAIL_SUFFIX], perm)
     return found
 

@@ -9,11 +9,11 @@ the 4,096 most frequent rows and a 3-bit tail keep recall@10 0.955 / 0.941 (the 
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from compressor.errors import CompressorError
 from converters.nbits_storage import pack
 from converters.quantization.storage.packed_codes import Builder, default_opset, replace_gather
+from files.onnx_files import weight_array
 
 __all__ = [
     "THREE_BIT_PARTS",
@@ -55,7 +55,7 @@ def three_bit_gather(model: onnx.ModelProto, name: str, block: int) -> None:
     graph = model.graph
     node = next(n for n in graph.node if n.name == name)
     inits = {i.name: i for i in graph.initializer}
-    weight = numpy_helper.to_array(inits[node.input[0]]).astype(np.float32)
+    weight = weight_array(inits[node.input[0]]).astype(np.float32)
     rows, cols = weight.shape
     if cols % block or block % 8:
         raise CompressorError(f"a 3-bit table's rows split into blocks of {block} (a multiple of 8); {cols} do not")
@@ -81,7 +81,7 @@ def three_bit_rows(graph: onnx.GraphProto, out: str) -> np.ndarray | None:
     inits = {i.name: i for i in graph.initializer}
     if not all(f"{out}_{part}" in inits for part in THREE_BIT_PARTS):
         return None
-    low, high, scale, zero = (numpy_helper.to_array(inits[f"{out}_{part}"]) for part in THREE_BIT_PARTS)
+    low, high, scale, zero = (weight_array(inits[f"{out}_{part}"]) for part in THREE_BIT_PARTS)
     rows, blocks = scale.shape
     bits = [
         (plane[..., None] >> (np.arange(8 // w) * w).astype(np.uint8)) & ((1 << w) - 1)

@@ -17,6 +17,7 @@ from onnx import helper, numpy_helper
 
 from converters.quantization.rounding.table_head import split_table
 from converters.quantization.storage.tied_codes import TRANSPOSED, tied_pairs
+from files.onnx_files import weight_array
 
 __all__ = ["split_tied_head"]
 
@@ -35,9 +36,9 @@ def split_tied_head(model: onnx.ModelProto, head: np.ndarray) -> tuple[str, ...]
     (logits,) = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] == table + TRANSPOSED]
     head_gather, _ = split_table(model, gather, head)
     prefix = gather.output[0]
-    transposed = numpy_helper.to_array(inits[table + TRANSPOSED])  # D × V
+    transposed = weight_array(inits[table + TRANSPOSED])  # D × V
     perm = f"{prefix}_perm"  # split_table's: token id → slot, head tokens first
-    slots = numpy_helper.to_array(next(i for i in graph.initializer if i.name == perm)).astype(np.int64)
+    slots = weight_array(next(i for i in graph.initializer if i.name == perm)).astype(np.int64)
     order = np.argsort(slots)  # slot → token id
     h = len(head)
     out = logits.output[0]

@@ -107,7 +107,7 @@ class Int4Config(FourBitConfig):
         return self.block_size if self.table_block is None else self.table_block
 
     def write(self, source: Source, out: Path) -> Written:
-        model = source.fp32()
+        model = source.fp32(lazy=True)  # each MatMul's weight read as it is rounded, the tables' for their quantizer
         tied = tied_smoothing(model.graph)
         quantized = quantize_4bit(model, self.block_size, self.accuracy_level, table_block=self.tables_block)
         save_onnx(self.stored(share_tied_codes(quantized, tied)), out)

@@ -5,6 +5,7 @@ cost the output most per byte in 8 (int4.eight_bit_layers), and the word table's
 frequent tokens in 8 bits (table_head, tied_head), its tail in `table_bits`."""
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -85,7 +86,7 @@ class Int4AwareConfig(Int4Config):
 
     def smoothed(self, source: Source) -> tuple[onnx.ModelProto, dict]:
         """The graph smoothed at `alpha` (its activations `channels`), and the layers whose inputs hold outliers."""
-        return smoothed(source.fp32, source.calibration, self.alpha, self.channels)
+        return smoothed(partial(source.fp32, lazy=True), source.calibration, self.alpha, self.channels, source.work)
 
     def head(self, source: Source, model: onnx.ModelProto) -> tuple[np.ndarray | None, tuple[str, ...]]:
         """(the word table's head ids for its lookup, the nodes of a tied table's 8-bit halves): the `table_head`

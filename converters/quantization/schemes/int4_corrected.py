@@ -39,7 +39,7 @@ from converters.quantization.schemes.int4 import TABLE_BLOCK
 from converters.quantization.schemes.int4_aware import Int4AwareConfig
 from converters.quantization.storage.tied_codes import TRANSPOSED, share_tied_codes, tied_smoothing
 from eval.kinds import GraphKind
-from files.onnx_files import save_onnx
+from files.onnx_files import loaded, save_onnx
 
 __all__ = ["CORRECTED_TABLE_BLOCK", "Int4CorrectedConfig"]
 
@@ -110,6 +110,7 @@ class Int4CorrectedConfig(Int4AwareConfig):
 
     def write(self, source: Source, out: Path) -> Written:
         model, outlying = self.smoothed(source)
+        model = loaded(model)  # the corrections read every weight, most of them more than once
         head, tied_head = self.head(source, model)
         tied = tied_smoothing(model.graph)
         int8 = self.int8_inputs(model, source.calibration)

@@ -5,6 +5,7 @@ run time with one scale a tensor. ONNX Runtime's quantizer is given a node at a 
 int8 output: one_node.each_node): given the whole graph it held ~4 copies of it (Qwen2.5-0.5B's shape: 7.8 GB above
 the process for its 2 GB of weights)."""
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from converters.quantization.registry import QuantizeResult, SchemeConfig, Sourc
 from converters.quantization.rounding.int4 import name_nodes, quiet_quantizer
 from converters.quantization.rounding.one_node import each_node, with_shapes
 from converters.quantization.rounding.target_cpu import NATIVE, TARGETS, measured_target, reduces_range, targets_of
-from files.onnx_files import load_onnx, save_onnx
+from files.onnx_files import load_onnx, save_onnx, weight_array
 
 __all__ = ["TARGET_CPU", "Int8Config"]
 
@@ -54,8 +55,8 @@ class Int8Config(SchemeConfig):
 
     def smoothed(self, source: Source) -> tuple[onnx.ModelProto, dict | None]:
         """The graph the int8 weights are rounded from, and the layers whose inputs hold outliers (None: not
-        measured)."""
-        return source.fp32(), None
+        measured); int8's own leaves its weights in their file, each read as its node is quantized."""
+        return source.fp32(lazy=True), None
 
     def write(self, source: Source, out: Path) -> Written:
         model, outlying = self.smoothed(source)
@@ -63,26 +64,45 @@ class Int8Config(SchemeConfig):
         return Written(outliers=outlying)
 
     def write_int8(self, model: onnx.ModelProto, source: Source, out: Path) -> None:
-        """`model` (its nodes named here) through ONNX Runtime's quantize_dynamic into `out`, at the target's int8
-        range: each node of an operator it quantizes that reads a stored float weight (with those that read its
-        int8 output) alone, in the scratch folder; the tensors' shapes inferred, as quantize_dynamic leaves them."""
+        """`model` (its nodes named here; its weights may be left in their file: load_lazy) through ONNX Runtime's
+        quantize_dynamic into `out`, at the target's int8 range: each node of an operator it quantizes that reads a
+        stored float weight (with those that read its int8 output) alone, in the scratch folder, a wide weight a
+        slice at a time at the whole weight's range (per tensor: its min and max given to the quantizer); the
+        tensors' shapes inferred, as quantize_dynamic leaves them."""
         from onnxruntime.quantization import QuantType, quantize_dynamic
         from onnxruntime.quantization.registry import IntegerOpsRegistry
 
         reduce, per_channel = reduces_range(self.target()), source.kind.int8_per_channel
         src, dst = source.work / "one.onnx", source.work / "one_int8.onnx"
+        stored = {i.name: i for i in model.graph.initializer}
+
+        @functools.cache
+        def whole_range(name: str) -> list[dict[str, float]]:
+            array = weight_array(stored[name])
+            return [{"rmin": float(array.min()), "rmax": float(array.max())}]
 
         def quantized(one: onnx.ModelProto) -> onnx.ModelProto:
+            cut = [i.name for i in one.graph.initializer if i.name in stored and i.dims != stored[i.name].dims]
+            ranges = {} if per_channel else {name: whole_range(name) for name in cut}  # a slice of a wide weight
             save_onnx(one, src)
             with quiet_quantizer():
-                quantize_dynamic(src, dst, per_channel=per_channel, weight_type=QuantType.QInt8, reduce_range=reduce)
+                quantize_dynamic(
+                    src,
+                    dst,
+                    per_channel=per_channel,
+                    weight_type=QuantType.QInt8,
+                    reduce_range=reduce,
+                    extra_options={"TensorQuantOverrides": ranges} if ranges else None,
+                )
             return load_onnx(dst)
 
         name_nodes(model.graph)
         floats = {i.name for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
         ops = set(IntegerOpsRegistry) - {"Transpose"}  # a Transpose is rounded only after a rounded node
         chosen = {n.name: quantized for n in model.graph.node if n.op_type in ops and floats.intersection(n.input)}
-        save_onnx(with_shapes(each_node(model, chosen, joined=True)), out)
+        # a MatMul's columns round alone per channel; per tensor, any slice at the whole weight's range
+        axes = {"MatMul": 1} if per_channel else {"MatMul": 1, "Gather": 0}
+        save_onnx(with_shapes(each_node(model, chosen, joined=True, axes=axes)), out)
 
     def report(self, result: QuantizeResult) -> dict:
         return {"target_cpu": self.target()}

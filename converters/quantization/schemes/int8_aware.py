@@ -3,6 +3,7 @@ s_j = max|x_j|^α / max|W_j·|^(1−α) on calibration batches and the weight ro
 fp32), so that one int8 scale a tensor holds the activations; the layers whose inputs hold outliers named."""
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import onnx
@@ -29,4 +30,4 @@ class Int8AwareConfig(Int8Config):
         return absmax
 
     def smoothed(self, source: Source) -> tuple[onnx.ModelProto, dict]:
-        return smoothed(source.fp32, source.calibration, self.alpha, self.channels)
+        return smoothed(partial(source.fp32, lazy=True), source.calibration, self.alpha, self.channels, source.work)

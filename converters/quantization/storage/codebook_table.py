@@ -12,11 +12,11 @@ and reshaped to (…, D)."""
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from converters.quantization.storage.packed_codes import Builder, default_opset, replace_gather
+from files.onnx_files import weight_array
 
 __all__ = [
     "CODEBOOK_BITS",
@@ -85,7 +85,7 @@ def codebook_gather(model: onnx.ModelProto, name: str, bits: float) -> None:
     graph = model.graph
     node = next(n for n in graph.node if n.name == name)
     inits = {i.name: i for i in graph.initializer}
-    weight = numpy_helper.to_array(inits[node.input[0]]).astype(np.float32)
+    weight = weight_array(inits[node.input[0]]).astype(np.float32)
     rows, cols = weight.shape
     piece = piece_of(bits)
     if cols % piece:
@@ -106,7 +106,7 @@ def codebook_rows(graph: onnx.GraphProto, out: str) -> np.ndarray | None:
     inits = {i.name: i for i in graph.initializer}
     if not all(f"{out}_{part}" in inits for part in CODEBOOK_PARTS):
         return None
-    codes, books = (numpy_helper.to_array(inits[f"{out}_{part}"]) for part in CODEBOOK_PARTS)
+    codes, books = (weight_array(inits[f"{out}_{part}"]) for part in CODEBOOK_PARTS)
     index = codes.astype(np.int64) + np.arange(codes.shape[1]) * (len(books) // codes.shape[1])
     return books[index].astype(np.float32).reshape(codes.shape[0], -1)
 

@@ -13,6 +13,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from converters.quantization.storage.packed_codes import Builder, default_opset, unpacked
+from files.onnx_files import weight_array
 
 __all__ = ["tied_pairs", "smoothing_of", "tied_smoothing", "share_tied_codes"]
 
@@ -31,7 +32,7 @@ def tied_pairs(graph: onnx.GraphProto) -> list[str]:
 def smoothing_of(graph: onnx.GraphProto, table: str) -> np.ndarray | None:
     """s (D,) with E_transposed = diag(s) Eᵀ (SmoothQuant's scaling of the head's input), None when s = 1."""
     inits = {i.name: i for i in graph.initializer}
-    table_, head = numpy_helper.to_array(inits[table]), numpy_helper.to_array(inits[table + TRANSPOSED])
+    table_, head = weight_array(inits[table]), weight_array(inits[table + TRANSPOSED])
     s = np.ones(head.shape[0])
     for at in range(0, len(s), SMOOTHING_ROWS):  # in fp64 a few rows at a time: whole, 4 tables' bytes (0.5B: 4.4 GB)
         w = table_[:, at : at + SMOOTHING_ROWS].T.astype(np.float64)
