@@ -6,6 +6,7 @@ cached as a table, …), as the registry's ExportForms say; export names no meth
 
 import copy
 import functools
+import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 from torch import Tensor, nn
 
@@ -24,9 +24,10 @@ from converters.plan import Plan, match_plan
 from converters.registry import ExportForms, export_forms, method_of
 from converters.submodules import set_submodule
 from eval.benchmark import PARITY_KEY
-from eval.probe import PAST, PRESENT, full_feed, is_cached, positions
+from eval.memory import trim_heap
+from eval.probe import PAST, positions
 from files.atomic import atomic_file, tensor_bytes
-from files.onnx_files import add_props, load_onnx, save_onnx
+from files.onnx_files import WeightFile, add_props, load_onnx, save_onnx
 
 __all__ = [
     "LookupGraph",
@@ -37,6 +38,8 @@ __all__ = [
     "check_export_forms",
     "in_export_form",
     "check_parity",
+    "parity_cases",
+    "parity_of",
     "sample_inputs",
     "PARITY_SHAPES",
     "PARITY_ATOL",
@@ -78,25 +81,56 @@ def sample_inputs(vocab: int, batch: int, seq: int, seed: int) -> tuple[Tensor, 
     return ids, mask
 
 
-def check_parity(graph: nn.Module, onnx_path: Path, vocab: int, output: str, atol: float = PARITY_ATOL) -> float:
-    """Max |ONNX Runtime − PyTorch| of `output` on inputs of shapes unlike the traced one; raise above atol.
-    A graph with a key-value cache is checked reading the batch (its pasts empty), then on one more token
-    fed with the presents ONNX Runtime returned."""
+def parity_cases(graph: nn.Module, vocab: int, names: list[str]) -> list[tuple[dict, np.ndarray]]:
+    """(feed of the graph's inputs `names`, PyTorch's first output on it) on ids of shapes unlike the traced one. A
+    graph with a key-value cache reads each batch with its pasts empty, then one more token fed the presents
+    PyTorch made: ONNX Runtime is fed the same. Made before the session: the model can go before it reads the
+    graph (an LM's weights twice otherwise: PyTorch's and ONNX Runtime's)."""
+    ours = graph.input_names() if hasattr(graph, "input_names") else names
+    cases = []
+    for batch, seq, seed in PARITY_SHAPES:
+        ids, mask = (x.numpy() for x in sample_inputs(vocab, batch, seq, seed))
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if "position_ids" in ours:
+            feed["position_ids"] = positions(mask, seq)
+        pasts = [n for n in ours if n.startswith(PAST)]
+        feed.update({n: np.zeros((batch, graph.heads, 0, graph.head_dim), np.float32) for n in pasts})
+        outputs = _pytorch(graph, feed, ours)
+        cases.append((feed, outputs[0]))
+        if pasts:
+            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
+            step = {"input_ids": ids[:, :1], "attention_mask": mask, "position_ids": positions(mask, 1)}
+            step.update(zip(pasts, outputs[1:]))
+            cases.append((step, _pytorch(graph, step, ours)[0]))
+    return cases
+
+
+def _pytorch(graph: nn.Module, feed: dict[str, np.ndarray], ours: list[str]) -> list[np.ndarray]:
+    """The outputs of the PyTorch `graph` fed its inputs `ours` from `feed`."""
+    with torch.no_grad():
+        out = graph(*(torch.from_numpy(feed[n]) for n in ours))
+    return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
+
+
+def parity_of(cases: list[tuple[dict, np.ndarray]], onnx_path: Path, output: str, atol: float) -> float:
+    """Max |ONNX Runtime − PyTorch| of `output` over the `cases` (parity_cases), the padding left out; raise
+    above atol."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
     worst = 0.0
-    for batch, seq, seed in PARITY_SHAPES:
-        ids, mask = (x.numpy() for x in sample_inputs(vocab, batch, seq, seed))
-        feed = full_feed(session, {"input_ids": ids, "attention_mask": mask})
-        steps = [feed]
-        if is_cached(session):
-            got = dict(zip((o.name for o in session.get_outputs()), session.run(None, feed)))
-            mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
-            step = {"input_ids": ids[:, :1], "attention_mask": mask, "position_ids": positions(mask, 1)}
-            steps.append({**step, **{n.replace(PRESENT, PAST): v for n, v in got.items() if n.startswith(PRESENT)}})
-        for fed in steps:
-            worst = max(worst, _parity_on(graph, session, fed, output, (batch, seq)))
+    for feed, expected in cases:
+        (got,) = session.run([output], {n: feed[n] for n in names})
+        if got.shape != expected.shape:
+            raise ExportParityError(
+                f"ONNX output shape {got.shape} differs from PyTorch's {expected.shape} at input shape "
+                f"{feed['input_ids'].shape}"
+            )
+        error = np.abs(got - expected)
+        if "attention_mask" in feed:  # what padding gives is nobody's output
+            error = error[feed["attention_mask"][:, -got.shape[1] :].astype(bool)]
+        worst = max(worst, float(error.max()))
     if not worst <= atol:
         raise ExportParityError(
             f"ONNX Runtime and PyTorch differ by {worst:.3g} on {output}, above the tolerance {atol:g}"
@@ -104,43 +138,30 @@ def check_parity(graph: nn.Module, onnx_path: Path, vocab: int, output: str, ato
     return worst
 
 
-def _parity_on(graph: nn.Module, session, feed: dict[str, np.ndarray], output: str, shape: tuple[int, int]) -> float:
-    """Max |ONNX Runtime − PyTorch| of `output` on one feed (the graph's first output in PyTorch, fed its
-    own inputs: a fused decoder's graph reads the positions off the mask that CausalLMGraph is given)."""
-    names = [i.name for i in session.get_inputs()]
-    ours = graph.input_names() if hasattr(graph, "input_names") else names
-    if "position_ids" in ours and "position_ids" not in feed:
-        feed = {**feed, "position_ids": positions(feed["attention_mask"], feed["input_ids"].shape[1])}
-    with torch.no_grad():
-        expected = graph(*(torch.from_numpy(feed[n]) for n in ours))
-    expected = (expected[0] if isinstance(expected, tuple) else expected).numpy()
-    (got,) = session.run([output], {n: feed[n] for n in names})
-    if got.shape != expected.shape:
-        raise ExportParityError(
-            f"ONNX output shape {got.shape} differs from PyTorch's {expected.shape} at input shape {shape}"
-        )
-    error = np.abs(got - expected)
-    if "attention_mask" in feed:  # what padding gives is nobody's output
-        error = error[feed["attention_mask"][:, -got.shape[1] :].astype(bool)]
-    return float(error.max())
+def check_parity(graph: nn.Module, onnx_path: Path, vocab: int, output: str, atol: float = PARITY_ATOL) -> float:
+    """Max |ONNX Runtime − PyTorch| of `output` on inputs of shapes unlike the traced one (parity_cases); raise
+    above atol."""
+    names = [i.name for i in load_onnx(onnx_path, weights=False).graph.input]
+    return parity_of(parity_cases(graph, vocab, names), onnx_path, output, atol)
 
 
 def _export_checked(
-    graph: nn.Module,
+    parts: dict[str, Any],
     names: tuple[str, ...],
     output: str,
     vocab: int,
     path: Path,
     opset: int,
     atol: float,
-    build: Callable[[], onnx.ModelProto | None] | None = None,
 ) -> ExportResult:
-    """Trace `graph` (inputs `names`, which are input_ids and, when two, attention_mask) with the
-    TorchScript-based exporter (its graph of a BERT runs faster in ONNX Runtime than the dynamo
-    one's), or take the graph `build()` makes from its weights (None: traced), check parity, record it in the
-    metadata, then rename."""
+    """Trace `parts`' "graph" (inputs `names`, which are input_ids and, when two, attention_mask) with the
+    TorchScript-based exporter (its graph of a BERT runs faster in ONNX Runtime than the dynamo one's), or take the
+    graph its "build" () makes from its weights (None: traced), check parity, record it in the metadata, then rename.
+    `parts` is emptied here: the PyTorch graph goes once its parity outputs are made, before ONNX Runtime's session
+    reads the file (and its model with it, where no one else holds it: an LM's weights twice otherwise)."""
     if opset < 17:
         raise CompressorError(f"opset must be ≥ 17, got {opset}")
+    graph, build = parts.pop("graph"), parts.pop("build", None)
     path = Path(path)
     ids, mask = sample_inputs(vocab, 2, 7, seed=0)
     if hasattr(graph, "signature"):  # a graph with more inputs or outputs than its kind's contract names
@@ -148,15 +169,21 @@ def _export_checked(
     else:
         inputs, names, outputs = (ids, mask)[: len(names)], list(names), [output]
         axes = {name: {0: "batch", 1: "sequence"} for name in (*names, output)}
-    with atomic_file(path, needed=tensor_bytes(graph.state_dict().values())) as tmp:
-        built = build() if build is not None else None
-        traced = built is None
+    with atomic_file(path, needed=2 * tensor_bytes(graph.state_dict().values())) as tmp:
+        with tempfile.TemporaryDirectory(prefix=f".{tmp.name}.", dir=tmp.parent) as scratch:
+            with WeightFile(Path(scratch) / "weights") as weights:  # each weight written as it is made
+                built = build(weights) if build is not None else None
+            del build
+            traced = built is None
+            if not traced:
+                save_onnx(built, tmp)  # each weight read back as it is written
+                del built
         if traced:
             _trace(graph, inputs, tmp, opset, names, outputs, axes)
-        else:
-            save_onnx(built, tmp)
-            built = None  # its weights are on disk, and the parity check's session holds them next
-        parity = check_parity(graph, tmp, vocab, output, atol)
+        cases = parity_cases(graph, vocab, list(names))
+        del graph, inputs
+        trim_heap()
+        parity = parity_of(cases, tmp, output, atol)
         if traced:  # the exporter's file, its weights gathered beside it when they pass protobuf's limit
             save_onnx(load_onnx(tmp), tmp)
         add_props(tmp, {PARITY_KEY: repr(parity)})
@@ -179,21 +206,29 @@ def _trace(graph: nn.Module, inputs, path: Path, opset: int, names, outputs, axe
         )
 
 
-def export_onnx(model: nn.Module, path: Path, opset: int = 17, atol: float | None = None) -> ExportResult:
+def export_onnx(
+    model: nn.Module | list[nn.Module], path: Path, opset: int = 17, atol: float | None = None
+) -> ExportResult:
     """A model as its kind's graph (an encoder: (input_ids, attention_mask) → last_hidden_state), parity-checked
-    within `atol` (default: the kind's, GraphKind.parity_atol)."""
+    within `atol` (default: the kind's, GraphKind.parity_atol). `model` in a list that holds it alone is taken out of
+    it: the model goes once PyTorch's outputs for the parity check are made, before ONNX Runtime's session reads
+    its graph (an LM's weights in both at once: 4.9 GB at 0.5B)."""
+    model = model.pop() if isinstance(model, list) else model
     kind = kind_of(model)
     vocab = model.get_input_embeddings().num_embeddings
-    graph = kind.export_graph(model).eval()
     atol = kind.graph.parity_atol if atol is None else atol
-    build = functools.partial(kind.built_graph, model, opset)  # a decoder in ONNX Runtime's fused operators, else None
-    return _export_checked(graph, kind.graph.inputs, kind.graph.output, vocab, path, opset, atol, build)
+    parts = {
+        "graph": kind.export_graph(model).eval(),
+        "build": functools.partial(kind.built_graph, model, opset),  # a decoder in ONNX Runtime's fused operators
+    }
+    del model
+    return _export_checked(parts, kind.graph.inputs, kind.graph.output, vocab, path, opset, atol)
 
 
 def export_embedding_onnx(embedding: nn.Module, path: Path, opset: int = 17, atol: float = PARITY_ATOL) -> ExportResult:
     """An embedding alone as input_ids → (B, T, D) (named last_hidden_state), parity-checked."""
     graph = LookupGraph(embedding).eval()
-    return _export_checked(graph, graph.inputs, graph.output, embedding.num_embeddings, path, opset, atol)
+    return _export_checked({"graph": graph}, graph.inputs, graph.output, embedding.num_embeddings, path, opset, atol)
 
 
 def export_form_rows(values: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

@@ -38,6 +38,7 @@ __all__ = [
     "resolved",
     "weight_array",
     "loaded",
+    "WeightFile",
     "graph_pieces",
     "copy_fields",
     "TWO_GB",
@@ -251,6 +252,35 @@ def loaded(model: onnx.ModelProto) -> onnx.ModelProto:
         if is_lazy(tensor):
             tensor.CopyFrom(resolved(tensor))
     return model
+
+
+class WeightFile:
+    """A file that a graph's weights are written into as they are made (`add`), each then referred to as
+    `load_lazy` refers to one: a graph built of them holds none of their bytes, and `save_onnx` reads each as it
+    writes it (a 0.5B LM's graph built from its PyTorch weights held them twice)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path).resolve()
+        self._file = open(self.path, "wb")  # noqa: SIM115 (closed by __exit__: a WeightFile is a context manager)
+
+    def add(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        """`tensor` written into the file and referred to there (one under INLINE_BYTES as it is)."""
+        if len(tensor.raw_data) < INLINE_BYTES:
+            return tensor
+        self._file.write(bytes(-self._file.tell() % ALIGN))
+        offset = self._file.tell()
+        length = self._file.write(tensor.raw_data)
+        self._file.flush()
+        lazy = onnx.TensorProto()
+        copy_fields(tensor, lazy, ("raw_data",))
+        _refer(lazy, self.path, offset, length)
+        return lazy
+
+    def __enter__(self) -> "WeightFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
 
 
 def _lazy_size(tensor: onnx.TensorProto) -> int:

@@ -163,17 +163,16 @@ def _export(
 ) -> str:
     """The graph of the model `held` hands over (a list of it, emptied here) at `path`, quantized by the scheme
     `config` if any; what its checks measured; `frequencies`: the token frequencies (a Calibration) that rank the
-    word table's head rows. A scheme that trains nothing lets the model go once its fp32 graph is written: an LM's
-    weights in PyTorch were as large as the graph the quantizer then reads (2 GB at 0.5B)."""
-    model = held.pop()
+    word table's head rows. The model goes once PyTorch's parity outputs are made (export_onnx), before ONNX
+    Runtime reads its graph, unless a trained scheme's trainer holds it: an LM's weights in PyTorch are as large as
+    the graph (2 GB at 0.5B)."""
     if config is None:
-        result = export_onnx(model, path, opset=opset)
+        result = export_onnx(held, path, opset=opset)
         return f"parity max |ONNX − PyTorch| = {result.parity_max_abs:.2e}"
-    fit = None if fit_for is None else fit_for(model, config, config.scheme)
+    fit = None if fit_for is None else fit_for(held[0], config, config.scheme)
+    train = None if fit is None else trainer(held[0], fit)  # it holds the model; else the export lets it go
     with tempfile.TemporaryDirectory() as work:
-        fp32 = export_onnx(model, Path(work) / "fp32.onnx", opset=opset)
-        train = None if fit is None else trainer(model, fit)
-        del model
+        fp32 = export_onnx(held, Path(work) / "fp32.onnx", opset=opset)
         trim_heap()
         result = quantize_for_targets(
             fp32.path,

@@ -6,6 +6,7 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from eval.kinds import GraphKind
+from files.onnx_files import WeightFile
 
 __all__ = ["ModelKind"]
 
@@ -45,9 +46,9 @@ class ModelKind(ABC):
     def export_graph(self, model: nn.Module) -> nn.Module:
         """A module whose forward takes the graph's inputs in order and returns its output."""
 
-    def built_graph(self, model: nn.Module, opset: int):
+    def built_graph(self, model: nn.Module, opset: int, weights: WeightFile | None = None):
         """The graph written from the model's weights rather than traced (an onnx.ModelProto holding
-        export_graph's contract), or None: traced."""
+        export_graph's contract; with `weights`, its weights written there as they are made), or None: traced."""
         return None
 
     @abstractmethod

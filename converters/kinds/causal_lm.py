@@ -20,6 +20,7 @@ from converters.kinds.fused_decoder import fused_decoder
 from converters.loading import load_hf
 from eval.kinds import CAUSAL_LM as CAUSAL_LM_GRAPH
 from eval.probe import PAST, PRESENT
+from files.onnx_files import WeightFile
 
 __all__ = ["CausalLMKind", "CAUSAL_LM", "CausalLMGraph"]
 
@@ -135,9 +136,9 @@ class CausalLMKind(ModelKind):
     def export_graph(self, model: nn.Module) -> nn.Module:
         return CausalLMGraph(model)
 
-    def built_graph(self, model: nn.Module, opset: int):
+    def built_graph(self, model: nn.Module, opset: int, weights: WeightFile | None = None):
         """A Llama-style decoder of plain layers in ONNX Runtime's fused operators (kinds.fused_decoder)."""
-        return fused_decoder(model, opset)
+        return fused_decoder(model, opset, weights)
 
     def output(self, model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
         return model(input_ids=ids, attention_mask=mask, use_cache=False).logits

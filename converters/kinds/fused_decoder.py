@@ -24,6 +24,7 @@ from torch import nn
 from compressor.tied_logits import TiedLogits
 from converters.nbits_storage import TABLE_OPSET, dequantize_nbits
 from eval.probe import PAST, PRESENT
+from files.onnx_files import WeightFile
 
 __all__ = ["fits_fused", "fused_decoder", "rounded_twin"]
 
@@ -81,10 +82,11 @@ def _rotary_caches(model: nn.Module, head_dim: int) -> tuple[np.ndarray, np.ndar
     return cos[0, :, :half].float().numpy(), sin[0, :, :half].float().numpy()
 
 
-def fused_decoder(model: nn.Module, opset: int = 17) -> onnx.ModelProto | None:
+def fused_decoder(model: nn.Module, opset: int = 17, weights: WeightFile | None = None) -> onnx.ModelProto | None:
     """`model` (a Llama-style causal LM) as the fused cached graph at `opset` or 21, the later, or None when
     it is not of that form. (From 21 the 4-bit stage needs no conversion, which does not know
-    SimplifiedLayerNormalization, an ONNX Runtime operator in ONNX's domain.)"""
+    SimplifiedLayerNormalization, an ONNX Runtime operator in ONNX's domain.) With `weights`, each weight is written
+    there as it is made and the graph refers to it (a 0.5B LM's PyTorch weights and its graph's were 4 GB at once)."""
     if not fits_fused(model):
         return None
     config, body = model.config, model.model
@@ -98,7 +100,8 @@ def fused_decoder(model: nn.Module, opset: int = 17) -> onnx.ModelProto | None:
     nodes: list[onnx.NodeProto] = []
 
     def weight(name: str, array, dtype=np.float32) -> str:
-        proto.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array, dtype=dtype), name))
+        tensor = numpy_helper.from_array(np.ascontiguousarray(array, dtype=dtype), name)
+        proto.graph.initializer.append(tensor if weights is None else weights.add(tensor))
         return name
 
     def node(op: str, inputs: list[str], outputs: list[str], name: str, domain: str = "", **attrs):

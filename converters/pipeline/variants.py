@@ -86,8 +86,9 @@ class Variants:
         path = self._export(name, model, detail, fp32)
         self.add_rows(name, model, path, detail, quantize, frequencies)
 
-    def _export(self, name: str, model: nn.Module, detail: dict, fp32: bool = True) -> Path:
-        """The model's fp32 graph as NAME (measured unless `fp32` is False): its path."""
+    def _export(self, name: str, model: nn.Module | list[nn.Module], detail: dict, fp32: bool = True) -> Path:
+        """The model's fp32 graph as NAME (measured unless `fp32` is False): its path; `model` in a list that holds
+        it alone goes once PyTorch's parity outputs are made (export_onnx)."""
         if name in self.names:
             raise CompressorError(f"two variants are named {name!r}; give them different names")
         self.names.add(name)
@@ -170,12 +171,9 @@ class Variants:
         no trained scheme needs the model) its last reference goes once the original is exported, and the rows,
         which round the graph alone, and the bench run without it (an LM's run: its fp32 bytes off each peak)."""
         wanted = tuple(c for c in quantize.schemes if not c.planned)  # no plan, no widths
-        model = held.pop()
-        self.original = model if keep else None
-        path = self._export("original", model, {})
-        if not keep:
-            del model
-            gc.collect()
+        self.original = held[0] if keep else None
+        path = self._export("original", held, {})
+        gc.collect()
         self.add_rows("original", self.original, path, {}, replace(quantize, schemes=wanted))
 
     def add_quantized(self, variant: VariantSpec) -> None:

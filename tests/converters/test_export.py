@@ -46,7 +46,7 @@ def test_a_parity_failure_leaves_no_file(tiny_bert_dir, tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise ExportParityError("ONNX Runtime and PyTorch differ by 1 on last_hidden_state")
 
-    monkeypatch.setattr(export, "check_parity", fail)
+    monkeypatch.setattr(export, "parity_of", fail)
     with pytest.raises(ExportParityError):
         export_onnx(model, tmp_path / "m.onnx")
     assert list(tmp_path.iterdir()) == []
@@ -66,3 +66,22 @@ def test_old_opset_is_refused(tiny_bert_dir, tmp_path):
     model, _ = load_model(tiny_bert_dir)
     with pytest.raises(CompressorError, match="opset must be ≥ 17"):
         export_onnx(model, tmp_path / "m.onnx", opset=13)
+
+
+def test_a_model_given_in_a_list_goes_before_onnx_runtime_reads_its_graph(tiny_bert_dir, tmp_path, monkeypatch):
+    import gc
+    import weakref
+
+    model, _ = load_model(tiny_bert_dir)
+    alive, checked = weakref.ref(model), export.parity_of
+
+    def parity_of(*args):
+        gc.collect()
+        assert alive() is None  # PyTorch's outputs made, the model let go
+        return checked(*args)
+
+    monkeypatch.setattr(export, "parity_of", parity_of)
+    held = [model]
+    del model
+    assert export_onnx(held, tmp_path / "m.onnx").parity_max_abs <= export.PARITY_ATOL
+    assert held == []
