@@ -175,14 +175,14 @@ def _export_checked(
                 built = build(weights) if build is not None else None
             del build
             traced = built is None
+            if traced:
+                _trace(graph, inputs, tmp, opset, names, outputs, axes)
+            cases = parity_cases(graph, vocab, list(names))
+            del graph, inputs
+            trim_heap()  # PyTorch's weights gone (where no one else holds them) before the graph is written and read
             if not traced:
-                save_onnx(built, tmp)  # each weight read back as it is written
+                save_onnx(built, tmp)  # each weight copied from the scratch file as it is written
                 del built
-        if traced:
-            _trace(graph, inputs, tmp, opset, names, outputs, axes)
-        cases = parity_cases(graph, vocab, list(names))
-        del graph, inputs
-        trim_heap()
         parity = parity_of(cases, tmp, output, atol)
         if traced:  # the exporter's file, its weights gathered beside it when they pass protobuf's limit
             save_onnx(load_onnx(tmp), tmp)

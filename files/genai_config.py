@@ -12,6 +12,7 @@ from pathlib import Path
 import onnx
 
 from files.atomic import atomic_file
+from files.onnx_files import load_onnx
 
 __all__ = ["GENAI_CONFIG", "is_fused_decoder", "genai_config", "write_genai_config"]
 
@@ -86,7 +87,7 @@ def write_genai_config(folder: Path, graph: Path) -> bool:
         return False
     config = json.loads((folder / "config.json").read_text())
     causal = any(a.endswith("ForCausalLM") for a in config.get("architectures") or ())
-    if not causal or not is_fused_decoder(onnx.load(str(graph), load_external_data=False)):
+    if not causal or not is_fused_decoder(load_onnx(graph, weights=False)):
         return False
     with atomic_file(folder / GENAI_CONFIG) as tmp:
         tmp.write_text(json.dumps(genai_config(config, Path(graph).relative_to(folder).as_posix()), indent=4))

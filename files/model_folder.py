@@ -13,12 +13,12 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import onnx
 from google.protobuf.message import DecodeError
 
 from compressor.errors import CompressorError
 from files.atomic import atomic_dir, atomic_file
 from files.genai_config import GENAI_CONFIG, write_genai_config
+from files.onnx_files import load_onnx, read_props
 
 __all__ = [
     "GRAPH_DIR",
@@ -89,7 +89,7 @@ def _ours(folder: Path) -> bool:
         return True
     graphs = sorted((folder / GRAPH_DIR).glob("*.onnx"))
     return bool(graphs) and all(
-        any(p.key == MARK for p in onnx.load(str(g), load_external_data=False).metadata_props) for g in graphs
+        MARK in read_props(g) for g in graphs
     )
 
 
@@ -151,7 +151,7 @@ def copy_source_files(source: Path, folder: Path) -> None:
 
 def own_ops(graph: Path) -> list[str]:
     """The ONNX Runtime operators (domain com.microsoft) the graph uses: it runs only in ONNX Runtime."""
-    proto = onnx.load(str(graph), load_external_data=False)
+    proto = load_onnx(graph, weights=False)
     return sorted({n.op_type for n in proto.graph.node if n.domain == "com.microsoft"})
 
 
@@ -208,10 +208,9 @@ def _graph_of_folder(path: Path, target: str | None) -> Path:
 def _written_for(graph: Path) -> str | None:
     """The CPU target a graph's metadata says its int8 weights were written for (None: none said)."""
     try:
-        props = onnx.load(str(graph), load_external_data=False).metadata_props
-    except (OSError, DecodeError):  # not there, or not ONNX: the graph's own checks say so, in a sentence
+        return read_props(graph).get(TARGET_KEY)
+    except (OSError, ValueError, DecodeError):  # not there, or not ONNX: the graph's own checks say so, in a sentence
         return None
-    return next((p.value for p in props if p.key == TARGET_KEY), None)
 
 
 def folder_of(graph: Path) -> Path:

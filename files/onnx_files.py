@@ -336,19 +336,47 @@ def save_external(model: onnx.ModelProto, path: Path, initializers: Iterable[onn
     location = f"{path.name}.data"
     with open(path.parent / location, "wb") as data:
         for tensor in model.graph.initializer if initializers is None else initializers:
-            tensor = resolved(tensor)
             entry = skeleton.graph.initializer.add()
-            if len(tensor.raw_data) < INLINE_BYTES:
+            if not is_lazy(tensor) and len(tensor.raw_data) < INLINE_BYTES:
                 entry.CopyFrom(tensor)
                 continue
-            copy_fields(tensor, entry, ("raw_data",))
+            copy_fields(tensor, entry, ("raw_data", "external_data", "data_location"))
             data.write(bytes(-data.tell() % ALIGN))
             offset = data.tell()
-            length = data.write(tensor.raw_data)
+            length = _copy_values(tensor, data) if is_lazy(tensor) else data.write(tensor.raw_data)
             entry.data_location = onnx.TensorProto.EXTERNAL
             for key, value in (("location", location), ("offset", offset), ("length", length)):
                 entry.external_data.add(key=key, value=str(value))
     onnx.save_model(skeleton, str(path))
+
+
+COPY_BYTES = 2**24  # a lazy weight's values copied from its file this many bytes at a time
+
+
+def _copy_values(tensor: onnx.TensorProto, out) -> int:
+    """A lazy tensor's values copied from its file into the open file `out`, a piece at a time: their length."""
+    where, offset, length = _place(tensor)
+    with open(where, "rb") as f:
+        f.seek(offset)
+        for at in range(0, length, COPY_BYTES):
+            out.write(f.read(min(COPY_BYTES, length - at)))
+    return length
+
+
+def _write_tensor(tensor: onnx.TensorProto, out) -> None:
+    """`tensor` serialized into the open file `out`, a lazy one's values copied from its file a piece at a time
+    where they are its last field (as protobuf writes a weight's raw_data after its dims, type and name), not read
+    whole: the bytes `resolved(tensor).SerializeToString()` makes."""
+    if not is_lazy(tensor):
+        out.write(tensor.SerializeToString())
+        return
+    bare = onnx.TensorProto()
+    copy_fields(tensor, bare, ("external_data", "data_location"))
+    if any(field.number > RAW_DATA_FIELD for field, _ in bare.ListFields()):
+        out.write(resolved(tensor).SerializeToString())
+        return
+    out.write(bare.SerializeToString() + _encode(RAW_DATA_FIELD << 3 | _LENGTH) + _encode(_place(tensor)[2]))
+    _copy_values(tensor, out)
 
 
 def _save_inline(model: onnx.ModelProto, path: Path) -> None:
@@ -367,7 +395,7 @@ def _save_inline(model: onnx.ModelProto, path: Path) -> None:
         f.write(_encode(GRAPH_FIELD << 3 | _LENGTH) + _encode(total) + head)
         for tensor, size in zip(model.graph.initializer, sizes):
             f.write(tag + _encode(size))
-            f.write(resolved(tensor).SerializeToString())
+            _write_tensor(tensor, f)
 
 
 def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:
