@@ -233,3 +233,22 @@ def test_row_chunks_cut_a_batch_in_whole_rows_within_the_limit_in_order():
         np.testing.assert_array_equal(np.concatenate([c[name] for c in chunks]), feed[name])
     assert [len(c["input_ids"]) for c in row_chunks(_Outputs(10**9), feed, limit)] == [1] * 10  # one row at least
     assert len(list(row_chunks(_Outputs("width"), feed, limit))) == 1  # a width the graph does not fix: whole
+
+
+@pytest.mark.parametrize("scheme", [None, "int8", "int4"])
+def test_the_optimized_graph_is_written_before_the_kernels_pack_their_weights(tiny_bert_graph, tmp_path, scheme):
+    from converters.quantization.quantize import quantize_onnx
+    from converters.quantization.registry import scheme_named
+
+    fp32, vocab, _ = tiny_bert_graph
+    path = fp32 if scheme is None else quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named(scheme)(), vocab=vocab).path
+    packed = onnxruntime.SessionOptions()
+    packed.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    packed.optimized_model_filepath = str(tmp_path / "packed.onnx")
+    onnxruntime.InferenceSession(str(path), packed, providers=["CPUExecutionProvider"])
+    make_session(path, optimized_path=tmp_path / "unpacked.onnx")  # its kernels pack nothing: less memory
+
+    def weights(p):
+        return {i.name: (i.data_type, tuple(i.dims)) for i in load_graph(p, with_data=False).graph.initializer}
+
+    assert weights(tmp_path / "packed.onnx") == weights(tmp_path / "unpacked.onnx")
