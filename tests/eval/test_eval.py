@@ -241,7 +241,9 @@ def test_the_optimized_graph_is_written_before_the_kernels_pack_their_weights(ti
     from converters.quantization.registry import scheme_named
 
     fp32, vocab, _ = tiny_bert_graph
-    path = fp32 if scheme is None else quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named(scheme)(), vocab=vocab).path
+    path = fp32
+    if scheme is not None:
+        path = quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named(scheme)(), vocab=vocab).path
     packed = onnxruntime.SessionOptions()
     packed.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
     packed.optimized_model_filepath = str(tmp_path / "packed.onnx")
