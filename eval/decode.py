@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from eval.graph import make_session
-from eval.probe import PAST, PRESENT, cache_dtype, full_feed, is_cached
+from eval.probe import CACHE_TYPES, PAST, PRESENT, cache_dtype, full_feed, is_cached
 
 __all__ = [
     "Decoder",
@@ -39,10 +39,13 @@ class Decoder:
     bound in place (ONNX Runtime's I/O binding), as GenAI's own loop does; other cached graphs are fed
     the presents they returned."""
 
-    def __init__(self, session, use_cache: bool = True):
+    def __init__(self, session, use_cache: bool = True, shrink: bool = False):
         """`use_cache` False: a cached graph too reads the whole sequence at every step (pasts empty),
-        as a graph without a cache must."""
+        as a graph without a cache must; `shrink`: the session's memory arena given back what a prompt's pass
+        took, at its end (sessions that take turns would each keep their prompt's activations: a 0.5B LM's
+        logits alone are 311 MB at 512 tokens)."""
         self.session = session
+        self.prompt_options = _shrinking() if shrink else None
         self.cached = use_cache and is_cached(session)
         self.outputs = [o.name for o in session.get_outputs()]
         self.inputs = {i.name for i in session.get_inputs()}
@@ -58,9 +61,9 @@ class Decoder:
         self._past = {}
         if self.shared:
             self.buffers, self.values = {}, {}
-            return self._bound(self.ids)[-1]
+            return self._bound(self.ids, self.prompt_options)[-1]
         feed = full_feed(self.session, {"input_ids": self.ids, "attention_mask": np.ones_like(self.ids)})
-        return self._run(feed)[-1]
+        return self._run(feed, self.prompt_options)[-1]
 
     def step(self, token: int) -> np.ndarray:
         return self.extend([token])[-1]
@@ -85,7 +88,7 @@ class Decoder:
         self.ids = self.ids[:, :length]
         self._past = {name: value[:, :, :length] for name, value in self._past.items()}
 
-    def _bound(self, new: np.ndarray) -> np.ndarray:
+    def _bound(self, new: np.ndarray, options=None) -> np.ndarray:
         """The logits (n, V) after each of the n `new` ids, the pasts' buffers (grown by doubling) bound as
         the presents."""
         import onnxruntime as ort
@@ -105,11 +108,21 @@ class Decoder:
             for name, value in self.values.items():
                 self.binding.bind_ortvalue_input(name, value)
                 self.binding.bind_ortvalue_output(name.replace(PAST, PRESENT, 1), value)
-        self.binding.bind_output("logits")  # allocated by the run, of this step's length
+        logits = self._logits_buffer(new.shape[1]) if options is not None else None
+        if logits is None:
+            self.binding.bind_output("logits")  # allocated by the run, of this step's length
+        else:  # written into an array of its own, which goes with it: not into the session's memory arena
+            self.binding.bind_output("logits", "cpu", 0, logits.dtype, logits.shape, logits.ctypes.data)
         self.binding.bind_cpu_input("input_ids", new)
         self.binding.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
-        self.session.run_with_iobinding(self.binding)
-        return self.binding.get_outputs()[-1].numpy()[0]
+        self.session.run_with_iobinding(self.binding, options)
+        return (self.binding.get_outputs()[-1].numpy() if logits is None else logits)[0]
+
+    def _logits_buffer(self, tokens: int) -> np.ndarray | None:
+        """An array for the logits of `tokens` new ids, where the graph fixes the vocabulary's width."""
+        out = next(o for o in self.session.get_outputs() if o.name == "logits")
+        width = out.shape[-1]
+        return np.empty((1, tokens, width), CACHE_TYPES.get(out.type, np.float32)) if isinstance(width, int) else None
 
     @property
     def past(self) -> dict[str, np.ndarray]:
@@ -124,12 +137,21 @@ class Decoder:
             return past.shape[3]
         raise CompressorError(f"the graph's {past.name} does not declare its head size")
 
-    def _run(self, feed: dict) -> np.ndarray:
+    def _run(self, feed: dict, options=None) -> np.ndarray:
         feed = {n: v for n, v in feed.items() if n in self.inputs}
-        out = dict(zip(self.outputs, self.session.run(None, feed)))
+        out = dict(zip(self.outputs, self.session.run(None, feed, options)))
         if self.cached:
             self._past = {n.replace(PRESENT, PAST, 1): v for n, v in out.items() if n.startswith(PRESENT)}
         return out["logits"][0]
+
+
+def _shrinking():
+    """Run options that give the CPU memory arena back what a run took, at its end (ONNX Runtime's shrinkage)."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
 
 
 def _choose(logits: np.ndarray, rng: np.random.Generator | None, temperature: float, top_k: int) -> int:
@@ -181,9 +203,12 @@ class DecodeTimes:
         }
 
 
-def decode_times(session, context: np.ndarray, new_tokens: int, use_cache: bool = True) -> DecodeTimes:
-    """The prefill of `context` (1-D ids) and `new_tokens` greedy steps after it, each timed."""
-    decoder = Decoder(session, use_cache)
+def decode_times(
+    session, context: np.ndarray, new_tokens: int, use_cache: bool = True, shrink: bool = False
+) -> DecodeTimes:
+    """The prefill of `context` (1-D ids) and `new_tokens` greedy steps after it, each timed (`shrink`: the
+    prefill's activations given back at its end, within its time: Decoder)."""
+    decoder = Decoder(session, use_cache, shrink)
     start = time.perf_counter()
     logits = decoder.start(context)
     prefill = (time.perf_counter() - start) * 1e3
@@ -208,7 +233,9 @@ def measure_decode(
     """Per graph, at batch 1 and each context length (the first tokens of `stream`, repeated when
     shorter): {"ctx128": {prefill_ms, per_token_p50_ms, per_token_p90_ms, tokens_per_s}, …}. The
     graphs take turns, one prefill and `new_tokens` steps each, for `rounds` rounds; the first round
-    is a warm-up, and the time per token is over every step of the others."""
+    is a warm-up, and the time per token is over every step of the others. Each session gives its memory arena
+    back what its prefill took (within the prefill's time): the sessions held at once each kept their longest
+    prompt's activations (Qwen2.5-0.5B's shape, four rows: 1.6 GB)."""
     sessions = [make_session(p, threads=threads) for p in paths]
     out: list[dict] = [{} for _ in paths]
     bar = tqdm(
@@ -219,7 +246,7 @@ def measure_decode(
         times: list[list[DecodeTimes]] = [[] for _ in paths]
         for round_ in range(rounds + 1):
             for session, kept in zip(sessions, times):
-                measured = decode_times(session, context, new_tokens)
+                measured = decode_times(session, context, new_tokens, shrink=True)
                 bar.update()
                 if round_:
                     kept.append(measured)

@@ -53,6 +53,15 @@ def test_a_shared_cache_grows_without_changing_the_logits(lm_folder, monkeypatch
     assert tight.shared == (folder.name == "llama-fused")
 
 
+def test_a_lean_prompt_pass_gives_the_same_logits(lm_folder):
+    _, folder = lm_folder
+    session = make_session(folder / "onnx/model.onnx")
+    kept, lean = Decoder(session), Decoder(session, shrink=True)  # its arena shrunk, its logits in an array
+    pairs = [(kept.start(np.arange(7)), lean.start(np.arange(7)))]
+    pairs += [(kept.step(t), lean.step(t)) for t in (3, 1, 4, 1, 5)]
+    assert all(np.array_equal(a, b) for a, b in pairs)
+
+
 def test_presents_have_the_declared_shapes(lm_folder):
     model, folder = lm_folder
     session = make_session(folder / "onnx/model.onnx")
