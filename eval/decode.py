@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from eval.graph import make_session
+from eval.memory import trim_heap
 from eval.probe import CACHE_TYPES, PAST, PRESENT, cache_dtype, full_feed, is_cached
 
 __all__ = [
@@ -247,6 +248,7 @@ def measure_decode(
         for round_ in range(rounds + 1):
             for session, kept in zip(sessions, times):
                 measured = decode_times(session, context, new_tokens, shrink=True)
+                trim_heap()  # what the turn freed given back before the next session's (not timed)
                 bar.update()
                 if round_:
                     kept.append(measured)
