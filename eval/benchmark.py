@@ -112,7 +112,7 @@ def bench(
     if kind.name == "causal-lm" and stream is not None:  # what a user of an LM feels: time per generated token
         limit = context_length(tokenizer_dir) or max(DECODE_CONTEXTS) + DECODE_TOKENS
         contexts = [c for c in DECODE_CONTEXTS if c + DECODE_TOKENS <= limit]
-        for row, decode in zip(rows, measure_decode(paths, stream, contexts, progress=progress)):
+        for row, decode in zip(rows, measure_decode(paths, stream, contexts, progress=progress, pairs=True)):
             row["decode_ms"] = decode
     fed = LATENCY_INPUT if stream is not None else "random ids (the eval text holds no token)"
     report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages", "latency_input": fed}

@@ -230,34 +230,46 @@ def measure_decode(
     rounds: int = DECODE_ROUNDS,
     threads: int = 2,
     progress: bool = True,
+    pairs: bool = False,
 ) -> list[dict]:
     """Per graph, at batch 1 and each context length (the first tokens of `stream`, repeated when
     shorter): {"ctx128": {prefill_ms, per_token_p50_ms, per_token_p90_ms, tokens_per_s}, …}. The
     graphs take turns, one prefill and `new_tokens` steps each, for `rounds` rounds; the first round
-    is a warm-up, and the time per token is over every step of the others. Each session gives its memory arena
-    back what its prefill took (within the prefill's time): the sessions held at once each kept their longest
-    prompt's activations (Qwen2.5-0.5B's shape, four rows: 1.6 GB)."""
-    sessions = [make_session(p, threads=threads) for p in paths]
-    out: list[dict] = [{} for _ in paths]
+    is a warm-up, and the time per token is over every step of the others. With `pairs`, the first graph takes
+    turns with each other one in a run of its own (two sessions held at once, not all: an LM's fp32 graph beside
+    its three quantized rows was 4.8 GB at 0.5B), its figures over all its turns: each row is timed beside it. Each
+    session gives its memory arena back what its prefill took (within the prefill's time): the sessions held at
+    once each kept their longest prompt's activations (Qwen2.5-0.5B's shape, four rows: 1.2 GB)."""
+    runs = [[0, i] for i in range(1, len(paths))] if pairs and len(paths) > 2 else [list(range(len(paths)))]
+    kept: list[dict[int, list[DecodeTimes]]] = [{length: [] for length in contexts} for _ in paths]
     bar = tqdm(
-        total=len(contexts) * (rounds + 1) * len(paths), desc="decode: prefill and time per token", disable=not progress
+        total=len(contexts) * (rounds + 1) * sum(map(len, runs)),
+        desc="decode: prefill and time per token",
+        disable=not progress,
     )
-    for length in contexts:
+    for run in runs:  # a run's sessions go with its call, before the next run's are made
+        _take_turns({i: make_session(paths[i], threads=threads) for i in run}, stream, new_tokens, rounds, kept, bar)
+    bar.close()
+    return [{f"ctx{length}": _pooled(turns).summary() for length, turns in times.items()} for times in kept]
+
+
+def _take_turns(sessions: dict, stream: np.ndarray, new_tokens: int, rounds: int, kept: list[dict], bar) -> None:
+    """`sessions` (graph index → session) taking turns at each context length of `kept` (graph index → context
+    length → the turns' DecodeTimes, added to), the first of `rounds` + 1 rounds a warm-up."""
+    for length in kept[next(iter(sessions))]:
         context = np.resize(stream, length)
-        times: list[list[DecodeTimes]] = [[] for _ in paths]
         for round_ in range(rounds + 1):
-            for session, kept in zip(sessions, times):
+            for i, session in sessions.items():
                 measured = decode_times(session, context, new_tokens, shrink=True)
                 trim_heap()  # what the turn freed given back before the next session's (not timed)
                 bar.update()
                 if round_:
-                    kept.append(measured)
-        for result, kept in zip(out, times):
-            steps = [ms for t in kept for ms in t.step_ms]
-            prefill = float(np.median([t.prefill_ms for t in kept]))
-            result[f"ctx{length}"] = DecodeTimes(prefill, steps).summary()
-    bar.close()
-    return out
+                    kept[i][length].append(measured)
+
+
+def _pooled(turns: list[DecodeTimes]) -> DecodeTimes:
+    """The median prefill of `turns` and every step of them."""
+    return DecodeTimes(float(np.median([t.prefill_ms for t in turns])), [ms for t in turns for ms in t.step_ms])
 
 
 def context_length(folder: Path) -> int | None:

@@ -121,3 +121,32 @@ def test_an_encoders_graph_is_refused(tiny_bert_dir, tmp_path, capsys):
     assert run_cli(capsys, "export", tiny_bert_dir, "--out", tmp_path / "enc")[0] == 0
     code, _, err = run_cli(capsys, "generate", tmp_path / "enc", "--prompt", "a")
     assert code == 2 and "encoder kind" in err
+
+
+def test_in_pairs_the_first_graph_takes_turns_with_each_other_one_alone(monkeypatch):
+    import weakref
+
+    from eval import decode
+
+    made, turns = [], []
+
+    class Session:
+        def __init__(self, path):
+            self.path = path
+            made.append(weakref.ref(self))
+
+    def timed(session, context, new_tokens, shrink):
+        turns.append((session.path, sum(ref() is not None for ref in made)))
+        return decode.DecodeTimes(1.0, [1.0] * new_tokens)
+
+    def session_of(path, threads):
+        turns.append(("made", sum(ref() is not None for ref in made)))
+        return Session(path)
+
+    monkeypatch.setattr(decode, "make_session", session_of)
+    monkeypatch.setattr(decode, "decode_times", timed)
+    out = decode.measure_decode(["fp32", "int8", "int4"], np.arange(4), (4,), 2, 3, progress=False, pairs=True)
+    assert max(held for _, held in turns) == 2  # two sessions at once, not three, a run's gone before the next's
+    counts = {path: sum(p == path for p, _ in turns) for path in ("fp32", "int8", "int4")}
+    assert counts == {"fp32": 8, "int8": 4, "int4": 4}  # beside each row in turn: 4 turns (a warm-up and 3) each
+    assert len(out) == 3 and all(row["ctx4"]["per_token_p50_ms"] == 1.0 for row in out)
