@@ -89,19 +89,18 @@ def goal_said(goal: str) -> str:
 
 # The original's rows of a causal LM (its kind's baselines: int8, int4 and int4-aware, each graph with its key-value
 # cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512)
-# on 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"), graphs written, read and quantized a
-# weight at a time, int8 a node at a time, the heap trimmed between stages: SmolLM2-135M (134.5 M parameters) 393 s,
-# peak 2.61 GB (7941840); a random Qwen2.5-0.5B shape (494.0 M) 1,364 s, peak 7.85 GB (8606f49). Time grows with the
-# weights (every stage reads each of them a few times) but for the bench's quality, whose passages shrink as the
-# model grows (eval.kinds, quality_parameter_passages): about what SmolLM2's four rows took, 200 s, at any size; at
-# 0.5B the rest took 728 s (1,364 less the quality's 636). The peak grows with the weights beside what the libraries
-# hold whatever the model: the line through both runs, 3.64× the fp32 bytes and 0.66 GB. So said (2b16869): the 0.5B
-# shape 15 minutes and 7.3 GiB, took 15.1 and 7.32; Llama-3.2-1B's shape (1.24 B) 34 minutes and 17.4 GiB, took 35.0
-# and 15.80.
+# on 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"), the writers reading each weight from
+# its file as they take it (files.onnx_files.load_lazy), the export letting PyTorch's model go before ONNX Runtime
+# reads its graph, the bench's decode two sessions at a time: SmolLM2-135M (134.5 M parameters) 413 s, peak 1.95 GB
+# (c2dcf32); a random Qwen2.5-0.5B shape (494.0 M) 900 s, peak 4.82 GB (c2dcf32). Time grows with the weights
+# (every stage reads each of them a few times) but for the bench's quality, whose passages shrink as the model grows
+# (eval.kinds, quality_parameter_passages): about what SmolLM2's four rows took, 200 s, at any size; at 0.5B the rest
+# took 728 s (8606f49: 1,364 less the quality's 636; 900 s in all at c2dcf32). The peak grows with the weights
+# beside what the libraries hold whatever the model: the line through both runs, 2.0× the fp32 bytes and 0.88 GB.
 LM_RUN_SECONDS_PER_PARAM = (1364 - 636) / 494.0e6
 LM_RUN_QUALITY_SECONDS = 200
-LM_RUN_PEAK_PER_FP32_BYTE = (7.85e9 - 2.61e9) / ((494.0e6 - 134.5e6) * 4)
-LM_RUN_PEAK_BASE_BYTES = 7.85e9 - LM_RUN_PEAK_PER_FP32_BYTE * 494.0e6 * 4
+LM_RUN_PEAK_PER_FP32_BYTE = (4.82e9 - 1.95e9) / ((494.0e6 - 134.5e6) * 4)
+LM_RUN_PEAK_BASE_BYTES = 4.82e9 - LM_RUN_PEAK_PER_FP32_BYTE * 494.0e6 * 4
 
 
 def lm_run_needs(model_dir: Path) -> tuple[int, int, int]:
