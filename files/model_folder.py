@@ -88,9 +88,7 @@ def _ours(folder: Path) -> bool:
     if not any(folder.iterdir()) or (folder / CHECKPOINT_MARK).is_file():
         return True
     graphs = sorted((folder / GRAPH_DIR).glob("*.onnx"))
-    return bool(graphs) and all(
-        MARK in read_props(g) for g in graphs
-    )
+    return bool(graphs) and all(MARK in read_props(g) for g in graphs)
 
 
 def check_model_folder(folder: Path) -> None:
