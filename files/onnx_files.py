@@ -203,6 +203,8 @@ def load_lazy(path: str | Path) -> onnx.ModelProto:
         if tensor.data_location == onnx.TensorProto.EXTERNAL and not is_lazy(tensor):
             entries = {e.key: e.value for e in tensor.external_data}
             where = (path.parent / entries["location"]).resolve()
+            if not where.is_relative_to(path.parent.resolve()):  # as onnx's own loader refuses it
+                raise ValueError(f"{str(path)!r} keeps {tensor.name!r} outside its folder ({entries['location']!r})")
             offset = int(entries.get("offset", 0))
             _refer(tensor, where, offset, int(entries.get("length", os.path.getsize(where) - offset)))
     return model

@@ -89,3 +89,17 @@ def test_a_lazy_graph_reads_each_weight_from_its_file_and_is_written_as_the_grap
     again = onnx_files.load_onnx(tmp_path / "again.onnx")
     assert again.SerializeToString() == whole.SerializeToString()
     assert not onnx_files.load_onnx(path, weights=False).graph.initializer[0].raw_data
+
+
+def test_a_lazy_graph_whose_weights_sit_outside_its_folder_is_refused(tmp_path):
+    from files import onnx_files
+
+    (tmp_path / "inner").mkdir()
+    onnx_files.save_external(onnx.load(str(_graph_file(tmp_path / "m.onnx"))), tmp_path / "inner" / "g.onnx")
+    (tmp_path / "inner" / "g.onnx.data").rename(tmp_path / "g.onnx.data")
+    skeleton = onnx.load(str(tmp_path / "inner" / "g.onnx"), load_external_data=False)
+    for entry in skeleton.graph.initializer[0].external_data:
+        entry.value = "../g.onnx.data" if entry.key == "location" else entry.value
+    onnx.save_model(skeleton, str(tmp_path / "inner" / "g.onnx"))
+    with pytest.raises(ValueError, match="outside its folder"):
+        onnx_files.load_lazy(tmp_path / "inner" / "g.onnx")
