@@ -9,7 +9,7 @@ from compressor.errors import CompressorError
 from eval.choice import DEFAULT_GOAL, choose
 from eval.decode import DECODE_CONTEXTS, DECODE_TOKENS, context_length, measure_decode
 from eval.environment import file_sha256, graph_sha256, machine, run_record, texts_sha256
-from eval.graph import file_bytes, initializer_stats, load_graph, make_session, optimized_initializer_bytes
+from eval.graph import file_bytes, initializer_stats, load_graph, numbers_session, optimized_initializer_bytes
 from eval.kinds import graph_kind
 from eval.latency import SETTINGS, measure_latency
 from eval.memory import peak_rss
@@ -79,7 +79,7 @@ def bench(
     rows = []
     for name, path in tqdm(variants, desc="bench: size, memory, quality", disable=not progress):
         params, _ = initializer_stats(load_graph(path, with_data=False))
-        session = make_session(path, threads=2)
+        session = numbers_session(path)
         quality = {}
         for key, encoded in batches.items():
             represented = kind.represent(session, encoded, references.get(key))

@@ -80,15 +80,17 @@ def full_feed(session, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 # A batch's rows run together while the output they make stays under this: an LM's logits are rows × sequence ×
 # vocabulary floats (SmolLM2's 49,152-token vocabulary at 32 × 128 tokens: 805 MB, Llama-3.2-1B's 128,256: 2.1 GB)
 OUTPUT_CHUNK_BYTES = 64 * 2**20
+# and what is computed of such an output, a block of its rows at a time (row_blocks)
+BLOCK_BYTES = 16 * 2**20
 
 
-def row_chunks(session, feed: dict[str, np.ndarray], limit: int = OUTPUT_CHUNK_BYTES):
+def row_chunks(session, feed: dict[str, np.ndarray], limit: int = OUTPUT_CHUNK_BYTES, width: int | None = None):
     """`feed` cut into consecutive batches of whole rows whose first output, (rows, sequence, width) floats with
-    the width the session's graph fixes, stays within `limit` bytes (at least one row each); whole when the width
-    is not fixed or the feed is not a batch of ids. Rows are independent in every graph measured here, so the
-    outputs are the batch's, cut."""
+    the width the session's graph fixes (or `width`: the floats a token's outputs hold together), stays within
+    `limit` bytes (at least one row each); whole when the width is not fixed or the feed is not a batch of ids.
+    Rows are independent in every graph measured here, so the outputs are the batch's, cut."""
     ids = feed.get("input_ids")
-    width = session.get_outputs()[0].shape[-1]
+    width = width or session.get_outputs()[0].shape[-1]
     if not isinstance(width, int) or ids is None or ids.ndim != 2:
         yield feed
         return
@@ -97,12 +99,26 @@ def row_chunks(session, feed: dict[str, np.ndarray], limit: int = OUTPUT_CHUNK_B
         yield {name: value[start : start + rows] for name, value in feed.items()}
 
 
-def session_options(threads: int = 1, arena: bool = True, optimized_path: Path | None = None, spin: bool = True):
+def row_blocks(*arrays: np.ndarray, limit: int | None = None):
+    """Arrays of the same rows (n, width), cut into consecutive blocks of rows whose float64 copies stay within
+    `limit` bytes (None: BLOCK_BYTES; at least one row each): what is done to a block in float64, or with an index
+    per element (argpartition), costs a few times the block rather than the whole output (an LM's 64 MB chunk of
+    logits made 0.4–0.5 GB of them); arrays of no rows, as one empty block."""
+    rows = max(1, (limit or BLOCK_BYTES) // (8 * arrays[0].shape[-1]))
+    for start in range(0, max(len(arrays[0]), 1), rows):
+        yield tuple(a[start : start + rows] for a in arrays)
+
+
+def session_options(
+    threads: int = 1, arena: bool = True, optimized_path: Path | None = None, spin: bool = True, prepack: bool = True
+):
     """ORT_ENABLE_ALL, `threads` intra-op threads, one inter-op thread, the CPU memory arena
     set explicitly (on, ONNX Runtime's default: with it off, glibc keeps freed activations and
     every model's peak RSS rises). `spin` False: the threads sleep when a run ends instead of spinning
     for the next (sessions that take turns, a draft and its verifier, would otherwise spin on each
-    other's cores)."""
+    other's cores). `prepack` False: the kernels keep their weights as the graph holds them, for sessions that
+    check numbers rather than time them (SmolLM2's fp32 graph: 0.53 GiB over the libraries, 0.85 with its packed
+    copies, 3–5 % slower at (4, 128))."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
@@ -118,6 +134,8 @@ def session_options(threads: int = 1, arena: bool = True, optimized_path: Path |
         )
         # the graph is written as optimized, before the kernels pack their weights (never written): a session that
         # writes it packs none (Qwen2.5-0.5B's shape's fp32 graph: a peak of 4.56 GB with them, 2.68 without)
+        prepack = False
+    if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
     return options
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eval.probe import full_feed, row_chunks
+from eval.probe import full_feed, row_blocks, row_chunks
 
 __all__ = [
     "mean_pool",
@@ -92,19 +92,19 @@ def next_tokens(session, output: str, batches, reference: NextTokens | None = No
         (logits,) = session.run([output], full_feed(session, feed))  # (B, T, V)
         ids, mask = feed["input_ids"], feed["attention_mask"].astype(bool)
         real = mask[:, :-1] & mask[:, 1:]  # (B, T−1)
-        logp = _log_softmax(logits[:, :-1][real].astype(np.float32))  # (n, V)
-        rows = np.arange(len(logp))
-        target = ids[:, 1:][real]
-        if reference is None:
-            k = min(KL_TOP, logp.shape[1])
-            top = np.argpartition(-logp, k - 1, axis=1)[:, :k].astype(np.int32)
-        else:
-            top = reference.top_ids[done : done + len(logp)]
-        top_logp = np.take_along_axis(logp, top, axis=1)
-        kept = np.exp(top_logp.astype(np.float64)).sum(axis=1)
-        rest = np.log(np.clip(1.0 - kept, 1e-30, None))
-        parts.append((-logp[rows, target].astype(np.float64), logp.argmax(axis=1), top, top_logp, rest))
-        done += len(logp)
+        for chosen, target in row_blocks(logits[:, :-1][real], ids[:, 1:][real]):
+            logp = _log_softmax(chosen.astype(np.float32))  # (n, V)
+            rows = np.arange(len(logp))
+            if reference is None:
+                k = min(KL_TOP, logp.shape[1])
+                top = np.argpartition(-logp, k - 1, axis=1)[:, :k].astype(np.int32)
+            else:
+                top = reference.top_ids[done : done + len(logp)]
+            top_logp = np.take_along_axis(logp, top, axis=1)
+            kept = np.exp(top_logp.astype(np.float64)).sum(axis=1)
+            rest = np.log(np.clip(1.0 - kept, 1e-30, None))
+            parts.append((-logp[rows, target].astype(np.float64), logp.argmax(axis=1), top, top_logp, rest))
+            done += len(logp)
     if reference is not None and done != len(reference.nll):
         raise ValueError(f"the reference made {len(reference.nll)} predictions on these batches, this model {done}")
     return NextTokens(*(np.concatenate(column) for column in zip(*parts)))

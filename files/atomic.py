@@ -110,19 +110,22 @@ def _ready(final: Path, needed: int | None) -> Path:
 
 @contextlib.contextmanager
 def atomic_file(final: Path, needed: int | None = None) -> Iterator[Path]:
-    """Yield a temporary path beside `final`; rename it to `final` if the block succeeds. With
-    `needed` (bytes), the free space is checked first."""
+    """Yield a path of `final`'s name in a temporary folder beside it; move it to `final` if the block succeeds, and
+    with it, first, what the block wrote beside it there (a graph's weights file, PATH.data, named after the final
+    name its graph refers to it by). With `needed` (bytes), the free space is checked first."""
     final = _ready(final, needed)
-    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    os.close(fd)
-    tmp = Path(tmp)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would otherwise stick to the output
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    tmp = work / final.name
+    tmp.touch(0o666)  # the umask applies, as to any new file
     try:
-        with _out_of_space_said(final, tmp, needed):
+        with _out_of_space_said(final, work, needed):
             yield tmp
+        for beside in sorted(work.iterdir()):
+            if beside != tmp:
+                os.replace(beside, final.parent / beside.name)
         os.replace(tmp, final)
     finally:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @contextlib.contextmanager

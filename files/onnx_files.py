@@ -50,6 +50,10 @@ INITIALIZER_FIELD = 5  # GraphProto.initializer
 RAW_DATA_FIELD = 9  # TensorProto.raw_data
 TWO_GB = 2**31  # protobuf's most bytes of one message
 GRAPH_ROOM = 2**26  # what a graph holds beside its weights (nodes, names, metadata), at most
+# A graph this large keeps its weights in a file beside it, as past protobuf's limit: ONNX Runtime maps that file
+# rather than parsing the weights and copying them (SmolLM2's fp32 graph, 0.54 GB: a session of 0.62 GiB with its
+# packed weights, 0.83 from one file, which also held 0.59 GiB more while the session was made)
+MAPPED_FROM = 2**28
 INLINE_BYTES = 1024  # a tensor this small stays in the graph's file (onnx's own threshold)
 ALIGN = 4096  # each weight beside it starts on a page, which ONNX Runtime can map rather than read
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
@@ -401,10 +405,11 @@ def _save_inline(model: onnx.ModelProto, path: Path) -> None:
 
 
 def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:
-    """`model` saved at `path` a weight at a time; where the graph passes protobuf's limit, its weights in one file
-    beside it (PATH.data, as the exporter does, which every reader of ONNX follows); `model` itself unchanged."""
+    """`model` saved at `path` a weight at a time; where the graph passes protobuf's limit or MAPPED_FROM, its
+    weights in one file beside it (PATH.data, as the exporter does, which every reader of ONNX follows); `model`
+    itself unchanged."""
     path = Path(path)
-    if _weight_bytes(model) + GRAPH_ROOM <= TWO_GB:
+    if _weight_bytes(model) + GRAPH_ROOM <= min(TWO_GB, MAPPED_FROM):
         _save_inline(model, path)
     else:
         save_external(model, path)

@@ -13,7 +13,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from compressor.errors import CompressorError
-from eval.graph import make_session
+from eval.graph import numbers_session
 from eval.probe import PAST, PRESENT, full_feed
 
 __all__ = ["CACHE_PASSAGES", "CACHE_TYPES", "attends_by_gqa", "cache_scales", "int8_cache"]
@@ -38,7 +38,7 @@ def cache_scales(graph: Path, batches: list[dict], rows: int = CACHE_PASSAGES) -
     """Per present (present.{i}.key / .value): (1, kv_heads, 1, head_dim) scales, max |x| / 127 over the real
     tokens of the first `rows` rows of `batches` (each read alone, its padding dropped), as the graph at `graph`
     computes them."""
-    session = make_session(graph, threads=2)
+    session = numbers_session(graph)
     peak: dict[str, np.ndarray] = {}
     names = [o.name for o in session.get_outputs()]
     pairs = ((ids, mask) for batch in batches for ids, mask in zip(batch["input_ids"], batch["attention_mask"]))

@@ -224,6 +224,18 @@ class _Outputs:
         return [type("Output", (), {"shape": ["batch", "sequence", self.width]})()]
 
 
+def test_row_blocks_cut_rows_within_the_limit_in_order_and_no_rows_as_one_empty_block():
+    from eval.probe import row_blocks
+
+    y, z = np.arange(70.0).reshape(7, 10), -np.arange(70.0).reshape(7, 10)
+    blocks = list(row_blocks(y, z, limit=3 * 10 * 8))
+    assert [len(a) for a, _ in blocks] == [3, 3, 1]
+    np.testing.assert_array_equal(np.concatenate([a for a, _ in blocks]), y)
+    np.testing.assert_array_equal(np.concatenate([b for _, b in blocks]), z)
+    assert [len(a) for (a,) in row_blocks(y, limit=1)] == [1] * 7  # one row at least
+    assert [a.shape for (a,) in row_blocks(np.zeros((0, 10)))] == [(0, 10)]
+
+
 def test_row_chunks_cut_a_batch_in_whole_rows_within_the_limit_in_order():
     feed = {"input_ids": np.arange(80).reshape(10, 8), "attention_mask": np.ones((10, 8), np.int64)}
     limit = 3 * 8 * 1000 * 4  # three rows of a 1,000-wide float output

@@ -62,3 +62,19 @@ def test_kl_is_exact_when_the_top_holds_the_vocabulary_and_a_lower_bound_otherwi
     coarse = next_token_quality(ref, next_tokens(FakeSession(q_logits), "logits", batches, ref))["kl_mean"]
     assert 0 < coarse <= exact + 1e-9
     assert next_token_quality(ref, ref)["kl_mean"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_block_of_rows_at_a_time_gives_what_the_whole_chunk_gives(monkeypatch):
+    from eval import probe
+
+    rng = np.random.default_rng(2)
+    p_logits, q_logits = rng.normal(size=(3, 6, 11)) * 3, rng.normal(size=(3, 6, 11)) * 3
+    batches = feed()
+    ref = next_tokens(FakeSession(p_logits), "logits", batches)
+    whole = next_token_quality(ref, next_tokens(FakeSession(q_logits), "logits", batches, ref))
+    monkeypatch.setattr(probe, "BLOCK_BYTES", 2 * 11 * 8)  # two predictions a block
+    blocked_ref = next_tokens(FakeSession(p_logits), "logits", batches)
+    for field in vars(ref):
+        np.testing.assert_array_equal(getattr(blocked_ref, field), getattr(ref, field))
+    blocked = next_token_quality(blocked_ref, next_tokens(FakeSession(q_logits), "logits", batches, blocked_ref))
+    assert blocked == pytest.approx(whole, rel=1e-12)

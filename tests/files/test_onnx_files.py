@@ -67,6 +67,25 @@ def test_a_graph_past_the_limit_is_saved_with_its_weights_beside_it_and_kept_who
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ numpy_helper.to_array(model.graph.initializer[0]))
 
 
+def test_a_graph_written_in_place_keeps_its_weights_file_under_the_final_name_and_nothing_else(tmp_path, monkeypatch):
+    from files import onnx_files
+    from files.atomic import atomic_file
+
+    model = onnx.load(str(_graph_file(tmp_path / "small.onnx")))
+    monkeypatch.setattr(onnx_files, "MAPPED_FROM", 1000)  # this graph's 16 kB pass it
+    (tmp_path / "out").mkdir()
+    with atomic_file(tmp_path / "out" / "model.onnx") as tmp:
+        onnx_files.save_onnx(model, tmp)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.onnx", "model.onnx.data"]
+    x = np.ones((1, 64), np.float32)
+    session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ numpy_helper.to_array(model.graph.initializer[0]))
+    with pytest.raises(RuntimeError), atomic_file(tmp_path / "out" / "other.onnx") as tmp:
+        onnx_files.save_onnx(model, tmp)
+        raise RuntimeError("the writer failed")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.onnx", "model.onnx.data"]
+
+
 @pytest.mark.parametrize("beside", [False, True])
 def test_a_lazy_graph_reads_each_weight_from_its_file_and_is_written_as_the_graph_it_came_from(
     tmp_path, monkeypatch, beside

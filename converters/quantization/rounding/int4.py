@@ -41,7 +41,7 @@ from converters.quantization.rounding.table_head import eight_bit_gather, split_
 from converters.quantization.rounding.three_bit_linear import three_bit_matmuls
 from converters.quantization.rounding.three_bit_table import three_bit_gather
 from converters.quantization.storage.codebook_table import CODEBOOK_BITS, codebook_gather, piece_of
-from eval.graph import make_session
+from eval.graph import numbers_session
 from files.onnx_files import loaded, save_onnx, weight_array
 
 __all__ = [
@@ -307,14 +307,14 @@ def layer_losses(
     with tempfile.TemporaryDirectory() as work:
         path = Path(work) / "layer.onnx"
         save_onnx(model, path)
-        reference = kind.represent(make_session(path, threads=2), feeds)
+        reference = kind.represent(numbers_session(path), feeds)
         losses = {}
         for name in tqdm(matmul_weights(model.graph), desc=f"each layer's {bits}-bit loss", leave=False):
             alone = quantize_matmuls(
                 copy.deepcopy(model), block, accuracy_level, True, {name}, keep_grid=keep_grid, bits=bits
             )
             save_onnx(alone, path)
-            losses[name] = kind.loss(reference, kind.represent(make_session(path, threads=2), feeds, reference))
+            losses[name] = kind.loss(reference, kind.represent(numbers_session(path), feeds, reference))
     return losses
 
 

@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from tqdm.auto import tqdm
 
-from eval.graph import make_session
+from eval.graph import numbers_session
 from eval.memory import trim_heap
 from eval.probe import full_feed, row_chunks
 from files.onnx_files import copy_fields, load_lazy, load_onnx, save_external, save_onnx, weight_array
@@ -61,19 +61,28 @@ def smoothable(graph: onnx.GraphProto) -> dict[str, list[int]]:
 
 def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict[str, np.ndarray]]):
     """(the batch, {name: value} of the graph's intermediate tensors `names` on it) for each batch of `feeds`, cut in
-    rows where the graph's output would be large (eval.probe.row_chunks). The graph is let go once written for the
-    probe's session: a caller that holds no other reference frees it before the session reads its weights."""
-    outputs = len(model.graph.output)
+    rows where the tensors would be large together (eval.probe.row_chunks: the tensors the MatMuls read are as wide
+    as their weights' rows; the graph's own outputs, an LM's logits, neither asked nor computed). The graph is let
+    go once written for the probe's session: a caller that holds no other reference frees it before the session
+    reads its weights."""
+    weights = {i.name: i.dims[0] for i in model.graph.initializer if len(i.dims) == 2}
+    widths = {
+        n.input[0]: weights[n.input[1]] for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights
+    }
+    kept = [onnx.ValueInfoProto.FromString(o.SerializeToString()) for o in model.graph.output]
+    del model.graph.output[:]
     model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
     with tempfile.TemporaryDirectory() as work:
         path = Path(work) / "probe.onnx"
         try:  # the probes saved with `model` itself, not a copy of it: an LM's weights are most of the memory
             save_onnx(model, path)
         finally:
-            del model.graph.output[outputs:]
+            del model.graph.output[:]
+            model.graph.output.extend(kept)
         del model
-        session = make_session(path, threads=2)
-    parts = [part for whole in feeds for part in row_chunks(session, whole)]
+        session = numbers_session(path)
+    width = sum(widths.get(n, 0) for n in names) if all(n in widths for n in names) else None
+    parts = [part for whole in feeds for part in row_chunks(session, whole, width=width)]
     for feed in tqdm(parts, desc=f"activations of {len(names)} tensors", unit="batch", leave=False):
         yield feed, dict(zip(names, session.run(names, full_feed(session, feed))))
 
