@@ -3,14 +3,14 @@ every embedding method) and whole models of 22M to ~1B parameters (low rank on e
 
     python benchmarks/large_models.py vocab --out runs/large     # a random 12-layer XLM-R, 250,002 × 384
     python benchmarks/large_models.py sizes --out runs/large     # 22M, 110M, 135M, ~1B: aware against plain
-    python benchmarks/large_models.py lms --out runs/large       # compressor run: Qwen2.5-0.5B's, Llama-3.2-1B's shapes
+    python benchmarks/large_models.py lms --out runs/large       # compressor run: SmolLM2, both shapes
     python benchmarks/large_models.py corrected --out runs/large # int4-corrected's export: SmolLM2, both shapes
 
 Each `compressor compress` runs in its own process, without the calibration cache (every run pays for its
 statistics); its wall time and peak resident memory (the process's own, from wait4) are printed and
 written to OUT/large_models.json (a run it holds already is skipped unless --again). The random models
 are built once under OUT (weights at random: only time and memory are measured here, never quality).
-`sizes` needs `make lm` for SmolLM2-135M."""
+`sizes`, `lms` and `corrected` need `make lm` for SmolLM2-135M."""
 
 import argparse
 import json
@@ -215,9 +215,7 @@ def _models(what: str, out: Path) -> dict[str, str]:
     """The models of `what` by name, built where missing (run in a process of its own: see main)."""
     if what == "vocab":
         return {"xlmr-250k": str(_xlmr_250k(out))}
-    if what == "lms":
-        return _lms(out)
-    if what == "corrected":
+    if what in ("lms", "corrected"):
         return {"135M SmolLM2": str(SMOLLM2), **_lms(out)}
     return {
         "22M all-MiniLM-L6-v2": str(_default_model()),
