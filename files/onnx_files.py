@@ -27,6 +27,8 @@ import onnx
 from google.protobuf.message import Message
 from onnx.external_data_helper import load_external_data_for_model
 
+from compressor.errors import CompressorError
+
 __all__ = [
     "read_props",
     "add_props",
@@ -208,7 +210,10 @@ def load_lazy(path: str | Path) -> onnx.ModelProto:
             entries = {e.key: e.value for e in tensor.external_data}
             where = (path.parent / entries["location"]).resolve()
             if not where.is_relative_to(path.parent.resolve()):  # as onnx's own loader refuses it
-                raise ValueError(f"{str(path)!r} keeps {tensor.name!r} outside its folder ({entries['location']!r})")
+                raise CompressorError(
+                    f"{str(path)!r} keeps its weight {tensor.name!r} outside its folder ({entries['location']!r}); "
+                    "ONNX's own loader refuses that too: put the weights file beside the graph"
+                )
             offset = int(entries.get("offset", 0))
             _refer(tensor, where, offset, int(entries.get("length", os.path.getsize(where) - offset)))
     return model

@@ -4,6 +4,7 @@ import onnxruntime
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from compressor.errors import CompressorError
 from files.onnx_files import add_props, read_props
 
 
@@ -120,5 +121,5 @@ def test_a_lazy_graph_whose_weights_sit_outside_its_folder_is_refused(tmp_path):
     for entry in skeleton.graph.initializer[0].external_data:
         entry.value = "../g.onnx.data" if entry.key == "location" else entry.value
     onnx.save_model(skeleton, str(tmp_path / "inner" / "g.onnx"))
-    with pytest.raises(ValueError, match="outside its folder"):
+    with pytest.raises(CompressorError, match="outside its folder"):
         onnx_files.load_lazy(tmp_path / "inner" / "g.onnx")
