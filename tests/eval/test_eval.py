@@ -266,3 +266,27 @@ def test_the_optimized_graph_is_written_before_the_kernels_pack_their_weights(ti
         return {i.name: (i.data_type, tuple(i.dims)) for i in load_graph(p, with_data=False).graph.initializer}
 
     assert weights(tmp_path / "packed.onnx") == weights(tmp_path / "unpacked.onnx")
+
+
+@pytest.mark.parametrize("scheme", [None, "int8", "int4"])
+def test_a_session_for_numbers_packs_the_weights_of_a_quantized_graph_only_and_gives_the_same_outputs(
+    tiny_bert_graph, tmp_path, scheme
+):
+    from converters.quantization.quantize import quantize_onnx
+    from converters.quantization.registry import scheme_named
+    from eval.graph import numbers_session
+
+    fp32, vocab, _ = tiny_bert_graph
+    path = fp32
+    if scheme is not None:
+        path = quantize_onnx(fp32, tmp_path / "q.onnx", scheme_named(scheme)(), vocab=vocab).path
+    session, timed = numbers_session(path), make_session(path, threads=2)
+    options = session.get_session_options()
+    if scheme is None:
+        assert options.get_session_config_entry("session.disable_prepacking") == "1"
+    else:  # its 4- and 8-bit kernels keep their packed weights (unpacked, they repack at every call)
+        with pytest.raises(RuntimeError, match="does not have configuration"):
+            options.get_session_config_entry("session.disable_prepacking")
+    ids = np.arange(1, 17, dtype=np.int64).reshape(2, 8) % vocab
+    feed = {i.name: ids if i.name == "input_ids" else np.ones_like(ids) for i in session.get_inputs()}
+    np.testing.assert_allclose(session.run(None, feed)[0], timed.run(None, feed)[0], rtol=1e-4, atol=1e-4)
