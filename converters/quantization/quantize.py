@@ -45,9 +45,10 @@ def is_quantized(path: Path) -> bool:
 def _parity(fp32: Path, quantized: Path, vocab: int, text: list[dict] | None, held: Path) -> tuple[float, float, str]:
     """(max |y_q − y|, ‖y_q − y‖ / ‖y‖, what it was fed) of the first output as its graph kind gates it
     (GraphKind.gated: an LM's log-probabilities): on the first batches of `text` (its kind's gate_batches; real
-    tokens, padding left out), else on the export parity check's random ids. One session at a time, neither
-    packing its weights: the fp32 graph's outputs are kept in files under `held` while the quantized graph runs
-    (SmolLM2's gate held 1.3 GiB over its libraries with both sessions and the whole outputs in float64)."""
+    tokens, padding left out), else on the export parity check's random ids. One session at a time (the fp32 one
+    without packed copies of its weights: numbers_session), the fp32 graph's outputs kept in files under `held`
+    while the quantized graph runs, compared a block of rows at a time (SmolLM2's gate held 1.3 GiB over its
+    libraries with both sessions and the whole outputs in float64)."""
     kind = graph_kind(fp32)
     reference = numbers_session(fp32)
     names = [i.name for i in reference.get_inputs()]
