@@ -81,11 +81,12 @@ def sample_inputs(vocab: int, batch: int, seq: int, seed: int) -> tuple[Tensor, 
     return ids, mask
 
 
-def parity_cases(graph: nn.Module, vocab: int, names: list[str]) -> list[tuple[dict, np.ndarray]]:
-    """(feed of the graph's inputs `names`, PyTorch's first output on it) on ids of shapes unlike the traced one. A
-    graph with a key-value cache reads each batch with its pasts empty, then one more token fed the presents
-    PyTorch made: ONNX Runtime is fed the same. Made before the session: the model can go before it reads the
-    graph (an LM's weights twice otherwise: PyTorch's and ONNX Runtime's)."""
+def parity_cases(graph: nn.Module, vocab: int, names: list[str]) -> list[tuple[dict, list[np.ndarray]]]:
+    """(feed of the graph's inputs `names`, PyTorch's outputs on it: the first, then a cached graph's presents) on ids
+    of shapes unlike the traced one. A graph with a key-value cache reads each batch with its pasts empty, then one
+    more token fed the presents PyTorch made: ONNX Runtime is fed the same, and its presents are checked against
+    PyTorch's. Made before the session: the model can go before it reads the graph (an LM's weights twice
+    otherwise: PyTorch's and ONNX Runtime's)."""
     ours = graph.input_names() if hasattr(graph, "input_names") else names
     cases = []
     for batch, seq, seed in PARITY_SHAPES:
@@ -96,12 +97,12 @@ def parity_cases(graph: nn.Module, vocab: int, names: list[str]) -> list[tuple[d
         pasts = [n for n in ours if n.startswith(PAST)]
         feed.update({n: np.zeros((batch, graph.heads, 0, graph.head_dim), np.float32) for n in pasts})
         outputs = _pytorch(graph, feed, ours)
-        cases.append((feed, outputs[0]))
+        cases.append((feed, outputs[: 1 + len(pasts)]))
         if pasts:
             mask = np.concatenate([mask, np.ones((batch, 1), np.int64)], axis=1)
             step = {"input_ids": ids[:, :1], "attention_mask": mask, "position_ids": positions(mask, 1)}
             step.update(zip(pasts, outputs[1:]))
-            cases.append((step, _pytorch(graph, step, ours)[0]))
+            cases.append((step, _pytorch(graph, step, ours)[: 1 + len(pasts)]))
     return cases
 
 
@@ -112,30 +113,36 @@ def _pytorch(graph: nn.Module, feed: dict[str, np.ndarray], ours: list[str]) -> 
     return [t.numpy() for t in (out if isinstance(out, tuple) else (out,))]
 
 
-def parity_of(cases: list[tuple[dict, np.ndarray]], onnx_path: Path, output: str, atol: float) -> float:
-    """Max |ONNX Runtime − PyTorch| of `output` over the `cases` (parity_cases), the padding left out; raise
-    above atol."""
+def parity_of(cases: list[tuple[dict, list[np.ndarray]]], onnx_path: Path, output: str, atol: float) -> float:
+    """Max |ONNX Runtime − PyTorch| of `output` and of a cached graph's presents (its outputs after `output`, in
+    order; of the rows without padding) over the `cases` (parity_cases), the padding left out; raise above atol."""
     import onnxruntime as ort
 
     trim_heap()  # what the export freed given back before the session reads the graph
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
+    presents = [o.name for o in session.get_outputs() if o.name != output]
     worst = 0.0
     for feed, expected in cases:
-        (got,) = session.run([output], {n: feed[n] for n in names})
-        if got.shape != expected.shape:
-            raise ExportParityError(
-                f"ONNX output shape {got.shape} differs from PyTorch's {expected.shape} at input shape "
-                f"{feed['input_ids'].shape}"
-            )
-        error = np.abs(got - expected)
-        if "attention_mask" in feed:  # what padding gives is nobody's output
-            error = error[feed["attention_mask"][:, -got.shape[1] :].astype(bool)]
-        worst = max(worst, float(error.max()))
-    if not worst <= atol:
-        raise ExportParityError(
-            f"ONNX Runtime and PyTorch differ by {worst:.3g} on {output}, above the tolerance {atol:g}"
-        )
+        fetched = [output, *presents[: len(expected) - 1]]
+        for name, got, want in zip(fetched, session.run(fetched, {n: feed[n] for n in names}), expected):
+            if got.shape != want.shape:
+                raise ExportParityError(
+                    f"ONNX {name} shape {got.shape} differs from PyTorch's {want.shape} at input shape "
+                    f"{feed['input_ids'].shape}"
+                )
+            error = np.abs(got - want)
+            mask = feed.get("attention_mask")
+            if mask is not None and name == output:  # what padding gives is nobody's output
+                error = error[mask[:, -got.shape[1] :].astype(bool)]
+            elif mask is not None:  # a present: rows without padding (GroupQueryAttention keeps a padded row's
+                error = error[mask.all(axis=1)]  # tokens together, where PyTorch keeps them in their places)
+            if error.size and not error.max() <= atol:
+                raise ExportParityError(
+                    f"ONNX Runtime and PyTorch differ by {float(error.max()):.3g} on {name}, above the tolerance "
+                    f"{atol:g}"
+                )
+            worst = max(worst, float(error.max()) if error.size else 0.0)
     return worst
 
 

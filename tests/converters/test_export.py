@@ -85,3 +85,23 @@ def test_a_model_given_in_a_list_goes_before_onnx_runtime_reads_its_graph(tiny_b
     del model
     assert export_onnx(held, tmp_path / "m.onnx").parity_max_abs <= export.PARITY_ATOL
     assert held == []
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_cached_lm_s_presents_are_checked_against_pytorch_s(fused, tiny_llama_dir, tmp_path, monkeypatch):
+    from tests.conftest import write_tiny_lm
+
+    source = write_tiny_lm(tmp_path / "llama", "llama", hidden=64) if fused else tiny_llama_dir  # 12-wide heads: traced
+    model, _ = load_model(source)
+    checked = export.parity_of
+
+    def off(cases, *args):
+        feed, expected = cases[0]
+        assert len(expected) == 1 + 2 * model.config.num_hidden_layers  # the logits, each layer's key and value
+        expected[2] = expected[2] + 1.0  # the first layer's value, as PyTorch would not have made it
+        return checked(cases, *args)
+
+    monkeypatch.setattr(export, "parity_of", off)
+    with pytest.raises(ExportParityError, match=r"differ by 1 on present\S*0"):
+        export_onnx(model, tmp_path / "m.onnx")
+    assert not (tmp_path / "m.onnx").exists()
