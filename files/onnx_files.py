@@ -52,7 +52,7 @@ INITIALIZER_FIELD = 5  # GraphProto.initializer
 RAW_DATA_FIELD = 9  # TensorProto.raw_data
 TWO_GB = 2**31  # protobuf's most bytes of one message
 GRAPH_ROOM = 2**26  # what a graph holds beside its weights (nodes, names, metadata), at most
-# A graph this large keeps its weights in a file beside it, as past protobuf's limit: ONNX Runtime maps that file
+# A graph whose weights reach this keeps them in a file beside it, as past protobuf's limit: ONNX Runtime maps that file
 # rather than parsing the weights and copying them (SmolLM2's fp32 graph, 0.54 GB: a session of 0.62 GiB with its
 # packed weights, 0.83 from one file, which also held 0.59 GiB more while the session was made)
 MAPPED_FROM = 2**28
@@ -414,7 +414,8 @@ def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:
     weights in one file beside it (PATH.data, as the exporter does, which every reader of ONNX follows); `model`
     itself unchanged."""
     path = Path(path)
-    if _weight_bytes(model) + GRAPH_ROOM <= min(TWO_GB, MAPPED_FROM):
+    weights = _weight_bytes(model)
+    if weights < MAPPED_FROM and weights + GRAPH_ROOM <= TWO_GB:
         _save_inline(model, path)
     else:
         save_external(model, path)
