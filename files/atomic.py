@@ -112,7 +112,8 @@ def _ready(final: Path, needed: int | None) -> Path:
 def atomic_file(final: Path, needed: int | None = None) -> Iterator[Path]:
     """Yield a path of `final`'s name in a temporary folder beside it; move it to `final` if the block succeeds, and
     with it, first, what the block wrote beside it there (a graph's weights file, PATH.data, named after the final
-    name its graph refers to it by). With `needed` (bytes), the free space is checked first."""
+    name its graph refers to it by); a FINAL.data the block did not write, an earlier graph's weights, is removed
+    once its graph is replaced. With `needed` (bytes), the free space is checked first."""
     final = _ready(final, needed)
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     tmp = work / final.name
@@ -120,10 +121,13 @@ def atomic_file(final: Path, needed: int | None = None) -> Iterator[Path]:
     try:
         with _out_of_space_said(final, work, needed):
             yield tmp
-        for beside in sorted(work.iterdir()):
-            if beside != tmp:
-                os.replace(beside, final.parent / beside.name)
+        written = sorted(p for p in work.iterdir() if p != tmp)
+        for beside in written:
+            os.replace(beside, final.parent / beside.name)
         os.replace(tmp, final)
+        stale = final.with_name(f"{final.name}.data")
+        if stale.name not in {p.name for p in written}:
+            stale.unlink(missing_ok=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -68,7 +68,7 @@ def test_a_graph_past_the_limit_is_saved_with_its_weights_beside_it_and_kept_who
     np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ numpy_helper.to_array(model.graph.initializer[0]))
 
 
-def test_a_graph_written_in_place_keeps_its_weights_file_under_the_final_name_and_nothing_else(tmp_path, monkeypatch):
+def test_a_graph_written_in_place_keeps_its_weights_file_under_the_final_name_and_no_stale_one(tmp_path, monkeypatch):
     from files import onnx_files
     from files.atomic import atomic_file
 
@@ -85,6 +85,12 @@ def test_a_graph_written_in_place_keeps_its_weights_file_under_the_final_name_an
         onnx_files.save_onnx(model, tmp)
         raise RuntimeError("the writer failed")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.onnx", "model.onnx.data"]
+    monkeypatch.setattr(onnx_files, "MAPPED_FROM", 2**28)  # the graph written again fits in one file
+    with atomic_file(tmp_path / "out" / "model.onnx") as tmp:
+        onnx_files.save_onnx(model, tmp)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.onnx"]  # the old weights file gone
+    session = onnxruntime.InferenceSession(str(tmp_path / "out" / "model.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(session.run(None, {"x": x})[0], x @ numpy_helper.to_array(model.graph.initializer[0]))
 
 
 @pytest.mark.parametrize("beside", [False, True])
