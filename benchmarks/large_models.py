@@ -5,6 +5,7 @@ every embedding method) and whole models of 22M to ~1B parameters (low rank on e
     python benchmarks/large_models.py sizes --out runs/large     # 22M, 110M, 135M, ~1B: aware against plain
     python benchmarks/large_models.py lms --out runs/large       # compressor run: SmolLM2, both shapes
     python benchmarks/large_models.py corrected --out runs/large # int4-corrected's export: SmolLM2, both shapes
+        [--scheme int4-trained]                                  # or int4-trained's (its 240 s fine-tune on 2 cores)
 
 Each `compressor compress` runs in its own process, without the calibration cache (every run pays for its
 statistics); its wall time and peak resident memory (the process's own, from wait4) are printed and
@@ -190,10 +191,10 @@ def _measured(command: list[str], out: Path) -> dict:
     return {"seconds": round(seconds, 1), "peak_gib": round(usage.ru_maxrss / 2**20, 2), "said": said}
 
 
-def measure_corrected(model: Path, out: Path) -> dict:
-    """`compressor export MODEL --quantize int4-corrected` (the default calibration) measured as `_measured`, with
-    the commit, date and machine."""
-    result = _measured(["export", str(model), "--quantize", "int4-corrected", "--out", str(out)], out)
+def measure_corrected(model: Path, out: Path, scheme: str) -> dict:
+    """`compressor export MODEL --quantize SCHEME` (a corrected scheme, the default calibration) measured as
+    `_measured`, with the commit, date and machine."""
+    result = _measured(["export", str(model), "--quantize", scheme, "--out", str(out)], out)
     return {**result, **_provenance()}
 
 
@@ -240,11 +241,13 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("runs/large"))
     p.add_argument("--again", action="store_true", help="measure again what OUT/large_models.json already holds")
     p.add_argument("--only", default="", help="measure only the models (lms) whose name holds this, e.g. Qwen")
+    p.add_argument("--scheme", default="int4-corrected", choices=("int4-corrected", "int4-trained"), help="corrected")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     models = _built(args.what, args.out)
     if args.what in ("lms", "corrected"):
-        return _run_lms({k: v for k, v in models.items() if args.only in k}, args.out, args.again, args.what)
+        chosen = {k: v for k, v in models.items() if args.only in k}
+        return _run_lms(chosen, args.out, args.again, args.what, args.scheme)
     if args.what == "vocab":
         runs = {name: (models["xlmr-250k"], options.split()) for name, options in VOCAB_RUNS.items()}
     else:
@@ -265,18 +268,18 @@ def main() -> None:
         results_path.write_text(json.dumps(results, indent=2))
 
 
-def _run_lms(models: dict[str, Path], out: Path, again: bool, what: str) -> None:
-    """`compressor run` (lms) or `compressor export --quantize int4-corrected` (corrected) on each LM, into
-    OUT/large_lms.json or OUT/large_corrected.json."""
+def _run_lms(models: dict[str, Path], out: Path, again: bool, what: str, scheme: str) -> None:
+    """`compressor run` (lms) or `compressor export --quantize SCHEME` (corrected: int4-corrected or int4-trained) on
+    each LM, into OUT/large_lms.json or OUT/large_corrected.json."""
     results_path = out / f"large_{what}.json"
     results = json.loads(results_path.read_text()) if results_path.is_file() else {}
     for name, model in models.items():
-        key = f"{name}: int4-corrected" if what == "corrected" else name
+        key = f"{name}: {scheme}" if what == "corrected" else name
         if key in results and not again:
             continue
         if what == "corrected":
-            result = measure_corrected(model, out / "corrected")
-            command, peak = f"compressor export {model} --quantize int4-corrected", result["peak_gib"]
+            result = measure_corrected(model, out / "corrected", scheme)
+            command, peak = f"compressor export {model} --quantize {scheme}", result["peak_gib"]
         else:
             result = measure_run(model, out / "run")
             command, peak = f"compressor run {model}", result.get("stages", {}).get("peak_rss_bytes", 0) / 2**30

@@ -303,7 +303,7 @@ def scale_section(folder: Path) -> str:
         "## LMs at scale",
         "",
         "`compressor run MODEL` on an LM (its original's rows), and `compressor export MODEL --quantize "
-        "int4-corrected` (a row named so), each in a process of its own:",
+        "int4-corrected` or `int4-trained` (rows named so), each in a process of its own:",
         "",
     ]
     lines += ["| model | CPU, integer path, ONNX Runtime | said before | took | peak RSS | stages (s, GiB) |"]
