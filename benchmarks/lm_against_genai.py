@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from converters.quantization.shortlist_head import step_weight_bytes
 from eval.decode import DECODE_CONTEXTS, DECODE_ROUNDS, DECODE_TOKENS, DecodeTimes, decode_ids, decode_times
 from eval.environment import machine, run_record
 from eval.graph import initializer_stats, load_graph, make_session
@@ -86,8 +87,10 @@ class LlamaCpp:
 
 
 def weight_bytes(folder: Path) -> int:
-    """The bytes of the weights of the graph in `folder` (what one pass over them reads)."""
-    return initializer_stats(load_graph(graph_in(folder), with_data=False))[1]
+    """The bytes of the weights one decoding step of the graph in `folder` reads: all of them, but the K of V rows of
+    the head that a shortlist head reads (shortlist_head.step_weight_bytes)."""
+    model = load_graph(graph_in(folder), with_data=False)
+    return step_weight_bytes(model, initializer_stats(model)[1])
 
 
 def main() -> None:

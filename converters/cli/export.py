@@ -1,9 +1,11 @@
 """compressor export MODEL [--out DIR]: a model or checkpoint to a ready model folder (files.model_folder)
 whose ONNX graph is parity-checked; --out FILE.onnx writes the graph alone; --kv-cache int8: a causal LM's
-fused decoder with its key-value cache in int8 (converters/kinds/fused_cache.py)."""
+fused decoder with its key-value cache in int8 (converters/kinds/fused_cache.py); --shortlist K: its decoding steps
+scoring the K best of a low-rank fit of its head exactly (converters/quantization/shortlist_head.py)."""
 
 import contextlib
 import functools
+import json
 import tempfile
 from pathlib import Path
 
@@ -31,6 +33,13 @@ from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_for_targets
 from converters.quantization.registry import SchemeConfig
 from converters.quantization.schemes.int4_corrected import Int4CorrectedConfig
+from converters.quantization.shortlist_head import (
+    SHORTLIST_PASSAGES,
+    SHORTLIST_RANK,
+    check_shortlist,
+    hidden_gram,
+    shortlist_head,
+)
 from eval.graph import load_graph
 from eval.kinds import CAUSAL_LM
 from eval.memory import trim_heap
@@ -72,6 +81,22 @@ def add_arguments(p) -> None:
         "text (a quarter of the bytes each generated token reads again; the fused decoder's graph, Llama-style "
         "LMs; default: fp32)",
     )
+    p.add_argument(
+        "--shortlist",
+        type=int,
+        default=None,
+        metavar="K",
+        help="a causal LM's decoding steps score the vocabulary by a low-rank fit of the head and only its K best "
+        "exactly, every other logit −∞ (a prompt's pass keeps the whole head); the fused decoder's graph, in fp32, "
+        "int4 or int4-aware (default: the whole head)",
+    )
+    p.add_argument(
+        "--shortlist-rank",
+        type=int,
+        default=None,
+        metavar="R",
+        help=f"the rank of the shortlist's fit, below the hidden width (default: {SHORTLIST_RANK}, at most half of it)",
+    )
 
 
 def run(args) -> None:
@@ -104,6 +129,7 @@ def run(args) -> None:
         raise CompressorError(
             f"--kv-cache {args.kv_cache} is a causal LM's cache; {str(source)!r} is a model of the {kind.name} kind"
         )
+    rank = _check_shortlist(args, source, kind, config) if args.shortlist is not None else None
     check_schemes([quantize], kind.graph)
     if isinstance(config, Int4CorrectedConfig) and kind.graph is CAUSAL_LM:
         needs = check_corrected_fits(source, config.scheme, config.trains)
@@ -121,6 +147,11 @@ def run(args) -> None:
             f"--kv-cache {args.kv_cache} is written into the fused decoder's attention, and {str(source)!r} is not a "
             "Llama-style LM of plain layers that it takes (its graph is the PyTorch exporter's): keep --kv-cache fp32"
         )
+    if args.shortlist is not None and not fits_fused(model):
+        raise CompressorError(
+            f"--shortlist is written into the fused decoder's head, and {str(source)!r} is not a Llama-style LM of "
+            "plain layers that it takes (its graph is the PyTorch exporter's)"
+        )
     vocab = model.get_input_embeddings().num_embeddings
     frequencies = functools.cache(
         lambda: token_frequencies(texts.calib, args.freq_prior, args.prior_weight, source, vocab)
@@ -134,6 +165,8 @@ def run(args) -> None:
         checked = _export(held, path, config, args.opset, vocab, fit_for, batches, frequencies)
         if args.kv_cache == "int8":
             checked += _with_int8_cache(path, texts.calib, kind.graph, source)
+        if args.shortlist is not None:
+            checked += _with_shortlist(path, texts.calib, kind.graph, source, args.shortlist, rank)
     if not folder:
         say(f"wrote {out} ({checked})")
         return
@@ -149,13 +182,45 @@ def run(args) -> None:
         say(f"its graph uses ONNX Runtime's own operators ({', '.join(needs)}): only ONNX Runtime runs it")
 
 
+def _check_shortlist(args, source: Path, kind, config: SchemeConfig | None) -> int:
+    """The shortlist's rank (asked, or SHORTLIST_RANK and at most half the hidden width); one sentence before any work
+    for a shortlist this model or scheme cannot take (shortlist_head.check_shortlist; the sizes from config.json)."""
+    if kind.graph is not CAUSAL_LM:
+        raise CompressorError(f"--shortlist is a causal LM's head; {str(source)!r} is a model of the {kind.name} kind")
+    sizes = json.loads((source / "config.json").read_text())
+    if not all(isinstance(sizes.get(key), int) for key in ("vocab_size", "hidden_size")):
+        raise CompressorError(
+            f"--shortlist reads the LM's vocab_size and hidden_size, which {str(source)!r}'s config.json lacks"
+        )
+    vocab, hidden = sizes["vocab_size"], sizes["hidden_size"]
+    rank = min(SHORTLIST_RANK, hidden // 2) if args.shortlist_rank is None else args.shortlist_rank
+    check_shortlist(args.shortlist, rank, vocab, hidden, config and config.scheme)
+    return rank
+
+
+def _calibration(calib: Path | None, kind_graph, source: Path, count: int) -> tuple[list[dict], str]:
+    """The first `count` calibration passages as batches of ids, and what they are, said."""
+    passages, where = kind_graph.passages(calib, "calib")
+    return encode_passages(load_tokenizer(source), passages[:count]), f"{min(len(passages), count)} passages of {where}"
+
+
 def _with_int8_cache(path: Path, calib: Path | None, kind_graph, source: Path) -> str:
     """The graph at `path` rewritten with an int8 key-value cache, its scales from the calibration text's
     keys and values as that graph computes them; what was done."""
-    passages, where = kind_graph.passages(calib, "calib")
-    scales = cache_scales(path, encode_passages(load_tokenizer(source), passages[:CACHE_PASSAGES]))
-    save_onnx(int8_cache(load_graph(path), scales), path)
-    return f"; its key-value cache in int8, scales from {min(len(passages), CACHE_PASSAGES)} passages of {where}"
+    batches, said = _calibration(calib, kind_graph, source, CACHE_PASSAGES)
+    save_onnx(int8_cache(load_graph(path), cache_scales(path, batches)), path)
+    return f"; its key-value cache in int8, scales from {said}"
+
+
+def _with_shortlist(path: Path, calib: Path | None, kind_graph, source: Path, shortlist: int, rank: int) -> str:
+    """The graph at `path` rewritten with a shortlist head (shortlist_head), its fit in the Gram of the head's input
+    as that graph computes it on the calibration text; what was done."""
+    batches, said = _calibration(calib, kind_graph, source, SHORTLIST_PASSAGES)
+    gram = hidden_gram(path, batches)
+    save_onnx(shortlist_head(load_graph(path), gram, shortlist, rank), path)
+    return (
+        f"; its decoding steps score exactly the {shortlist} best of a rank-{rank} fit of its head (the fit on {said})"
+    )
 
 
 def _export(

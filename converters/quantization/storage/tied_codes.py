@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 from converters.quantization.storage.packed_codes import Builder, default_opset, unpacked
 from files.onnx_files import weight_array
 
-__all__ = ["tied_pairs", "smoothing_of", "tied_smoothing", "share_tied_codes"]
+__all__ = ["tied_pairs", "smoothing_of", "tied_smoothing", "share_tied_codes", "plain_blocks", "nbits_rows"]
 
 TRANSPOSED = "_transposed"  # products.products_as_matmul's name of a table's transposed copy
 SMOOTHING_ROWS = 64  # rows of a tied head whose smoothing is read at a time
@@ -70,62 +70,16 @@ def share_tied_codes(model: onnx.ModelProto, smoothing: dict[str, np.ndarray | N
             or n.op_type == "Gather"
             and n.input[0] == table  # left in fp32 (a tied head's 8-bit half: tied_head)
         ]
-        if head is None or len(gathers) != 1 or len(head.input) > 4 and head.input[4]:  # g_idx: not plain blocks
+        if head is None or len(gathers) != 1 or not plain_blocks(head):
             continue
         (gather,) = gathers
-        hat = _attrs(head)
-        bits, block, vocab, depth = hat["bits"], hat["block_size"], hat["N"], hat["K"]
-        blocks = inits[head.input[1]].dims[1]
         prefix = f"{table}_shared"
-        scales = helper.make_node(
-            "Reshape",
-            [head.input[2], _constant(graph, f"{prefix}_scales_shape", [vocab, blocks, 1])],
-            [f"{prefix}_scales"],
-            name=f"{prefix}_scales_reshape",
-        )
-        inputs = [head.input[1], gather.input[1], f"{prefix}_scales"]
-        zero = Builder(f"{prefix}_zp", default_opset(model))
-        if len(head.input) > 3 and head.input[3]:  # asymmetric: one zero point a block, a byte each at session start
-            per_row = int(np.prod(inits[head.input[3]].dims)) // vocab
-            points = unpacked(zero, head.input[3], vocab, per_row, bits)
-            if per_row * 8 // bits != blocks:  # the padding of an odd number of 4-bit zero points cut off
-                points = zero.op("Slice", [points, *(zero.const(v, np.int64) for v in ([0], [blocks], [1]))])
-            inputs.append(zero.op("Reshape", [points, zero.const([vocab, blocks, 1], np.int64)]))
-            graph.initializer.extend(zero.inits)
-        rows = f"{prefix}_blocks"
-        shared = helper.make_node(
-            "GatherBlockQuantized",
-            inputs,
-            [rows],
-            name=f"{prefix}_gather",
-            domain="com.microsoft",
-            bits=bits,
-            block_size=block,
-            gather_axis=0,
-            quantize_axis=2,
-        )
-        width = blocks * block  # D padded to whole blocks
-        ids_shape = helper.make_node("Shape", [gather.input[1]], [f"{prefix}_ids_shape"], name=f"{prefix}_ids_shape")
-        shape = helper.make_node(
-            "Concat",
-            [f"{prefix}_ids_shape", _constant(graph, f"{prefix}_width", [width])],
-            [f"{prefix}_shape"],
-            name=f"{prefix}_shape",
-            axis=0,
-        )
-        nodes = [*zero.nodes, scales, shared, ids_shape, shape]
-        steps = [("Reshape", [f"{prefix}_shape"])]
-        if width != depth:  # the padding of the last block cut off
-            cut = [_constant(graph, f"{prefix}_{k}", [v]) for k, v in (("start", 0), ("end", depth), ("axis", -1))]
-            steps.append(("Slice", cut))
+        rows = gather.output[0] if s is None else f"{prefix}_rows"
+        nodes = nbits_rows(model, head, gather.input[1], rows, prefix)
         if s is not None:  # the head's rows were scaled by s: gathered s ⊙ e, divided back
             graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), f"{prefix}_unsmooth"))
-            steps.append(("Mul", [f"{prefix}_unsmooth"]))
-        x = rows
-        for k, (op, more) in enumerate(steps):
-            y = gather.output[0] if k == len(steps) - 1 else f"{prefix}_{op.lower()}_output"
-            nodes.append(helper.make_node(op, [x, *more], [y], name=f"{prefix}_{op.lower()}"))
-            x = y
+            unsmooth = [rows, f"{prefix}_unsmooth"]
+            nodes.append(helper.make_node("Mul", unsmooth, [gather.output[0]], name=f"{prefix}_mul"))
         at = list(graph.node).index(gather)
         graph.node.remove(gather)
         for k, node in enumerate(nodes):
@@ -135,6 +89,67 @@ def share_tied_codes(model: onnx.ModelProto, smoothing: dict[str, np.ndarray | N
             if name and name not in used and name in inits:
                 graph.initializer.remove(inits.pop(name))
     return model
+
+
+def plain_blocks(head: onnx.NodeProto) -> bool:
+    """Whether the MatMulNBits `head` holds plain blocks along K (no g_idx), which GatherBlockQuantized reads."""
+    return not (len(head.input) > 4 and head.input[4])
+
+
+def nbits_rows(model: onnx.ModelProto, head: onnx.NodeProto, ids: str, out: str, prefix: str) -> list[onnx.NodeProto]:
+    """The nodes (their constants added to `model`'s initializers) that write `out`: the rows `ids` (any shape) of
+    Wᵀ for the weight W (K × N) the MatMulNBits `head` multiplies by, as (ids' shape, K) float32: GatherBlockQuantized
+    over its codes (N, blocks, block · bits / 8), scales and zero points (plain_blocks), reshaped to K."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    hat = _attrs(head)
+    bits, block, vocab, depth = hat["bits"], hat["block_size"], hat["N"], hat["K"]
+    blocks = inits[head.input[1]].dims[1]
+    scales = helper.make_node(
+        "Reshape",
+        [head.input[2], _constant(graph, f"{prefix}_scales_shape", [vocab, blocks, 1])],
+        [f"{prefix}_scales"],
+        name=f"{prefix}_scales_reshape",
+    )
+    inputs = [head.input[1], ids, f"{prefix}_scales"]
+    zero = Builder(f"{prefix}_zp", default_opset(model))
+    if len(head.input) > 3 and head.input[3]:  # asymmetric: one zero point a block, a byte each at session start
+        per_row = int(np.prod(inits[head.input[3]].dims)) // vocab
+        points = unpacked(zero, head.input[3], vocab, per_row, bits)
+        if per_row * 8 // bits != blocks:  # the padding of an odd number of 4-bit zero points cut off
+            points = zero.op("Slice", [points, *(zero.const(v, np.int64) for v in ([0], [blocks], [1]))])
+        inputs.append(zero.op("Reshape", [points, zero.const([vocab, blocks, 1], np.int64)]))
+        graph.initializer.extend(zero.inits)
+    rows = f"{prefix}_blocks"
+    shared = helper.make_node(
+        "GatherBlockQuantized",
+        inputs,
+        [rows],
+        name=f"{prefix}_gather",
+        domain="com.microsoft",
+        bits=bits,
+        block_size=block,
+        gather_axis=0,
+        quantize_axis=2,
+    )
+    width = blocks * block  # K padded to whole blocks
+    ids_shape = helper.make_node("Shape", [ids], [f"{prefix}_ids_shape"], name=f"{prefix}_ids_shape")
+    shape = helper.make_node(
+        "Concat",
+        [f"{prefix}_ids_shape", _constant(graph, f"{prefix}_width", [width])],
+        [f"{prefix}_shape"],
+        name=f"{prefix}_shape",
+        axis=0,
+    )
+    nodes = [*zero.nodes, scales, shared, ids_shape, shape]
+    if width == depth:
+        nodes.append(helper.make_node("Reshape", [rows, f"{prefix}_shape"], [out], name=f"{prefix}_reshape"))
+    else:  # the padding of the last block cut off
+        cut = [_constant(graph, f"{prefix}_{k}", [v]) for k, v in (("start", 0), ("end", depth), ("axis", -1))]
+        whole = f"{prefix}_reshape_output"
+        nodes.append(helper.make_node("Reshape", [rows, f"{prefix}_shape"], [whole], name=f"{prefix}_reshape"))
+        nodes.append(helper.make_node("Slice", [whole, *cut], [out], name=f"{prefix}_slice"))
+    return nodes
 
 
 def _constant(graph: onnx.GraphProto, name: str, values: list[int]) -> str:
