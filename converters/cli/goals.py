@@ -89,18 +89,18 @@ def goal_said(goal: str) -> str:
 
 # The original's rows of a causal LM (its kind's baselines: int8, int4 and int4-aware, each graph with its key-value
 # cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512)
-# on 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"), the writers reading each weight from
-# its file as they take it (files.onnx_files.load_lazy), the export letting PyTorch's model go before ONNX Runtime
-# reads its graph, the bench's decode two sessions at a time: SmolLM2-135M (134.5 M parameters) 413 s, peak 1.95 GB
-# (c2dcf32); a random Qwen2.5-0.5B shape (494.0 M) 900 s, peak 4.82 GB (c2dcf32). Time grows with the weights
-# (every stage reads each of them a few times) but for the bench's quality, whose passages shrink as the model grows
-# (eval.kinds, quality_parameter_passages): about what SmolLM2's four rows took, 200 s, at any size; at 0.5B the rest
-# took 728 s (8606f49: 1,364 less the quality's 636; 900 s in all at c2dcf32). The peak grows with the weights
-# beside what the libraries hold whatever the model: the line through both runs, 2.0× the fp32 bytes and 0.88 GB.
-LM_RUN_SECONDS_PER_PARAM = (1364 - 636) / 494.0e6
+# on 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"; `benchmarks/large_models.py lms`), with
+# the ninth session's gate, sessions and writers: SmolLM2-135M (134.5 M parameters) 421 s, peak 1.73 GB (1890762);
+# a random Qwen2.5-0.5B shape (494.0 M) 897 s, peak 4.06 GB (e5e0623); a random Llama-3.2-1B shape (1,235.8 M)
+# 2,156 s, peak 8.72 GB (7337ef3). Time grows with the weights (every stage reads each of them a few times) but for
+# the bench's quality, whose passages shrink as the model grows (eval.kinds, quality_parameter_passages): about 200 s
+# at any size, the rest the line to the 1B shape's run (SmolLM2's then said 7 min, the 0.5B shape's 16: within 10 %).
+# The peak grows with the weights beside what the libraries hold whatever the model: the line through the two larger
+# runs, 1.57× the fp32 bytes and 0.96 GB, which holds SmolLM2's too (it says 1.68 GiB, 1.61 taken).
+LM_RUN_SECONDS_PER_PARAM = (2156 - 200) / 1235.8e6
 LM_RUN_QUALITY_SECONDS = 200
-LM_RUN_PEAK_PER_FP32_BYTE = (4.82e9 - 1.95e9) / ((494.0e6 - 134.5e6) * 4)
-LM_RUN_PEAK_BASE_BYTES = 4.82e9 - LM_RUN_PEAK_PER_FP32_BYTE * 494.0e6 * 4
+LM_RUN_PEAK_PER_FP32_BYTE = (8.724e9 - 4.064e9) / ((1235.8e6 - 494.0e6) * 4)
+LM_RUN_PEAK_BASE_BYTES = 8.724e9 - LM_RUN_PEAK_PER_FP32_BYTE * 1235.8e6 * 4
 
 
 def lm_run_needs(model_dir: Path) -> tuple[int, int, int]:
