@@ -143,7 +143,8 @@ def shortlist_head(model: onnx.ModelProto, gram: np.ndarray, shortlist: int, ran
     picked, ids, rows, exact = (f"{PREFIX}_{n}" for n in ("top", "ids", "rows", "exact"))
     count = numpy_helper.from_array(np.array([shortlist], np.int64))  # in the graph, read without its weights
     steps.append(helper.make_node("Constant", [], [f"{PREFIX}_k"], name=f"{PREFIX}_k", value=count))
-    steps.append(helper.make_node("TopK", [scores, f"{PREFIX}_k"], [picked, ids], name=f"{PREFIX}_topk", axis=-1))
+    top = helper.make_node("TopK", [scores, f"{PREFIX}_k"], [picked, ids], name=f"{PREFIX}_topk", axis=-1, sorted=0)
+    steps.append(top)  # unsorted: the K are scattered back to their places
     if head.op_type == "MatMulNBits":  # what reads only constants (scales reshaped, zero points) stays outside, folded
         gather = nbits_rows(model, head, ids, rows, f"{PREFIX}_head")
         moving = {ids}
