@@ -24,6 +24,12 @@ SECONDS_POWER = 1.112  # log(1187.4 / 156.3) / log(626 / 101): SmolLM2's run on 
 PEAK_BASE_BYTES = 0.66e9
 PEAK_PER_FP32_BYTE = 4.35
 PEAK_PER_GRAM_ENTRY = 4  # the Grams in float32
+# int4-trained holds more: the fp32 PyTorch model kept through the rounding for its student, then the student (a copy
+# of it), the fp32, smoothed and corrected graphs it is made from and the distillation's activations and logits. The
+# 0.5B shape (`python benchmarks/large_models.py corrected --only Qwen --scheme int4-trained`, 7337ef3, 2026-11-30) was
+# killed by the kernel's out-of-memory killer after 29 minutes at 24.3 GB of anonymous memory, 12.5 GB over
+# int4-corrected's estimate: at least 6.35× the fp32 weights more, the least taken here as the training's.
+TRAINING_PER_FP32_BYTE = 6.35
 
 
 def gram_entries(model_dir: Path) -> int | None:
@@ -37,14 +43,16 @@ def gram_entries(model_dir: Path) -> int | None:
     return n * (3 * h * h + i * i) + h * h
 
 
-def corrected_needs(model_dir: Path) -> tuple[int, int, int, int] | None:
-    """(parameters, Σ K², about how many minutes on 2 cores, the peak resident bytes) of a corrected scheme's
-    export of the LM in `model_dir`; None where its config gives no widths."""
+def corrected_needs(model_dir: Path, trains: bool = False) -> tuple[int, int, int, int] | None:
+    """(parameters, Σ K², about how many minutes on 2 cores before any training, the peak resident bytes) of a
+    corrected scheme's export of the LM in `model_dir`, one that `trains` (int4-trained) with its training's memory;
+    None where its config gives no widths."""
     grams = gram_entries(model_dir)
     if grams is None:
         return None
     params = stored_parameters(Path(model_dir))
     peak = PEAK_BASE_BYTES + PEAK_PER_FP32_BYTE * 4 * params + PEAK_PER_GRAM_ENTRY * grams
+    peak += TRAINING_PER_FP32_BYTE * 4 * params if trains else 0
     seconds = SECONDS_AT[0] * (grams / SECONDS_AT[1]) ** SECONDS_POWER
     return params, grams, max(1, round(seconds / 60)), round(peak)
 
@@ -52,17 +60,21 @@ def corrected_needs(model_dir: Path) -> tuple[int, int, int, int] | None:
 def check_corrected_fits(model_dir: Path, scheme: str, trains: bool) -> str | None:
     """What `scheme` on the LM in `model_dir` will take, in a sentence (None where its config gives no widths);
     refused before any work when its peak exceeds what the machine has available."""
-    needs = corrected_needs(model_dir)
+    needs = corrected_needs(model_dir, trains)
     if needs is None:
         return None
     params, grams, minutes, peak = needs
     sizes = f"{params / 1e9:.2f}B parameters, Σ K² {grams / 1e6:.0f} M over the linear layers' inputs"
     free = available_memory()
     if free and peak > free:
+        held = f"the graphs at {PEAK_PER_FP32_BYTE:.2f}× the fp32 weights and the input Grams in float32"
+        held += f", the training's models at {TRAINING_PER_FP32_BYTE:.2f}× more" if trains else ""
+        instead, untrained = "int4-aware, whose peak is the LM run's", corrected_needs(model_dir)[3]
+        if trains and untrained <= free:
+            instead = f"int4-corrected, whose peak is about {untrained / 2**30:.1f} GiB"
         raise CompressorError(
-            f"{scheme} on this LM ({sizes}) needs about {peak / 2**30:.1f} GiB at its peak (the graphs at "
-            f"{PEAK_PER_FP32_BYTE:.2f}× the fp32 weights and the input Grams in float32) and this machine has "
-            f"{free / 2**30:.1f} GiB available: quantize it with int4-aware, whose peak is the LM run's"
+            f"{scheme} on this LM ({sizes}) needs about {peak / 2**30:.1f} GiB at its peak ({held}) and this machine "
+            f"has {free / 2**30:.1f} GiB available: quantize it with {instead}"
         )
     training = " before the training" if trains else ""
     return f"{scheme}: about {minutes} min on 2 cores{training} and a peak of about {peak / 2**30:.1f} GiB ({sizes})"

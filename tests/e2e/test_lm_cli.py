@@ -131,6 +131,18 @@ def test_a_corrected_export_says_its_time_and_peak_and_is_refused_where_they_do_
     assert code == 0 and "min on 2 cores and a peak of about" in said and err.index(said) < err.index("wrote")
 
 
+def test_int4_trained_counts_its_training_and_names_int4_corrected_where_that_fits(tiny_llama_dir, monkeypatch):
+    from compressor.errors import CompressorError
+    from converters.cli import corrected_needs as needs
+
+    plain, trained = needs.corrected_needs(tiny_llama_dir)[3], needs.corrected_needs(tiny_llama_dir, trains=True)[3]
+    assert trained > plain
+    monkeypatch.setattr(needs, "available_memory", lambda: (plain + trained) // 2)
+    with pytest.raises(CompressorError, match="training's models .* quantize it with int4-corrected, whose peak"):
+        needs.check_corrected_fits(tiny_llama_dir, "int4-trained", True)
+    assert needs.check_corrected_fits(tiny_llama_dir, "int4-corrected", False).startswith("int4-corrected: about")
+
+
 @pytest.mark.parametrize("keep", [False, True])
 def test_the_original_is_freed_once_exported_when_no_row_needs_it(tiny_llama_dir, tmp_path, keep):
     import gc
