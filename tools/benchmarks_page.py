@@ -320,7 +320,9 @@ def scale_section(folder: Path) -> str:
             peak = f"{run['peak_gib']:.2f} GiB" if "peak_gib" in run else peak  # one process's own, from wait4
             fp32 = ((run.get("rows") or {}).get("original") or {}).get("file_bytes")
             peak += f" ({stages['peak_rss_bytes'] / fp32:.1f}× the fp32 graph)" if stages and fp32 else ""
-            took = f"{run['seconds'] / 60:.1f} min" if run.get("exit", 0) == 0 else f"refused (exit {run.get('exit')})"
+            code = run.get("exit", 0)
+            took = f"{run['seconds'] / 60:.1f} min" if code == 0 else f"refused (exit {code})"
+            took = f"killed after {run['seconds'] / 60:.1f} min (signal {-code})" if code < 0 else took
             each = "; ".join(
                 f"{s['stage']} {s['seconds']:.0f}, {s['peak_rss_bytes'] / 2**30:.2f}" for s in stages.get("stages", [])
             )
