@@ -27,9 +27,10 @@ PEAK_PER_GRAM_ENTRY = 4  # the Grams in float32
 # int4-trained holds more: the fp32 PyTorch model kept through the rounding for its student, then the student (a copy
 # of it), the fp32, smoothed and corrected graphs it is made from and the distillation's activations and logits. The
 # 0.5B shape (`python benchmarks/large_models.py corrected --only Qwen --scheme int4-trained`, 77c6785, 2026-11-30) was
-# killed by the kernel's out-of-memory killer after 21 minutes, as its training began, at 24.3 GB of anonymous
-# memory, 12.5 GB over int4-corrected's estimate: at least 6.35× the fp32 weights more, taken as the training's.
-TRAINING_PER_FP32_BYTE = 6.35
+# killed by the kernel's out-of-memory killer after 21 minutes, as its training began, at 23.2 GiB of anonymous
+# memory (24.9 GB), 13.2 GB over int4-corrected's estimate: at least 6.67× the fp32 weights more, taken as the
+# training's.
+TRAINING_PER_FP32_BYTE = 6.67
 
 
 def gram_entries(model_dir: Path) -> int | None:
