@@ -28,9 +28,10 @@ PEAK_PER_GRAM_ENTRY = 4  # the Grams in float32
 # of it), the fp32, smoothed and corrected graphs it is made from and the distillation's activations and logits. The
 # 0.5B shape (`python benchmarks/large_models.py corrected --only Qwen --scheme int4-trained`, 77c6785, 2026-11-30) was
 # killed by the kernel's out-of-memory killer after 21 minutes, as its training began, at 23.2 GiB of anonymous
-# memory (24.9 GB), 13.2 GB over int4-corrected's estimate: at least 6.67× the fp32 weights more, taken as the
-# training's.
-TRAINING_PER_FP32_BYTE = 6.67
+# memory (24.9 GB), 13.2 GB over int4-corrected's estimate: at least 6.67× the fp32 weights more. SmolLM2-135M (the
+# same with `--only SmolLM2`, 5758882) took 508 s at a peak of 7.21 GiB, 8.06× its fp32 weights over that estimate:
+# taken as the training's (the 0.5B shape then needs about 25.8 GiB), its 240 s beside int4-corrected's time.
+TRAINING_PER_FP32_BYTE = 8.06
 
 
 def gram_entries(model_dir: Path) -> int | None:
@@ -58,9 +59,11 @@ def corrected_needs(model_dir: Path, trains: bool = False) -> tuple[int, int, in
     return params, grams, max(1, round(seconds / 60)), round(peak)
 
 
-def check_corrected_fits(model_dir: Path, scheme: str, trains: bool) -> str | None:
-    """What `scheme` on the LM in `model_dir` will take, in a sentence (None where its config gives no widths);
-    refused before any work when its peak exceeds what the machine has available."""
+def check_corrected_fits(model_dir: Path, scheme: str, train_seconds: float = 0.0) -> str | None:
+    """What `scheme` on the LM in `model_dir` will take, in a sentence (None where its config gives no widths), with
+    `train_seconds` of training (int4-trained's --correction-time); refused before any work when its peak exceeds
+    what the machine has available."""
+    trains = train_seconds > 0
     needs = corrected_needs(model_dir, trains)
     if needs is None:
         return None
@@ -77,5 +80,6 @@ def check_corrected_fits(model_dir: Path, scheme: str, trains: bool) -> str | No
             f"{scheme} on this LM ({sizes}) needs about {peak / 2**30:.1f} GiB at its peak ({held}) and this machine "
             f"has {free / 2**30:.1f} GiB available: quantize it with {instead}"
         )
-    training = " before the training" if trains else ""
-    return f"{scheme}: about {minutes} min on 2 cores{training} and a peak of about {peak / 2**30:.1f} GiB ({sizes})"
+    took = f"{minutes + round(train_seconds / 60)} min on 2 cores ({minutes} before its training)" if trains else ""
+    took = took or f"{minutes} min on 2 cores"
+    return f"{scheme}: about {took} and a peak of about {peak / 2**30:.1f} GiB ({sizes})"

@@ -132,7 +132,9 @@ def run(args) -> None:
     rank = _check_shortlist(args, source, kind, config) if args.shortlist is not None else None
     check_schemes([quantize], kind.graph)
     if isinstance(config, Int4CorrectedConfig) and kind.graph is CAUSAL_LM:
-        needs = check_corrected_fits(source, config.scheme, config.trains)
+        needs = check_corrected_fits(
+            source, config.scheme, getattr(config, "correction_time", 0.0) if config.trains else 0.0
+        )
         if needs:
             say(needs)
     if folder and lacks_tokenizer(source):
