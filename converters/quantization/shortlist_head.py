@@ -3,9 +3,10 @@ token) the logits x W over the V tokens (W, D × V, the weight the head's last p
 scored by a rank-r fit, s = (x A) B, A B the activation-aware truncation of W in the Gram of x over calibration text
 (compressor.lowrank.whitened_factors; its factors in 4 bits where the head is); only the K best of s are scored
 exactly, x · w_v, from the head's own rows (GatherBlockQuantized over its 4-bit codes, or a Gather of its fp32 tied
-table), and every other logit is −∞: greedy decoding keeps the head's choice wherever it is among the K. A pass over
-several tokens (a prompt, a verifier's pass) keeps the whole head: an If on the sequence length. A step reads
-(D + V) r of the factors and K D of the head instead of V D."""
+table), and every other logit is −∞: greedy decoding keeps the head's choice wherever it is among the K (up to the
+rounding of x to 8 bits a 4-bit head's MatMulNBits makes and the exact rows do not: near-ties can fall either way).
+A pass over several tokens (a prompt, a verifier's pass) keeps the whole head: an If on the sequence length. A step
+reads (D + V) r of the factors and K D of the head instead of V D."""
 
 from pathlib import Path
 
@@ -35,9 +36,8 @@ __all__ = [
     "step_weight_bytes",
 ]
 
-SHORTLIST_RANK = (
-    256  # SmolLM2's tied head: rank 256 and K 512 held the argmax on 99.9 % of tokens (lm_shortlist_recall)
-)
+# SmolLM2's tied head: rank 256 and K 512 held its argmax on 99.9 % of tokens (benchmarks/lm_shortlist_recall.py)
+SHORTLIST_RANK = 256
 SHORTLIST_PASSAGES = 64  # calibration passages whose final hidden states make the Gram the factors are fitted in
 SHORTLIST_SCHEMES = (None, "int4", "int4-aware")  # their head is one product: an fp32 tied table or 4-bit codes
 PREFIX = "shortlist"
