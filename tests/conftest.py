@@ -3,6 +3,7 @@
 import string
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -162,6 +163,25 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+GENAI_PROMPT = (3, 17, 5, 42, 8, 11)
+
+
+def genai_greedy(folder: Path, steps: int) -> tuple[np.ndarray, list[int]]:
+    """(the prompt GENAI_PROMPT as int64 ids, the `steps` tokens ONNX Runtime GenAI's generator decodes greedily after
+    it from the model folder `folder`)."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    prompt = np.array(GENAI_PROMPT, dtype=np.int32)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + steps, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompt)
+    while not generator.is_done():
+        generator.generate_next_token()
+    return prompt.astype(np.int64), list(generator.get_sequence(0))[len(prompt) :]
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from converters.kinds.fused_cache import attends_by_gqa, cache_scales
 from eval.decode import Decoder, decode_ids
 from eval.graph import make_session
 from eval.probe import PAST, PRESENT
-from tests.conftest import run_cli, write_tiny_lm
+from tests.conftest import genai_greedy, run_cli, write_tiny_lm
 
 STEPS = 12
 
@@ -108,16 +108,6 @@ def test_an_lm_runs_quantized_rows_get_the_asked_cache_and_the_original_keeps_fp
 
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None, reason="needs onnxruntime-genai")
 def test_genai_generates_what_we_generate_with_the_int8_cache(folders):
-    import onnxruntime_genai as og
-
-    model = og.Model(str(folders / "int8"))
-    prompt = np.array([3, 17, 5, 42, 8, 11], dtype=np.int32)
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + STEPS, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(prompt)
-    while not generator.is_done():
-        generator.generate_next_token()
-    theirs = list(generator.get_sequence(0))[len(prompt) :]
-    ours = decode_ids(make_session(folders / "int8/onnx/model.onnx"), prompt.astype(np.int64), len(theirs))
+    prompt, theirs = genai_greedy(folders / "int8", STEPS)
+    ours = decode_ids(make_session(folders / "int8/onnx/model.onnx"), prompt, len(theirs))
     assert theirs and ours == theirs

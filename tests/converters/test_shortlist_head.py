@@ -11,7 +11,7 @@ import pytest
 from converters.quantization.shortlist_head import step_weight_bytes
 from eval.decode import Decoder, decode_ids
 from eval.graph import initializer_stats, load_graph, make_session
-from tests.conftest import run_cli, write_tiny_lm
+from tests.conftest import genai_greedy, run_cli, write_tiny_lm
 
 SHORTLIST = 16
 PROMPT = np.array([3, 7, 11, 5, 9])
@@ -81,19 +81,9 @@ def test_generate_reads_the_shortlist(folders, capsys):
 
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None, reason="needs onnxruntime-genai")
 def test_genai_generates_what_we_generate_with_the_shortlist(folders):
-    import onnxruntime_genai as og
-
-    model = og.Model(str(folders / "int4-short"))
-    prompt = np.array([3, 17, 5, 42, 8, 11], dtype=np.int32)
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + 12, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(prompt)
-    while not generator.is_done():
-        generator.generate_next_token()
-    theirs = list(generator.get_sequence(0))[len(prompt) :]
+    prompt, theirs = genai_greedy(folders / "int4-short", 12)
     graph = next((folders / "int4-short" / "onnx").glob("*.onnx"))
-    assert theirs and decode_ids(make_session(graph), prompt.astype(np.int64), len(theirs)) == theirs
+    assert theirs and decode_ids(make_session(graph), prompt, len(theirs)) == theirs
 
 
 @pytest.mark.parametrize(

@@ -5,14 +5,13 @@ onnxruntime-genai is installed, its generator runs the folder and decodes greedi
 import importlib.util
 import json
 
-import numpy as np
 import onnx
 import pytest
 
 from eval.decode import decode_ids
 from eval.graph import make_session
 from files.genai_config import GENAI_CONFIG
-from tests.conftest import run_cli, write_tiny_lm
+from tests.conftest import genai_greedy, run_cli, write_tiny_lm
 
 
 @pytest.fixture(scope="module")
@@ -54,20 +53,10 @@ def test_a_traced_decoder_folder_has_none(tiny_gpt2_dir, tmp_path, capsys):
 
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None, reason="needs onnxruntime-genai")
 def test_genai_generates_what_we_generate(fused_dir, tmp_path, capsys):
-    import onnxruntime_genai as og
-
     out = tmp_path / "lm"
     assert run_cli(capsys, "export", fused_dir, "--out", out)[0] == 0
-    model = og.Model(str(out))
-    prompt = np.array([3, 17, 5, 42, 8, 11], dtype=np.int32)
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + 12, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(prompt)
-    while not generator.is_done():
-        generator.generate_next_token()
-    theirs = list(generator.get_sequence(0))[len(prompt) :]
+    prompt, theirs = genai_greedy(out, 12)
     config = json.loads((out / GENAI_CONFIG).read_text())
     session = make_session(out / config["model"]["decoder"]["filename"], threads=1)
-    ours = decode_ids(session, prompt.astype(np.int64), len(theirs), None)
+    ours = decode_ids(session, prompt, len(theirs), None)
     assert theirs and list(ours)[: len(theirs)] == theirs
