@@ -10,8 +10,9 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from converters.loading import available_memory, stored_parameters
+from converters.quantization.schemes.int4_corrected import Int4CorrectedConfig
 
-__all__ = ["gram_entries", "corrected_needs", "check_corrected_fits"]
+__all__ = ["gram_entries", "corrected_needs", "check_corrected_fits", "corrected_said"]
 
 # int4-corrected through `compressor export --quantize int4-corrected` at the default calibration (256 passages) on 2
 # cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"; 2aca999): SmolLM2-135M (Σ K² 101 M) 156 s
@@ -83,3 +84,15 @@ def check_corrected_fits(model_dir: Path, scheme: str, train_seconds: float = 0.
     took = f"{minutes + round(train_seconds / 60)} min on 2 cores ({minutes} before its training)" if trains else ""
     took = took or f"{minutes} min on 2 cores"
     return f"{scheme}: about {took} and a peak of about {peak / 2**30:.1f} GiB ({sizes})"
+
+
+def corrected_said(model_dir: Path, configs) -> list[str]:
+    """What each corrected scheme among `configs` (SchemeConfigs of a causal LM's rows) will take on the LM in
+    `model_dir`, its training's seconds counted (check_corrected_fits: refused before any work where it does not
+    fit)."""
+    said = []
+    for config in dict.fromkeys(c for c in configs if isinstance(c, Int4CorrectedConfig)):
+        seconds = getattr(config, "correction_time", 0.0) if config.trains else 0.0
+        needs = check_corrected_fits(model_dir, config.scheme, seconds)
+        said += [needs] if needs else []
+    return said

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
-from converters.cli.corrected_needs import check_corrected_fits
+from converters.cli.corrected_needs import corrected_said
 from converters.cli.options import (
     calibration_options,
     data_option,
@@ -32,7 +32,6 @@ from converters.pipeline.steps import check_schemes, correction_fit
 from converters.quantization.corrections.training import trainer
 from converters.quantization.quantize import quantize_for_targets
 from converters.quantization.registry import SchemeConfig
-from converters.quantization.schemes.int4_corrected import Int4CorrectedConfig
 from converters.quantization.shortlist_head import (
     SHORTLIST_PASSAGES,
     SHORTLIST_RANK,
@@ -131,11 +130,8 @@ def run(args) -> None:
         )
     rank = _check_shortlist(args, source, kind, config) if args.shortlist is not None else None
     check_schemes([quantize], kind.graph)
-    if isinstance(config, Int4CorrectedConfig) and kind.graph is CAUSAL_LM:
-        needs = check_corrected_fits(
-            source, config.scheme, getattr(config, "correction_time", 0.0) if config.trains else 0.0
-        )
-        if needs:
+    if kind.graph is CAUSAL_LM:
+        for needs in corrected_said(source, quantize.schemes):
             say(needs)
     if folder and lacks_tokenizer(source):
         say(

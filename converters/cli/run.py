@@ -5,6 +5,7 @@ from pathlib import Path
 
 from compressor.errors import CompressorError
 from converters.cli.catalog import builtin_recipes
+from converters.cli.corrected_needs import corrected_said
 from converters.cli.goals import DEFAULT_GOAL, GOAL_RUNS, GOALS, check_lm_run_fits, goal_minutes, goal_said
 from converters.cli.options import (
     MODEL_HELP,
@@ -21,7 +22,9 @@ from converters.kinds import kind_for_config
 from converters.kinds.fused_cache import CACHE_TYPES
 from converters.loading import resolve_model_dir
 from converters.pipeline import measure
+from converters.pipeline.measuring import original_rows
 from converters.pipeline.say import say
+from eval.kinds import CAUSAL_LM
 from files.atomic import check_writable
 
 HELP = "compress, export and bench the original and each variant in one run"
@@ -114,6 +117,10 @@ def run(args) -> None:
     else:
         variants = [variant_spec(values)]
     spec = run_spec(values, variants, args.out)
+    if kind.graph is CAUSAL_LM:  # a corrected row's time and peak, refused before any work where it does not fit
+        rows = [*original_rows(spec, kind.baselines).schemes, *(c for v in spec.variants for c in v.quantize.schemes)]
+        for needs in corrected_said(model_dir, rows):
+            say(needs)
     check_writable(args.out, "output folder")
     if args.ft_steps == 0:
         say("--finetune-steps 0: the fine-tune is skipped")

@@ -131,6 +131,16 @@ def test_a_corrected_export_says_its_time_and_peak_and_is_refused_where_they_do_
     assert code == 0 and "min on 2 cores and a peak of about" in said and err.index(said) < err.index("wrote")
 
 
+def test_an_lm_run_of_a_corrected_row_the_machine_cannot_hold_is_refused_before_any_work(
+    tiny_llama_dir, lm_text, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("converters.cli.corrected_needs.available_memory", lambda: 2**20)  # 1 MiB available
+    argv = ("run", tiny_llama_dir, "--calib", lm_text, "--quantize", "int4-trained", "--out", tmp_path / "run")
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and "int4-trained on this LM" in err and "training's models" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_int4_trained_counts_its_training_and_names_int4_corrected_where_that_fits(tiny_llama_dir, monkeypatch):
     from compressor.errors import CompressorError
     from converters.cli import corrected_needs as needs
