@@ -128,6 +128,8 @@ def run(args) -> None:
         raise CompressorError(
             f"--kv-cache {args.kv_cache} is a causal LM's cache; {str(source)!r} is a model of the {kind.name} kind"
         )
+    if args.shortlist is None and args.shortlist_rank is not None:
+        raise CompressorError("--shortlist-rank sets the rank of a shortlist head: give --shortlist K with it")
     rank = _check_shortlist(args, source, kind, config) if args.shortlist is not None else None
     check_schemes([quantize], kind.graph)
     if kind.graph is CAUSAL_LM:
