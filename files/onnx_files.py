@@ -19,7 +19,7 @@ writer that walks a 0.5B LM's graph a node at a time then holds what it makes, n
 
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ __all__ = [
     "is_lazy",
     "resolved",
     "weight_array",
+    "Weights",
     "loaded",
     "WeightFile",
     "graph_pieces",
@@ -254,6 +255,23 @@ def weight_array(tensor: onnx.TensorProto) -> np.ndarray:
     return np.fromfile(where, dtype=dtype.newbyteorder("<"), count=length // dtype.itemsize, offset=offset).reshape(
         tuple(tensor.dims)
     )
+
+
+class Weights(Mapping):
+    """name → the values of each initializer of `graph` (weight_array), read again at each access: an LM's weights as
+    arrays, all at once, were as large as its graph (2 GB at 0.5B), and each reader of two graphs made them."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self._inits = {i.name: i for i in graph.initializer}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return weight_array(self._inits[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._inits)
+
+    def __len__(self) -> int:
+        return len(self._inits)
 
 
 def loaded(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -49,7 +49,7 @@ from converters.distributed import (
 )
 from converters.finetune.config import FinetuneConfig, FinetuneReport
 from converters.finetune.data import batches, pad, synthetic_windows, window_weights, windows
-from converters.finetune.loss import agreement, outputs, step_loss
+from converters.finetune.loss import agreement, step_loss, validation_targets
 from converters.finetune.state import load_state, save_state
 from converters.kinds import kind_of
 
@@ -203,6 +203,12 @@ def finetune_(job: Distillation, cfg: FinetuneConfig, run: FinetuneRun = Finetun
     return report
 
 
+def _kept(scored: nn.Module, moving: set[str]) -> dict[str, Tensor]:
+    """A copy of the weights of `scored` that train (`moving`), the best so far: the frozen rest never changes (an
+    int4-trained student's rounded weights are as large as its model)."""
+    return {k: v.detach().clone() for k, v in scored.state_dict().items() if k in moving}
+
+
 def _train(job: Distillation, cfg: FinetuneConfig, run: FinetuneRun, start_at: _Start, report: FinetuneReport) -> None:
     """The loop of finetune_, from `start_at`, its steps and scores in `report`."""
     kind, device, pool, saved = start_at.kind, start_at.device, start_at.pool, start_at.saved
@@ -220,11 +226,12 @@ def _train(job: Distillation, cfg: FinetuneConfig, run: FinetuneRun, start_at: _
     drawn = max(1, min(cfg.batch_size // here.size - made, len(pool)))
     val = batches(tokenizer, job.val_texts, cfg)
     evaluates = here.main or sharded  # FSDP's blocks run on all processes together
-    val_targets = outputs(kind, source, val, device) if evaluates else []
+    val_targets = validation_targets(kind, source, val, device) if evaluates else None
     groups = trainable_parameters(student, cfg.trainable, job.compact_types)
     report.trainable_params = sum(p.numel() for ps in groups for p in ps)
     trained = wrap(student, device, sharded)  # DistributedDataParallel or FSDP under torchrun
     scored = trained if sharded else student  # what validation runs
+    moving = {name for name, p in scored.named_parameters() if p.requires_grad}  # what the best weights keep
     if sharded:  # the optimizer steps the shards
         names = {id(p): n for n, p in student.named_parameters()}
         own = dict(trained.module.named_parameters())
@@ -236,7 +243,7 @@ def _train(job: Distillation, cfg: FinetuneConfig, run: FinetuneRun, start_at: _
     window: list[float] = []
     spent = 0.0
     if saved is None:
-        best_state = {k: v.detach().clone() for k, v in scored.state_dict().items()}
+        best_state = _kept(scored, moving)
         if evaluates:
             report.start_val_cosine = report.best_val_cosine = agreement(kind, scored, val, val_targets, device)
     else:
@@ -308,7 +315,7 @@ def _train(job: Distillation, cfg: FinetuneConfig, run: FinetuneRun, start_at: _
                 score = agreement(kind, scored, val, val_targets, device)
                 if score > report.best_val_cosine:
                     report.best_val_cosine, report.best_step = score, report.steps
-                    best_state = {k: v.detach().clone() for k, v in scored.state_dict().items()}
+                    best_state = _kept(scored, moving)
                 if run.on_eval is not None:
                     run.on_eval(report.steps, score, scored)
                 save(generator.get_state())
@@ -323,9 +330,9 @@ def _train(job: Distillation, cfg: FinetuneConfig, run: FinetuneRun, start_at: _
         score = agreement(kind, scored, val, val_targets, device)
         if score > report.best_val_cosine:
             report.best_val_cosine, report.best_step = score, report.steps
-            best_state = {k: v.detach().clone() for k, v in scored.state_dict().items()}
+            best_state = _kept(scored, moving)
     if evaluates:  # under DistributedDataParallel the others hold the last step's weights, shared with it
-        scored.load_state_dict(best_state)
+        scored.load_state_dict(best_state, strict=False)
     if sharded:
         student.load_state_dict(full_weights(trained))
     for p in student.parameters():

@@ -32,10 +32,11 @@ def pair(tiny_bert_dir):
 
 def loss_on(student, teacher, tok, cfg):
     batches = fd.batches(tok, TEXTS, cfg)
-    targets = fl.outputs(ENCODER, teacher, batches, torch.device("cpu"))
+    target = fl.validation_targets(ENCODER, teacher, batches, torch.device("cpu"))
     with torch.no_grad():
         return sum(
-            float(ENCODER.distill_loss(ENCODER.output(student, i, m), t, m, cfg)) for (i, m), t in zip(batches, targets)
+            float(ENCODER.distill_loss(ENCODER.output(student, i, m), target(k), m, cfg))
+            for k, (i, m) in enumerate(batches)
         )
 
 
@@ -53,11 +54,26 @@ def test_a_few_steps_lower_the_loss_and_train_only_the_compressed_layers(pair):
     assert loss_on(student, teacher, tok, cfg) < before
     assert report.best_step > 0 and report.best_val_cosine > report.start_val_cosine
     val = fd.batches(tok, TEXTS[:8], cfg)
-    kept = fl.agreement(ENCODER, student, val, fl.outputs(ENCODER, teacher, val, torch.device("cpu")), "cpu")
+    kept = fl.agreement(ENCODER, student, val, fl.validation_targets(ENCODER, teacher, val, "cpu"), "cpu")
     assert kept == pytest.approx(report.best_val_cosine, abs=1e-6)  # the best weights are the ones kept
     after = student.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in frozen.items())  # frozen weights bit-identical
     assert report.trainable_params == student.get_input_embeddings().weight_like_params
+
+
+def test_validation_targets_past_the_bound_are_made_at_each_call(pair, monkeypatch):
+    """Held targets are the teacher's at the start; past HELD_TARGET_BYTES each call runs the teacher again: the same
+    values while it is unchanged, the same agreement."""
+    student, teacher, source, _ = pair
+    val = fd.batches(load_tokenizer(source), TEXTS, FinetuneConfig(batch_size=8))
+    held = fl.validation_targets(ENCODER, teacher, val, "cpu")
+    monkeypatch.setattr(fl, "HELD_TARGET_BYTES", 0)
+    made = fl.validation_targets(ENCODER, teacher, val, "cpu")
+    assert len(val) > 1 and all(torch.equal(held(i), made(i)) for i in range(len(val)))
+    assert fl.agreement(ENCODER, student, val, made, "cpu") == fl.agreement(ENCODER, student, val, held, "cpu")
+    with torch.no_grad():
+        teacher.get_input_embeddings().weight.mul_(2)
+    assert not torch.allclose(made(0), held(0))  # made again from the teacher, not kept
 
 
 def test_all_trains_the_rest_at_its_own_learning_rate(pair, monkeypatch):

@@ -111,6 +111,10 @@ def test_a_lazy_graph_reads_each_weight_from_its_file_and_is_written_as_the_grap
     expected = numpy_helper.to_array(whole.graph.initializer[0])
     np.testing.assert_array_equal(onnx_files.weight_array(weight), expected)
     np.testing.assert_array_equal(numpy_helper.to_array(onnx_files.resolved(weight)), expected)
+    weights = onnx_files.Weights(lazy.graph)  # read at each access, of a lazy graph or a whole one alike
+    assert list(weights) == [weight.name] and len(weights) == 1
+    np.testing.assert_array_equal(weights[weight.name], expected)
+    np.testing.assert_array_equal(onnx_files.Weights(whole.graph)[weight.name], expected)
     onnx_files.save_onnx(lazy, tmp_path / "again.onnx")  # each weight read as it is written
     again = onnx_files.load_onnx(tmp_path / "again.onnx")
     assert again.SerializeToString() == whole.SerializeToString()

@@ -19,6 +19,7 @@ from converters.nbits_storage import dequantize_nbits
 from converters.quantization.corrections.correction import corrected_layers
 from converters.quantization.rounding.int4 import weight_names
 from converters.quantization.storage.tied_codes import TRANSPOSED, smoothing_of
+from files.onnx_files import Weights
 
 __all__ = ["HeadCorrection", "hold_tied"]
 
@@ -70,8 +71,7 @@ def hold_tied(
     tied = _tied_outputs(smoothed.graph)
     if not tied:
         return frozenset(), frozenset(), {}
-    plain = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
-    scaled = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer}
+    plain, scaled = Weights(fp32.graph), Weights(smoothed.graph)  # each weight read as it is taken
     graph = corrected.graph
     inits = {i.name: i for i in graph.initializer}
     rounded = {n.output[0].removesuffix("_rounded"): n for n in graph.node if n.op_type == "MatMulNBits"}

@@ -24,6 +24,7 @@ converters.quantization.corrections.int8_products) the input is rounded too, as 
 (`int8_rounded`)."""
 
 import copy
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -48,6 +49,7 @@ from converters.quantization.rounding.table_head import split_tables
 from converters.quantization.rounding.three_bit_table import three_bit_outputs, three_bit_rows
 from converters.quantization.storage.codebook_table import codebook_outputs, codebook_rows
 from converters.submodules import set_submodule
+from files.onnx_files import Weights
 
 __all__ = [
     "CORRECTION_SECONDS",
@@ -124,12 +126,16 @@ def _round_input(s: torch.Tensor, module: nn.Module, args: tuple) -> tuple:
     return (int8_rounded(args[0], s), *args[1:])
 
 
-def _key(value: torch.Tensor) -> bytes:
-    return value.detach().contiguous().numpy().astype(np.float32).tobytes()
+def _key(value: torch.Tensor | np.ndarray) -> bytes:
+    """A digest of a weight's float32 values and its shape (the bytes themselves as keys were a second copy of
+    every weight: 2 GB at 0.5B)."""
+    array = value.detach().numpy() if isinstance(value, torch.Tensor) else value
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    return hashlib.blake2b(array.data, digest_size=16).digest() + repr(array.shape).encode()
 
 
 def _held_weights(model: nn.Module) -> dict[bytes, Holder]:
-    """The bytes of each weight as the exported graph holds it → its one holder (Holder)."""
+    """The digest (`_key`) of each weight as the exported graph holds it → its one holder (Holder)."""
     held: dict[bytes, list[Holder]] = {}
     in_modules = set()
     for name, module in model.named_modules():
@@ -152,7 +158,7 @@ def _held_weights(model: nn.Module) -> dict[bytes, Holder]:
 
 
 def _holder_of(held: dict[bytes, Holder], weight: np.ndarray, what: str) -> Holder:
-    holder = held.get(np.ascontiguousarray(weight, dtype=np.float32).tobytes())
+    holder = held.get(_key(weight))
     if holder is None:
         raise UnmatchedWeightError(
             f"int4-trained needs each rounded weight held by one module or parameter; {what} is not: use "
@@ -208,8 +214,7 @@ def student_of(
     4-bit grid, its error the graph's offsets take after training: grid.py) held frozen as Q + B O; each
     corrected layer's bias gets an initializer of its own in `corrected` (in place)."""
     held = _held_weights(model)
-    plain = {i.name: numpy_helper.to_array(i) for i in fp32.graph.initializer}
-    scaled = {i.name: numpy_helper.to_array(i) for i in smoothed.graph.initializer}
+    plain, scaled = Weights(fp32.graph), Weights(smoothed.graph)  # each weight read as it is taken
     unsmoothed, smoothed_w = weight_names(fp32.graph), weight_names(smoothed.graph)
     graph = corrected.graph
     inits = {i.name: i for i in graph.initializer}
@@ -221,8 +226,10 @@ def student_of(
     for out, node in rounded.items():
         if out not in unsmoothed or out in tied_outs:
             continue  # a correction's own factor, or a tied head (its table's: hold_tied)
-        w, w_s = plain[unsmoothed[out]].astype(np.float64), scaled[smoothed_w[out]].astype(np.float64)
-        holder = _holder_of(held, plain[unsmoothed[out]], f"the weight of {out!r}")
+        weight = plain[unsmoothed[out]]
+        w, w_s = weight.astype(np.float64), scaled[smoothed_w[out]].astype(np.float64)
+        holder = _holder_of(held, weight, f"the weight of {out!r}")
+        del weight
         s = (w_s * w).sum(1) / np.maximum((w * w).sum(1), 1e-30)  # (K,): W_s = diag(s) W
         s[(w * w).sum(1) == 0] = 1.0
         q = dequantize_nbits(graph, node) / s[:, None]  # (K, N) as x q

@@ -163,7 +163,7 @@ class Int4CorrectedConfig(Int4AwareConfig):
             quantized = gptq_rounded(quantize_4bit(proto, block, level, **{**rounding, **widths}), proto, grams, gptq)
         corrected = add_corrections(quantized, proto, grams, ranks)
         if source.train is not None:
-            corrected = source.train(source.fp32(), proto, corrected, int8, frozenset(offset))
+            corrected = source.train(source.fp32(lazy=True), proto, corrected, int8, frozenset(offset))
         corrected, corrections = store_factors(corrected, proto, grams, kind.factor_form)
         report = {out: c.to_dict() for out, c in corrections.items()}
         errors = rounding_errors(corrected, proto)
