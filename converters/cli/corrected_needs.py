@@ -25,14 +25,15 @@ SECONDS_POWER = 1.112  # log(1187.4 / 156.3) / log(626 / 101): SmolLM2's run on 
 PEAK_BASE_BYTES = 0.66e9
 PEAK_PER_FP32_BYTE = 4.35
 PEAK_PER_GRAM_ENTRY = 4  # the Grams in float32
-# int4-trained holds more: the fp32 PyTorch model kept through the rounding for its student, then the student (a copy
-# of it), the fp32, smoothed and corrected graphs it is made from and the distillation's activations and logits. The
-# 0.5B shape (`python benchmarks/large_models.py corrected --only Qwen --scheme int4-trained`, 77c6785, 2026-11-30) was
-# killed by the kernel's out-of-memory killer after 21 minutes, as its training began, at 23.2 GiB of anonymous
-# memory (24.9 GB), 13.2 GB over int4-corrected's estimate: at least 6.67× the fp32 weights more. SmolLM2-135M (the
-# same with `--only SmolLM2`, 5758882) took 508 s at a peak of 7.21 GiB, 8.06× its fp32 weights over that estimate:
-# taken as the training's (the 0.5B shape then needs about 25.8 GiB), its 240 s beside int4-corrected's time.
-TRAINING_PER_FP32_BYTE = 8.06
+# int4-trained holds more: the fp32 PyTorch model kept through the rounding (the teacher), its student (a copy with
+# the rounded weights) and the distillation's activations and logits, a few (batch, sequence, V) tensors. The 0.5B
+# shape was killed by the out-of-memory killer at 23.2 GiB as its training began (77c6785: the teacher's logits on
+# every validation batch held, 2.1 GB, and the student's made beside them, a full copy of the student's state kept as
+# its best, and the weights' arrays and bytes as keys made twice while the student was built). With those gone,
+# SmolLM2-135M (`python benchmarks/large_models.py corrected --only SmolLM2 --scheme int4-trained`, cd82a9e,
+# 2026-11-30) took 478 s at a peak of 5.17 GiB (7.21 before), 3.99× its fp32 weights over int4-corrected's estimate:
+# taken as the training's, its 240 s beside int4-corrected's time.
+TRAINING_PER_FP32_BYTE = 3.99
 
 
 def gram_entries(model_dir: Path) -> int | None:
