@@ -10,6 +10,35 @@ from torch import Tensor, nn
 __all__ = ["CorrectedLinear"]
 
 
+def _scaled(rounded: Tensor, gain: Tensor, block: int) -> Tensor:
+    """Q ⊙ G, G (K × blocks) one gain a block of `block` inputs."""
+    return rounded * gain.repeat_interleave(block, dim=1)[:, : rounded.shape[1]]
+
+
+class _GainedLinear(torch.autograd.Function):
+    """x (Q ⊙ G)ᵀ with its weight made again in the backward, not kept from the forward: kept, every layer's was a
+    copy of the model's weights (2 GB at 0.5B) through each step. ∂/∂x = g (Q ⊙ G); ∂/∂G = the sums over each
+    block of (gᵀ x) ⊙ Q."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, gain: Tensor, rounded: Tensor, block: int) -> Tensor:
+        ctx.block = block
+        ctx.save_for_backward(x, gain, rounded)
+        return nn.functional.linear(x, _scaled(rounded, gain, block))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, gain, rounded = ctx.saved_tensors
+        block = ctx.block
+        grad_x = grad @ _scaled(rounded, gain, block) if ctx.needs_input_grad[0] else None
+        grad_gain = None
+        if ctx.needs_input_grad[1]:
+            product = grad.reshape(-1, grad.shape[-1]).T @ x.reshape(-1, x.shape[-1])  # (K, D): ∂/∂(Q ⊙ G)
+            product = nn.functional.pad(product.mul_(rounded), (0, gain.shape[1] * block - product.shape[1]))
+            grad_gain = product.view(*gain.shape, block).sum(-1)
+        return grad_x, grad_gain, None, None
+
+
 class CorrectedLinear(nn.Module):
     """Linear(D→K) whose weight is the frozen rounded `rounded` (K × D), its blocks of `block` inputs scaled by
     trainable gains (`block` None: none), plus `left` @ `right` (D × r, r × K; r may be 0) transposed; `bias`
@@ -34,12 +63,15 @@ class CorrectedLinear(nn.Module):
 
     def scaled(self) -> Tensor:
         """Q ⊙ G (K × D): the rounded weight, each block's scale times its gain."""
-        if self.gain is None:
-            return self.rounded
-        return self.rounded * self.gain.repeat_interleave(self.block, dim=1)[:, : self.rounded.shape[1]]
+        return self.rounded if self.gain is None else _scaled(self.rounded, self.gain, self.block)
 
     def forward(self, x: Tensor) -> Tensor:
-        return nn.functional.linear(x, self.scaled(), self.bias) + (x @ self.left) @ self.right  # (…, K)
+        if self.gain is None:
+            product = nn.functional.linear(x, self.rounded)
+        else:
+            product = _GainedLinear.apply(x, self.gain, self.rounded, self.block)
+        out = product + (x @ self.left) @ self.right  # (…, K)
+        return out if self.bias is None else out + self.bias
 
     def to_dense(self) -> Tensor:
         """The weight (K × D) the layer multiplies by: Q ⊙ G + (A B)ᵀ."""

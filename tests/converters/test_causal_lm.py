@@ -188,6 +188,24 @@ def test_kl_loss_and_agreement():
     assert float(CAUSAL_LM.distill_loss(student, teacher, mask, cfg)) > 0
 
 
+def test_the_distillation_kl_a_chunk_of_positions_at_a_time_has_the_whole_ones_value_and_gradient():
+    """More positions than KL_ROWS: the chunks, their intermediates made again in the backward, give the loss and
+    the student's gradient of the KL made whole."""
+    from converters.kinds import causal_lm
+
+    torch.manual_seed(0)
+    student = torch.randn(3, causal_lm.KL_ROWS, 11, requires_grad=True)
+    teacher, mask = torch.randn(3, causal_lm.KL_ROWS, 11), torch.ones(3, causal_lm.KL_ROWS, dtype=torch.long)
+    mask[1, 5:] = 0
+    cfg = FinetuneConfig(temperature=2.0)
+    (grad,) = torch.autograd.grad(CAUSAL_LM.distill_loss(student, teacher, mask, cfg), student)
+    p, q = torch.log_softmax(teacher / 2, -1), torch.log_softmax(student / 2, -1)
+    whole = 4 * ((p.exp() * (p - q)).sum(-1) * mask).sum() / mask.sum()
+    (expected,) = torch.autograd.grad(whole, student)
+    torch.testing.assert_close(CAUSAL_LM.distill_loss(student, teacher, mask, cfg), whole, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-7)
+
+
 def test_fisher_probes_give_the_output_fisher():
     """E[g gᵀ] of ∇_z log p(y|z), y ~ p, is diag(p) − p pᵀ: the Hessian of KL at the output."""
     z = torch.tensor([[[0.3, -1.0, 2.0, 0.1]]], requires_grad=True)

@@ -84,6 +84,23 @@ def _torch(model, feed):
         return model(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
 
 
+@pytest.mark.parametrize("inputs", [64, 70])  # a whole number of blocks, and a last block cut short
+def test_a_corrected_layers_weight_made_again_in_the_backward_gives_autograds_gradients(inputs):
+    """The weight Q ⊙ G is not kept for the backward but made again: the output and every gradient (x, the gains, the
+    correction, the bias) as autograd's through the weight made and kept."""
+    torch.manual_seed(0)
+    layer = CorrectedLinear(torch.randn(33, inputs), torch.randn(inputs, 4), torch.randn(4, 33), torch.randn(33), 32)
+    with torch.no_grad():
+        layer.gain.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, inputs, requires_grad=True)
+    params = [x, *layer.parameters()]
+    got = torch.autograd.grad(layer(x).square().sum(), params)
+    kept = torch.nn.functional.linear(x, layer.scaled(), layer.bias) + (x @ layer.left) @ layer.right
+    torch.testing.assert_close(layer(x), kept, rtol=1e-5, atol=1e-4)
+    for g, expected in zip(got, torch.autograd.grad(kept.square().sum(), params)):
+        torch.testing.assert_close(g, expected, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("table_bits", [4, 3, 2])
 def test_the_student_computes_what_the_rounded_graph_computes(wide, tmp_path, table_bits):
     _, model, fp32, feeds = wide
