@@ -29,13 +29,13 @@ PEAK_PER_GRAM_ENTRY = 4  # the Grams in float32
 # the rounded weights) and the distillation's activations and logits, a few (batch, sequence, V) tensors. The 0.5B
 # shape was killed by the out-of-memory killer at 23.2 GiB as its training began (77c6785: the teacher's logits on
 # every validation batch held, 2.1 GB, and the student's made beside them, a full copy of the student's state kept as
-# its best, and the weights' arrays and bytes as keys made twice while the student was built). With those gone
-# (`python benchmarks/large_models.py corrected --only … --scheme int4-trained`, 2026-11-30), SmolLM2-135M (cd82a9e)
-# took 478 s at a peak of 5.17 GiB (7.21 before), 3.99× its fp32 weights over int4-corrected's estimate, and the 0.5B
-# shape (ae33f8a) 1,604 s at 20.04 GiB, 4.94× over it (each CorrectedLinear makes its weight Q ⊙ G at each pass,
-# kept for the backward): the larger taken as the training's, its 240 s beside int4-corrected's
-# time (the 0.5B shape: 24 min said, 26.7 taken).
-TRAINING_PER_FP32_BYTE = 4.94
+# its best, and the weights' arrays and bytes as keys made twice while the student was built; then each
+# CorrectedLinear's Q ⊙ G kept for the backward and the KL over the vocabulary made whole). With those gone (9ecd31f,
+# `python benchmarks/large_models.py corrected --only … --scheme int4-trained`, 2026-11-30), SmolLM2-135M took 474 s
+# at a peak of 5.16 GiB (7.21 at 5758882), 3.97× its fp32 weights over int4-corrected's estimate, and the 0.5B shape
+# 1,572 s at 17.25 GiB (20.04 at ae33f8a), 3.42× over it: the larger taken as the training's, its 240 s beside
+# int4-corrected's time (the 0.5B shape: 24 min said, 26.2 taken).
+TRAINING_PER_FP32_BYTE = 3.97
 
 
 def gram_entries(model_dir: Path) -> int | None:
