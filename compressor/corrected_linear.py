@@ -30,12 +30,14 @@ class _GainedLinear(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, gain, rounded = ctx.saved_tensors
         block = ctx.block
-        grad_x = grad @ _scaled(rounded, gain, block) if ctx.needs_input_grad[0] else None
+        # in the dtypes of the forward's inputs: under a GPU's bf16 autocast, g and x are bf16 and Q and G float32
+        weight = _scaled(rounded, gain, block)
+        grad_x = (grad @ weight.to(grad.dtype)).to(x.dtype) if ctx.needs_input_grad[0] else None
         grad_gain = None
         if ctx.needs_input_grad[1]:
-            product = grad.reshape(-1, grad.shape[-1]).T @ x.reshape(-1, x.shape[-1])  # (K, D): ∂/∂(Q ⊙ G)
+            product = grad.reshape(-1, grad.shape[-1]).T.float() @ x.reshape(-1, x.shape[-1]).float()  # ∂/∂(Q ⊙ G)
             product = nn.functional.pad(product.mul_(rounded), (0, gain.shape[1] * block - product.shape[1]))
-            grad_gain = product.view(*gain.shape, block).sum(-1)
+            grad_gain = product.view(*gain.shape, block).sum(-1).to(gain.dtype)
         return grad_x, grad_gain, None, None
 
 

@@ -101,6 +101,19 @@ def test_a_corrected_layers_weight_made_again_in_the_backward_gives_autograds_gr
         torch.testing.assert_close(g, expected, rtol=1e-4, atol=1e-3)
 
 
+def test_a_corrected_layer_trains_under_bf16_autocast_as_a_gpus_fine_tune_runs_it():
+    """bf16 inputs and gradients against a float32 weight and gains: the backward runs, each gradient in its tensor's
+    dtype and near the float32 one."""
+    torch.manual_seed(0)
+    layer = CorrectedLinear(torch.randn(33, 70), torch.randn(70, 4), torch.randn(4, 33), torch.randn(33), 32)
+    x = torch.randn(2, 5, 70, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (half,) = torch.autograd.grad(layer(x).float().square().sum(), layer.gain)
+    (full,) = torch.autograd.grad(layer(x).square().sum(), layer.gain)
+    assert half.dtype == torch.float32 and torch.isfinite(half).all()
+    assert float((half - full).norm() / full.norm()) < 0.05
+
+
 @pytest.mark.parametrize("table_bits", [4, 3, 2])
 def test_the_student_computes_what_the_rounded_graph_computes(wide, tmp_path, table_bits):
     _, model, fp32, feeds = wide
