@@ -165,10 +165,10 @@ class CausalLMKind(ModelKind):
         each chunk's intermediates made again in the backward (torch.utils.checkpoint) rather than kept."""
         width = student.shape[-1]
         rows, targets = student.reshape(-1, width), teacher.reshape(-1, width)
-        kept = torch.is_grad_enabled() and student.requires_grad
+        training = torch.is_grad_enabled() and student.requires_grad
         parts = [
             checkpoint(_kl_rows, rows[at : at + KL_ROWS], targets[at : at + KL_ROWS], temperature, use_reentrant=False)
-            if kept
+            if training
             else _kl_rows(rows[at : at + KL_ROWS], targets[at : at + KL_ROWS], temperature)
             for at in range(0, len(rows), KL_ROWS)
         ]
