@@ -69,11 +69,14 @@ def test_validation_targets_past_the_bound_are_made_at_each_call(pair, monkeypat
     held = fl.validation_targets(ENCODER, teacher, val, "cpu")
     monkeypatch.setattr(fl, "HELD_TARGET_BYTES", 0)
     made = fl.validation_targets(ENCODER, teacher, val, "cpu")
-    assert len(val) > 1 and all(torch.equal(held(i), made(i)) for i in range(len(val)))
-    assert fl.agreement(ENCODER, student, val, made, "cpu") == fl.agreement(ENCODER, student, val, held, "cpu")
+    assert len(val) > 1
+    for i in range(len(val)):
+        torch.testing.assert_close(made(i), held(i), rtol=1e-5, atol=1e-5)
+    score = fl.agreement(ENCODER, student, val, held, "cpu")
+    assert fl.agreement(ENCODER, student, val, made, "cpu") == pytest.approx(score, abs=1e-5)
     with torch.no_grad():
         teacher.get_input_embeddings().weight.mul_(2)
-    assert not torch.allclose(made(0), held(0))  # made again from the teacher, not kept
+    assert float((made(0) - held(0)).abs().max()) > 0.1  # made again from the teacher, not kept (1.8 here)
 
 
 def test_all_trains_the_rest_at_its_own_learning_rate(pair, monkeypatch):
