@@ -11,9 +11,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 from compressor.errors import CompressorError
 
@@ -100,6 +97,9 @@ def shard(model: nn.Module, device: torch.device) -> nn.Module:
     itself stays whole on the CPU; without a process group, `model`."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return model
+    from torch.distributed.device_mesh import init_device_mesh  # FSDP's modules: 0.7 s and sympy at import
+    from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     boxed = Shards(copy.deepcopy(model))
     stacks = [m for m in boxed.modules() if isinstance(m, nn.ModuleList)]
@@ -113,6 +113,8 @@ def full_weights(model: nn.Module) -> dict[str, Tensor]:
     """The whole state of `model`, on the CPU of every process; of a Shards box, its model's."""
     if not isinstance(model, Shards):
         return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return {k.removeprefix("module."): v.cpu() for k, v in full.items()}
 
