@@ -203,6 +203,9 @@ def test_the_lm_runs_at_scale_are_a_table_of_their_own(tmp_path):
     )
     assert "large: `python benchmarks/large_models.py lms --out runs/large`, commit `abc1234`" in section
     assert "| large | AMD EPYC, `avx512_vnni`, 1.32.0 | 40.0 GiB | refused (exit 2) | – | – |" in section
+    tables = [block for block in section.split("\n\n") if block.startswith("|")]
+    assert len(tables) == 2  # a table each file, each under its own header (not the first file's caption's rows)
+    assert all(block.splitlines()[0].startswith("| model |") for block in tables)
 
 
 def test_the_decode_records_are_tables_with_genais_ratio_and_the_drafts_passes(tmp_path):

@@ -306,9 +306,11 @@ def scale_section(folder: Path) -> str:
         "int4-corrected` or `int4-trained` (rows named so), each in a process of its own:",
         "",
     ]
-    lines += ["| model | CPU, integer path, ONNX Runtime | said before | took | peak RSS | stages (s, GiB) |"]
-    lines += ["|---|---|---|---|---|---|"]
-    for file in files:
+    for file in files:  # a table each, its header first: a second file's rows are not the first's caption's
+        if file is not files[0]:
+            lines.append("")
+        lines += ["| model | CPU, integer path, ONNX Runtime | said before | took | peak RSS | stages (s, GiB) |"]
+        lines += ["|---|---|---|---|---|---|"]
         for name, run in json.loads(file.read_text(encoding="utf-8")).items():
             env = run.get("environment") or {}
             machine = f"{_said(env.get('cpu'))}, `{_said(env.get('integer_path'))}`, {_said(env.get('onnxruntime'))}"
