@@ -1,21 +1,28 @@
-"""Decompositions (pure functions on tensors) and the compact modules built from them."""
+"""Decompositions (pure functions on tensors) and the compact modules built from them.
 
-from compressor.errors import CompressorError, ExportParityError, PlanError, RankError, ShapeError
-from compressor.factorize import balanced_factors
-from compressor.token_order import principal_order
-from compressor.tt import tt_matrix_svd, tt_matrix_to_dense
-from compressor.tt_embedding import TTEmbedding, TTEmbeddingSpec
+The names below load on first use (PEP 562), so that `compressor.errors` imports without PyTorch: a run's stages
+after the export (rounding ONNX graphs, the bench) run in a process that never loads it."""
 
-__all__ = [
-    "CompressorError",
-    "ExportParityError",
-    "PlanError",
-    "RankError",
-    "ShapeError",
-    "TTEmbedding",
-    "TTEmbeddingSpec",
-    "balanced_factors",
-    "principal_order",
-    "tt_matrix_svd",
-    "tt_matrix_to_dense",
-]
+import importlib
+
+_EXPORTS = {
+    "CompressorError": "compressor.errors",
+    "ExportParityError": "compressor.errors",
+    "PlanError": "compressor.errors",
+    "RankError": "compressor.errors",
+    "ShapeError": "compressor.errors",
+    "TTEmbedding": "compressor.tt_embedding",
+    "TTEmbeddingSpec": "compressor.tt_embedding",
+    "balanced_factors": "compressor.factorize",
+    "principal_order": "compressor.token_order",
+    "tt_matrix_svd": "compressor.tt",
+    "tt_matrix_to_dense": "compressor.tt",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'compressor' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

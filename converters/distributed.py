@@ -5,18 +5,15 @@ them the fine-tune runs alone, as before."""
 
 import contextlib
 import copy
-import os
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
 from compressor.errors import CompressorError
+from converters.torchrun import world
 
 __all__ = [
-    "World",
-    "world",
     "process_group",
     "wrap",
     "Shards",
@@ -28,27 +25,6 @@ __all__ = [
 ]
 
 SHARD_ALONE = "--shard splits the student over torchrun's processes: launch it with torchrun --nproc_per_node N"
-
-
-@dataclass(frozen=True)
-class World:
-    rank: int = 0
-    size: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        """The process that evaluates, logs and writes."""
-        return self.rank == 0
-
-
-def world() -> World:
-    """This process's place among torchrun's (rank 0 of 1 without torchrun)."""
-    try:
-        rank, size, local = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1), ("LOCAL_RANK", 0)))
-    except ValueError as e:
-        raise CompressorError(f"torchrun's RANK, WORLD_SIZE and LOCAL_RANK must be integers: {e}") from None
-    return World(rank, size, local)
 
 
 @contextlib.contextmanager

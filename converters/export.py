@@ -25,7 +25,7 @@ from converters.registry import ExportForms, export_forms, method_of
 from converters.submodules import set_submodule
 from eval.benchmark import PARITY_KEY
 from eval.memory import trim_heap
-from eval.probe import PAST, positions
+from eval.probe import PARITY_SHAPES, PAST, positions, sample_ids
 from files.atomic import atomic_file, tensor_bytes
 from files.onnx_files import WeightFile, add_props, load_onnx, save_onnx
 
@@ -41,7 +41,6 @@ __all__ = [
     "parity_cases",
     "parity_of",
     "sample_inputs",
-    "PARITY_SHAPES",
     "PARITY_ATOL",
 ]
 
@@ -68,17 +67,10 @@ class ExportResult:
     parity_max_abs: float
 
 
-PARITY_SHAPES = ((3, 13, 1), (1, 5, 2))  # (batch, sequence, seed), unlike the traced (2, 7)
-
-
 def sample_inputs(vocab: int, batch: int, seq: int, seed: int) -> tuple[Tensor, Tensor]:
-    """Random ids with the first and last real tokens present, and a padded row."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (batch, seq), generator=g)
-    ids[0, 0], ids[-1, -1] = vocab - 1, 0
-    mask = torch.ones_like(ids)
-    mask[-1, seq // 2 :] = 0
-    return ids, mask
+    """eval.probe.sample_ids as tensors: random ids with the first and last real tokens present, and a padded row."""
+    ids, mask = sample_ids(vocab, batch, seq, seed)
+    return torch.from_numpy(ids), torch.from_numpy(mask)
 
 
 def parity_cases(graph: nn.Module, vocab: int, names: list[str]) -> list[tuple[dict, list[np.ndarray]]]:
@@ -90,7 +82,7 @@ def parity_cases(graph: nn.Module, vocab: int, names: list[str]) -> list[tuple[d
     ours = graph.input_names() if hasattr(graph, "input_names") else names
     cases = []
     for batch, seq, seed in PARITY_SHAPES:
-        ids, mask = (x.numpy() for x in sample_inputs(vocab, batch, seq, seed))
+        ids, mask = sample_ids(vocab, batch, seq, seed)
         feed = {"input_ids": ids, "attention_mask": mask}
         if "position_ids" in ours:
             feed["position_ids"] = positions(mask, seq)

@@ -1,6 +1,7 @@
 """bench(...): measure ONNX models side by side in one run; the first is the reference."""
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -16,7 +17,7 @@ from eval.memory import peak_rss
 from eval.pareto import mark_pareto_
 from texts.tokens import encode_passages, load_tokenizer
 
-__all__ = ["bench", "parity_of", "GATE_FAILED_KEY"]
+__all__ = ["bench", "bench_inputs", "BenchInputs", "parity_of", "GATE_FAILED_KEY"]
 
 PARITY_KEY = "compressor.parity_max_abs"
 GATE_FAILED_KEY = "compressor.gate_failed"  # a graph kept off its gate says why (quantize_onnx's keep_failed)
@@ -34,6 +35,26 @@ def parity_of(path: str | Path) -> float | None:
     return float(props[PARITY_KEY]) if PARITY_KEY in props else None
 
 
+class BenchInputs(NamedTuple):
+    """What the bench feeds the graphs, tokenised once: the quality texts' padded batches by report key, the
+    vocabulary that peak RSS's random ids are drawn from, the eval text's tokens in one stream (latency, decode)."""
+
+    batches: dict[str, list[dict]]
+    vocab: int
+    stream: np.ndarray
+
+
+def bench_inputs(tokenizer_dir: Path, eval_texts: list[str], second_texts: list[str] | None = None) -> BenchInputs:
+    """`eval_texts` (and `second_texts`) tokenised by the tokenizer in `tokenizer_dir`, as `bench` reads them: a run
+    whose bench goes on in a process without transformers tokenises them first (converters/pipeline/apart.py)."""
+    tokenizer = load_tokenizer(tokenizer_dir)
+    texts = {"quality": eval_texts, **({} if second_texts is None else {"quality_second_text": second_texts})}
+    batches = {key: encode_passages(tokenizer, passages) for key, passages in texts.items()}
+    vocab = tokenizer.vocab_size  # peak RSS inputs draw ids from [0, vocab)
+    encoded = tokenizer(eval_texts, truncation=True, max_length=128)["input_ids"]  # as the quality sees them
+    return BenchInputs(batches, vocab, np.array([i for ids in encoded for i in ids if i < vocab], dtype=np.int64))
+
+
 def bench(
     variants: list[tuple[str, Path]],
     tokenizer_dir: Path,
@@ -48,6 +69,7 @@ def bench(
     rss_repeats: int = 1,
     progress: bool = True,
     goal: str = DEFAULT_GOAL,
+    inputs: BenchInputs | None = None,
 ) -> dict:
     """The report dict (DESIGN §5): what it ran on and with ("environment", "run": eval.environment), size and
     sha256, optimised initializer bytes, latency, peak RSS,
@@ -57,7 +79,8 @@ def bench(
     sequence) of random ids; latency uses `settings` on the eval text's
     tokens, the ids a model meets (a cached head with a computed tail costs what its text holds); "choice": the
     row to deploy for `goal` (eval.choice). `settings` None: latency.SETTINGS, or none for a kind timed otherwise
-    (GraphKind.shape_latency: an LM by its prefill and time per token, eval.decode)."""
+    (GraphKind.shape_latency: an LM by its prefill and time per token, eval.decode). `inputs`: the texts as
+    bench_inputs tokenises them, where the caller has them (None: tokenised here)."""
     if (second_texts is None) != (second_text is None):
         raise CompressorError("bench takes the second text's passages and its name together, or neither")
     kinds = [graph_kind(path) for _, path in variants]  # every file checked before any is measured
@@ -69,12 +92,7 @@ def bench(
             raise CompressorError(
                 f"{str(path)!r} is a graph of the {other.name} kind; the original's is of the {kind.name} kind"
             )
-    tokenizer = load_tokenizer(tokenizer_dir)
-    texts = {"quality": eval_texts, **({} if second_texts is None else {"quality_second_text": second_texts})}
-    batches = {key: encode_passages(tokenizer, passages) for key, passages in texts.items()}
-    vocab = tokenizer.vocab_size  # peak RSS inputs draw ids from [0, vocab)
-    encoded = tokenizer(eval_texts, truncation=True, max_length=128)["input_ids"]  # as the quality sees them
-    stream = np.array([i for ids in encoded for i in ids if i < vocab], dtype=np.int64)
+    batches, vocab, stream = inputs or bench_inputs(tokenizer_dir, eval_texts, second_texts)
     references = {}  # quality key → what variants[0] gives on its text
     rows = []
     for name, path in tqdm(variants, desc="bench: size, memory, quality", disable=not progress):

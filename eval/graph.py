@@ -83,12 +83,12 @@ def make_session(
 PACKING_OPS = frozenset({"MatMulNBits", "MatMulInteger", "DynamicQuantizeMatMul", "QLinearMatMul"})
 
 
-def numbers_session(path: str | Path, threads: int = 2):
+def numbers_session(path: str | Path, threads: int = 2, arena: bool = True):
     """A session whose outputs are read, not timed: a graph of float weights without the packed copies of its
     MatMul weights (SmolLM2's fp32 graph: 0.53 GiB over the libraries, 0.85 with them, 3–5 % slower), a quantized
-    one with its kernels' (PACKING_OPS)."""
+    one with its kernels' (PACKING_OPS); `arena` False: what a run allocates given back after it (session_options)."""
     ops = {node.op_type for node in load_graph(path, with_data=False).graph.node}
-    return make_session(path, threads=threads, prepack=not ops.isdisjoint(PACKING_OPS))
+    return make_session(path, threads=threads, arena=arena, prepack=not ops.isdisjoint(PACKING_OPS))
 
 
 def optimized_initializer_bytes(path: str | Path) -> int:

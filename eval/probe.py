@@ -28,6 +28,8 @@ __all__ = [
     "empty_past",
     "OUTPUT_CHUNK_BYTES",
     "row_chunks",
+    "PARITY_SHAPES",
+    "sample_ids",
 ]
 
 # A causal LM's graph with a key-value cache (Optimum's names: inputs input_ids, attention_mask, position_ids,
@@ -35,6 +37,16 @@ __all__ = [
 # batch of text as a prefill: position_ids count the real tokens before each, and every past is empty.
 PAST = "past_key_values."
 PRESENT = "present."
+PARITY_SHAPES = ((3, 13, 1), (1, 5, 2))  # the parity checks' (batch, sequence, seed), unlike the traced (2, 7)
+
+
+def sample_ids(vocab: int, batch: int, seq: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask), int64 (batch, seq): random ids with the table's first and last rows present, and a padded row."""
+    ids = np.random.default_rng(seed).integers(0, vocab, (batch, seq), dtype=np.int64)
+    ids[0, 0], ids[-1, -1] = vocab - 1, 0
+    mask = np.ones_like(ids)
+    mask[-1, seq // 2 :] = 0
+    return ids, mask
 
 
 def is_cached(session) -> bool:

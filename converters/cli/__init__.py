@@ -5,13 +5,11 @@ place that wires compressor, converters and eval together; it names no method an
 
 import argparse
 import os
-import signal
-import threading
 
 from compressor.errors import CompressorError
 from converters.cli import bench, catalog, compress, export, finetune, generate, pack, run, sweep, tie
-from converters.distributed import world
-from converters.pipeline.say import say
+from converters.pipeline.ending import ended
+from converters.torchrun import world
 
 __all__ = ["main", "build_parser", "COMMANDS"]
 
@@ -40,32 +38,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _terminated(signum, frame):
-    """SIGTERM (how a container or a job scheduler stops a run) ends it as Ctrl-C does: KeyboardInterrupt unwinds
-    every half-written output back off its final name."""
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
+    """The command `argv` (None: this process's own command line, whose later stages may go on in a fresh process
+    under the same process id: pipeline/apart.py; a caller's `argv` never replaces the caller's process)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = build_parser().parse_args(argv)
-    main_thread = threading.current_thread() is threading.main_thread()  # where Python lets a handler be set
-    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
-    try:
+    args.own_process = argv is None
+
+    def work() -> None:
         if world().size > 1 and args.command != "finetune":
             raise CompressorError(
                 f"under torchrun only compressor finetune runs (one process per share of each batch); run "
                 f"{args.command} in one process"
             )
         COMMANDS[args.command].run(args)
-    except CompressorError as e:
-        say(f"error: {e}")
-        return getattr(e, "exit_code", 2)  # 2: bad input; 1: the machine (a full disk)
-    except KeyboardInterrupt:
-        say("interrupted; outputs not yet complete were not written under their final names")
-        return 130
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
-    return 0
+
+    return ended(work)

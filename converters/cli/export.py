@@ -1,6 +1,6 @@
 """compressor export MODEL [--out DIR]: a model or checkpoint to a ready model folder (files.model_folder)
 whose ONNX graph is parity-checked; --out FILE.onnx writes the graph alone; --kv-cache int8: a causal LM's
-fused decoder with its key-value cache in int8 (converters/kinds/fused_cache.py); --shortlist K: its decoding steps
+fused decoder with its key-value cache in int8 (converters/quantization/kv_cache.py); --shortlist K: its decoding steps
 scoring the K best of a low-rank fit of its head exactly (converters/quantization/shortlist_head.py)."""
 
 import contextlib
@@ -23,13 +23,13 @@ from converters.cli.options import (
 from converters.cli.specs import quantize_spec, text_spec
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.kinds import kind_for_config
-from converters.kinds.fused_cache import CACHE_PASSAGES, CACHE_TYPES, cache_scales, int8_cache
 from converters.kinds.fused_decoder import fits_fused
 from converters.loading import resolve_model_dir
 from converters.pipeline.calibrating import head_frequencies, quantize_calibration, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import check_schemes, correction_fit
 from converters.quantization.corrections.training import trainer
+from converters.quantization.kv_cache import CACHE_PASSAGES, CACHE_TYPES, cache_scales, int8_cache
 from converters.quantization.quantize import quantize_for_targets
 from converters.quantization.registry import SchemeConfig
 from converters.quantization.shortlist_head import (

@@ -7,13 +7,14 @@ from converters.checkpoint import load_model, read_meta, save_compressed
 from converters.cli.options import finetune_options
 from converters.cli.specs import FINETUNE_DEFAULTS, finetune_config, kind_options
 from converters.compress import CompressionReport
-from converters.distributed import SHARD_ALONE, check_shares, world
+from converters.distributed import SHARD_ALONE, check_shares
 from converters.finetune import FinetuneRun
 from converters.finetune.state import check_resumable
 from converters.kinds import kind_named, kind_of
 from converters.pipeline.say import say
 from converters.pipeline.steps import check_kind_options, finetune_and_say, finetune_texts
 from converters.plan import Plan
+from converters.torchrun import world
 from files.atomic import check_writable
 
 HELP = "distil the original model into a compressed checkpoint, in place"

@@ -1,6 +1,7 @@
 """compressor run [MODEL]: compress, export and bench the original and each variant in one run."""
 
 import json
+import os
 from pathlib import Path
 
 from compressor.errors import CompressorError
@@ -19,11 +20,11 @@ from converters.cli.options import (
 from converters.cli.recipes import default_run
 from converters.cli.specs import run_spec, variant_spec
 from converters.kinds import kind_for_config
-from converters.kinds.fused_cache import CACHE_TYPES
 from converters.loading import resolve_model_dir
 from converters.pipeline import measure
 from converters.pipeline.measuring import original_rows
 from converters.pipeline.say import say
+from converters.quantization.kv_cache import CACHE_TYPES
 from eval.kinds import CAUSAL_LM
 from files.atomic import check_writable
 
@@ -124,7 +125,7 @@ def run(args) -> None:
     check_writable(args.out, "output folder")
     if args.ft_steps == 0:
         say("--finetune-steps 0: the fine-tune is skipped")
-    measure(spec)
+    measure(spec, apart=args.own_process and os.name == "posix")  # where a process replaces itself (execve)
 
 
 def _recipes_of(recipe: str | None, goal: str) -> tuple[dict, str]:

@@ -8,8 +8,9 @@ import functools
 from compressor.errors import CompressorError
 from converters.export import check_export_forms
 from converters.kinds import ModelKind, kind_for_config
-from converters.loading import resolve_model_dir, stored_parameters
-from converters.pipeline.calibrating import quantize_calibration, token_frequencies
+from converters.loading import DEFAULT_MODEL_NAME, resolve_model_dir, stored_parameters
+from converters.pipeline.apart import go_on_apart
+from converters.pipeline.calibrating import head_frequencies, quantize_calibration, token_frequencies
 from converters.pipeline.say import say
 from converters.pipeline.steps import (
     check_kind_options,
@@ -24,6 +25,7 @@ from converters.pipeline.steps import (
 )
 from converters.pipeline.variants import Variants, output_folder
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
+from eval.benchmark import bench_inputs
 from eval.environment import batches_sha256, texts_sha256
 from texts.prior import check_prior
 
@@ -84,8 +86,10 @@ def check_spec(run: RunSpec, kind: ModelKind) -> QuantizeSpec:
     return original
 
 
-def measure(run: RunSpec) -> None:
-    """The original and every variant side by side in `run.out`, each row in its variant's settings."""
+def measure(run: RunSpec, apart: bool = False) -> None:
+    """The original and every variant side by side in `run.out`, each row in its variant's settings; `apart`: a run
+    of the original's rows alone goes on in a fresh process once the original is exported (apart.py: only where
+    the caller owns this process, the command line's)."""
     check_run(run)
     source = resolve_model_dir(run.model)
     kind = kind_for_config(source)
@@ -115,8 +119,16 @@ def measure(run: RunSpec) -> None:
             run.out, source, vocab, batches, fit_for=fit_for, frequencies=frequencies, kv_cache=run.kv_cache
         )
         held, keep = [original], bool(run.variants) or any(c.trains for c in original_quantize.schemes)
+        model_name = DEFAULT_MODEL_NAME if run.model is None else str(source)
+        bench = {"model_name": model_name, "runs": run.runs, "goal": run.goal, "texts": texts, "second": second}
+        bench["hashes"] = hashes
         if not keep:
             del original  # the original's rows alone: the model goes once exported (Variants.add_original)
+        if not keep and apart:  # and PyTorch with it: the rows and the bench in a fresh process (apart.py)
+            path, schemes = made.export_original(held, original_quantize, keep)
+            counts = {c.scheme: head_frequencies(c, frequencies) for c in schemes if c.head_rows}
+            inputs = bench_inputs(source, texts[0], second[0])  # tokenised here: the bench apart has no transformers
+            go_on_apart(made.rows, path, schemes, counts, {**bench, "inputs": inputs})
         made.add_original(held, original_quantize, keep)
         for variant in run.variants:
             if variant.said:
@@ -125,4 +137,4 @@ def measure(run: RunSpec) -> None:
                 made.add_quantized(variant)
             else:
                 made.add_compressed(variant, run, original, source, ft_texts)
-        made.bench_and_report(run, source, texts, second, hashes)
+        made.rows.bench_and_report(**bench)

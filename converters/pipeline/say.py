@@ -4,7 +4,7 @@ import sys
 
 from tqdm.auto import tqdm
 
-from converters.distributed import world
+from converters.torchrun import world
 
 __all__ = ["say"]
 

@@ -11,14 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from compressor.errors import CompressorError, ExportParityError
-from converters.export import PARITY_SHAPES, sample_inputs
 from converters.quantization.registry import QuantizeResult, SchemeConfig, Source, schemes
 from converters.quantization.rounding.three_bit_table import three_bit_outputs
 from converters.quantization.storage.codebook_table import codebook_bits
 from eval.benchmark import PARITY_KEY, WIDTH_KEY
 from eval.graph import file_bytes, numbers_session
 from eval.kinds import graph_kind
-from eval.probe import full_feed, row_blocks, row_chunks
+from eval.probe import PARITY_SHAPES, full_feed, row_blocks, row_chunks, sample_ids
 from files.atomic import atomic_file
 from files.model_folder import TARGET_KEY, graph_file
 from files.onnx_files import add_props, load_onnx
@@ -57,7 +56,7 @@ def _parity(fp32: Path, quantized: Path, vocab: int, text: list[dict] | None, he
         fed = f"{sum(len(f[names[0]]) for f in feeds)} passages of text"
     else:
         shapes = PARITY_SHAPES
-        feeds = [{n: x.numpy() for n, x in zip(names, sample_inputs(vocab, b, t, seed))} for b, t, seed in shapes]
+        feeds = [dict(zip(names, sample_ids(vocab, b, t, seed))) for b, t, seed in shapes]
         fed = "random ids"
     chunks = [part for whole in feeds for part in row_chunks(reference, whole)]
     output = reference.get_outputs()[0].name

@@ -8,6 +8,7 @@ graph kind (`check`), its graph writer (`write`) and its report fields (`report`
 what it needs of the pipeline (calibration batches, a plan's widths, a trainer of its corrections)."""
 
 import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -169,7 +170,9 @@ def schemes() -> dict[str, type[SchemeConfig]]:
     global _builtins_loaded
     if not _builtins_loaded:
         _builtins_loaded = True
-        importlib.import_module("converters.quantization.schemes")
+        package = importlib.import_module("converters.quantization.schemes")
+        for module in pkgutil.iter_modules(package.__path__):
+            importlib.import_module(f"{package.__name__}.{module.name}")
     return dict(sorted(_SCHEMES.items(), key=lambda item: -item[1].width))
 
 

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from compressor.errors import CompressorError
 from compressor.lowrank import whitened_factors
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.corrections.correction import input_rows
+from converters.quantization.corrections.errors import input_rows
 from converters.quantization.rounding.int4 import quantize_matmuls
 from converters.quantization.storage.half_scales import half_scales
 from converters.quantization.storage.tied_codes import nbits_rows, plain_blocks

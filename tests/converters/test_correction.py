@@ -16,16 +16,16 @@ from compressor.budget import tail_error
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.corrections import correction
+from converters.quantization.corrections import errors as rounding
 from converters.quantization.corrections.correction import (
     correction_bytes,
     error_factors,
     error_spectrum,
     input_grams,
     layer_factors,
-    rounding_errors,
 )
 from converters.quantization.corrections.correction_plan import correction_ranks, plan_corrections
+from converters.quantization.corrections.errors import rounding_errors
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
 from converters.quantization.rounding.int4 import four_bit_codes, quantize_4bit, quantize_matmuls
@@ -69,7 +69,7 @@ def test_the_grams_sum_every_token_and_each_read_is_a_float64_copy_of_its_own():
 
 
 def test_the_rounding_errors_are_made_on_each_read_from_the_graph_as_it_is(monkeypatch):
-    monkeypatch.setattr(correction, "ERROR_VALUES", 64 * 5)  # five of 48 columns at a time
+    monkeypatch.setattr(rounding, "ERROR_VALUES", 64 * 5)  # five of 48 columns at a time
     model, weight = _matmul()
     quantized = quantize_4bit(model, block=16, accuracy_level=0, aware=False)
     errors = rounding_errors(quantized, model)
@@ -97,7 +97,7 @@ def test_at_full_rank_the_correction_restores_the_error():
 
 def _sliced_errors(n: int, monkeypatch):
     """The rounding errors of a 64 × `n` layer made 7 columns at a time, and an anisotropic Gram."""
-    monkeypatch.setattr(correction, "ERROR_VALUES", 64 * 7)
+    monkeypatch.setattr(rounding, "ERROR_VALUES", 64 * 7)
     model, _ = _matmul(64, n)
     errors = rounding_errors(quantize_4bit(model, block=16, accuracy_level=0, aware=False), model)
     _, gram = _anisotropic_gram()

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 from compressor.errors import CompressorError
 from converters.checkpoint import load_model
 from converters.compress import compress_
-from converters.distributed import Shards, process_group, world, wrap
+from converters.distributed import Shards, process_group, wrap
 from converters.finetune import Distillation, FinetuneRun, finetune_, trainable_parameters
 from converters.finetune.config import FinetuneConfig
 from converters.finetune.loss import step_loss
@@ -25,6 +25,7 @@ from converters.kinds.encoder import ENCODER
 from converters.methods.tt import TTConfig
 from converters.plan import Plan
 from converters.registry import compact_modules
+from converters.torchrun import world
 from texts.tokens import load_tokenizer
 
 TEXTS = [f"the {w} value of a list is a string in python module number {i}" for i, w in enumerate("abcdefgh" * 4)]

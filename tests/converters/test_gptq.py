@@ -9,8 +9,8 @@ import torch
 from converters.checkpoint import load_model
 from converters.export import export_onnx, sample_inputs
 from converters.nbits_storage import dequantize_nbits
-from converters.quantization.corrections.correction import rounding_errors
 from converters.quantization.corrections.correction_plan import Plan
+from converters.quantization.corrections.errors import rounding_errors
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
 from converters.quantization.rounding import gptq

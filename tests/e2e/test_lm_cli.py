@@ -2,6 +2,8 @@
 bad input that belongs to language models answered in one sentence."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -102,6 +104,36 @@ def test_run_without_method_options_on_an_lm_measures_the_originals_rows(
     assert all(f"{s['stage']}: " in err for s in stages["stages"])  # each said as it ends
 
 
+def test_from_the_command_line_the_original_s_rows_and_the_bench_go_on_without_torch(tiny_llama_dir, lm_text, tmp_path):
+    """`compressor run` as its own process: once the original is exported, the process becomes a fresh Python
+    (converters/pipeline/apart.py) that rounds the rows and benches them without importing PyTorch or transformers,
+    and writes the report the run in one process would, under the command the run was given."""
+    out = tmp_path / "run"
+    texts = ("--calib", str(lm_text), "--eval-text", str(lm_text), "--second-text", "none")
+    argv = [
+        sys.executable,
+        "-m",
+        "converters.cli",
+        "run",
+        str(tiny_llama_dir),
+        *texts,
+        "--runs",
+        "1",
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["run"]["apart"] == {"after": "original: export", "imported": [], "of": ["torch", "transformers"]}
+    assert report["run"]["command"].endswith(f"run {tiny_llama_dir} {' '.join(texts)} --runs 1 --out {out}")
+    rows = [v["name"] for v in report["variants"]]
+    assert rows == ["original", "original-int8", "original-int4", "original-int4-aware"]
+    assert [s["stage"] for s in report["run"]["stages"]["stages"]] == ["original: export", *rows[1:], "bench"]
+    assert all(v["quantization"]["parity_rel_to_fp32"] < 0.5 for v in report["variants"][1:])  # rounded, not broken
+    assert all("decode_ms" in v for v in report["variants"]) and not list(out.glob(".*.tmp"))
+
+
 def test_an_lm_run_the_machine_cannot_hold_is_refused_before_any_work(
     tiny_llama_dir, lm_text, tmp_path, capsys, monkeypatch
 ):
@@ -170,4 +202,4 @@ def test_the_original_is_freed_once_exported_when_no_row_needs_it(tiny_llama_dir
     made.add_original(held, QuantizeSpec(), keep)
     gc.collect()
     assert (alive() is not None) == keep and (made.original is not None) == keep
-    assert [name for name, _ in made.graphs] == ["original"] and (tmp_path / "out" / "original").is_dir()
+    assert [name for name, _ in made.rows.graphs] == ["original"] and (tmp_path / "out" / "original").is_dir()

@@ -10,14 +10,14 @@ the probe sums whichever is smaller for each input, its Gram or the errors of th
 its errors as large as its weights (its head's 151,936 columns)."""
 
 import collections
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
-import torch
 from onnx import numpy_helper
 from tqdm.auto import tqdm
 
-from converters.quantization.corrections.correction import input_rows, rounding_errors
+from converters.quantization.corrections.errors import input_rows, rounding_errors
 from converters.quantization.rounding.int4 import (
     SENSITIVITY_BATCHES,
     layer_losses,
@@ -34,7 +34,7 @@ MEASURED_LAYERS = 64  # the most MatMuls whose losses are measured through the g
 
 def gram_losses(
     model: onnx.ModelProto,
-    grams: dict[str, torch.Tensor],
+    grams: Mapping,
     block: int,
     accuracy_level: int,
     quantized: onnx.ModelProto | None = None,
@@ -42,7 +42,7 @@ def gram_losses(
     bits: int = 4,
 ) -> dict[str, float]:
     """MatMul node name → tr(Eᵀ G E) of its weight's int4-aware rounding error E in its input Gram G
-    (`grams`, by output name: correction.input_grams); `model` has named nodes; `quantized`: `model`
+    (`grams`, by output name: correction.input_grams, a tensor each); `model` has named nodes; `quantized`: `model`
     with every MatMul so rounded, when the caller has it already (`keep_grid`, `bits`: as int4.quantize_matmuls)."""
     names = {n.output[0]: n.name for n in model.graph.node}
     if quantized is not None:
@@ -90,13 +90,12 @@ def probed_losses(
     for node in nodes:
         widths[node.input[0]] += weighted[node.name][1]
     by_gram = {node.input[0] for node in nodes if weighted[node.name][0] <= widths[node.input[0]]}
-    parts: dict[str, list[np.ndarray]] = {}
-    for out, part in _rounded_alone(
-        model, [n for n in nodes if n.input[0] not in by_gram], block, accuracy_level, keep_grid, bits
-    ):
-        parts.setdefault(out, []).append(part)
-    errors = {out: np.concatenate(part, axis=1) for out, part in parts.items()}
-    del parts
+    by_error = [n for n in nodes if n.input[0] not in by_gram]
+    errors = {n.output[0]: np.empty(weighted[n.name], np.float32) for n in by_error}  # filled a slice at a time
+    filled = dict.fromkeys(errors, 0)
+    for out, part in _rounded_alone(model, by_error, block, accuracy_level, keep_grid, bits):
+        errors[out][:, filled[out] : filled[out] + part.shape[1]] = part
+        filled[out] += part.shape[1]
     inputs = {node.output[0]: node.input[0] for node in nodes}
     losses, grams = dict.fromkeys(errors, 0.0), {}
     for rows in input_rows(model, sorted(set(inputs.values())), feeds):
@@ -122,7 +121,7 @@ def four_bit_losses(
     kind,
     block: int,
     accuracy_level: int,
-    grams: dict[str, torch.Tensor] | None = None,
+    grams: Mapping | None = None,
     quantized: onnx.ModelProto | None = None,
     keep_grid: bool = False,
     bits: int = 4,

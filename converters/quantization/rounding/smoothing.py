@@ -64,7 +64,8 @@ def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict
     rows where the tensors would be large together (eval.probe.row_chunks: the tensors the MatMuls read are as wide
     as their weights' rows; the graph's own outputs, an LM's logits, neither asked nor computed). The graph is let
     go once written for the probe's session: a caller that holds no other reference frees it before the session
-    reads its weights."""
+    reads its weights. The session keeps no memory arena: an arena kept the largest chunk's tensors (SmolLM2's
+    int4-aware sensitivity probe peaked at 1.24 GiB with one, 1.20 without, in the same time)."""
     weights = {i.name: i.dims[0] for i in model.graph.initializer if len(i.dims) == 2}
     widths = {
         n.input[0]: weights[n.input[1]] for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights
@@ -80,7 +81,7 @@ def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict
             del model.graph.output[:]
             model.graph.output.extend(kept)
         del model
-        session = numbers_session(path)
+        session = numbers_session(path, arena=False)
     width = sum(widths.get(n, 0) for n in names) if all(n in widths for n in names) else None
     parts = [part for whole in feeds for part in row_chunks(session, whole, width=width)]
     for feed in tqdm(parts, desc=f"activations of {len(names)} tensors", unit="batch", leave=False):

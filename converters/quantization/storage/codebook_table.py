@@ -7,11 +7,11 @@ alone) recall@10 0.942 / 0.898 against 2-bit rounding's 0.936 / 0.857 and 3-bit'
 "The word table's tail in codebooks").
 
 The lookup is standard operators: codes = Gather(C, ids), index = codes + 256 · j, Gather(codebooks, index), cast
-and reshaped to (…, D)."""
+and reshaped to (…, D). PyTorch (its cdist) is imported where a table is coded: reading a coded graph (codebook_bits,
+at every quantization) needs numpy alone."""
 
 import numpy as np
 import onnx
-import torch
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
@@ -36,9 +36,11 @@ CODEBOOK_PARTS = ("PQcodes", "PQbooks")  # initializers OUT_part of a codebook l
 _ITERATIONS = 20  # of Lloyd's k-means; 60 lower MiniLM's tail's error by 0.4 % and keep no more recall (BENCHMARKS)
 
 
-def _nearest(pieces: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
-    """(m, n) the index of each piece's nearest centroid, a few spaces at a time (distance matrices of about 2^25
-    floats, 128 MB, whatever the table's rows)."""
+def _nearest(pieces, centroids):
+    """(m, n) the index of each piece's nearest centroid (tensors), a few spaces at a time (distance matrices of about
+    2^25 floats, 128 MB, whatever the table's rows)."""
+    import torch
+
     spaces = max(1, (1 << 25) // (pieces.shape[1] * centroids.shape[1]))
     return torch.cat(
         [
@@ -48,10 +50,12 @@ def _nearest(pieces: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
     )
 
 
-def kmeans(pieces: torch.Tensor, k: int = CENTROIDS, iterations: int = _ITERATIONS) -> tuple[np.ndarray, np.ndarray]:
-    """(centroids (m, k, p) float16, codes (n, m) uint8) of `pieces` (m, n, p): Lloyd's k-means in each of the m
-    spaces (k at most n), started from k rows drawn without replacement (seeded), an emptied centroid left where it
-    was; the codes last chosen against the centroids in half precision, as they are stored."""
+def kmeans(pieces, k: int = CENTROIDS, iterations: int = _ITERATIONS) -> tuple[np.ndarray, np.ndarray]:
+    """(centroids (m, k, p) float16, codes (n, m) uint8) of `pieces` (m, n, p), a tensor: Lloyd's k-means in each of
+    the m spaces (k at most n), started from k rows drawn without replacement (seeded), an emptied centroid left where
+    it was; the codes last chosen against the centroids in half precision, as they are stored."""
+    import torch
+
     m, n, p = pieces.shape
     k = min(k, n)
     start = torch.randperm(n, generator=torch.Generator().manual_seed(0))[:k]
@@ -67,6 +71,8 @@ def kmeans(pieces: torch.Tensor, k: int = CENTROIDS, iterations: int = _ITERATIO
 
 def _coded(weight: np.ndarray, piece: int) -> tuple[np.ndarray, np.ndarray]:
     """(codes (rows, D / piece) uint8, codebooks (D / piece · k, piece) float16, k at most CENTROIDS) of `weight`."""
+    import torch
+
     rows, cols = weight.shape
     pieces = torch.from_numpy(weight.reshape(rows, cols // piece, piece).transpose(1, 0, 2).copy())
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""The fused decoder's int8 key-value cache (converters/kinds/fused_cache.py, `compressor export --kv-cache int8`):
+"""The fused decoder's int8 key-value cache (converters/quantization/kv_cache.py, `compressor export --kv-cache int8`):
 int8 pasts and presents, per-channel scales that hold the calibration text's keys and values, decoding that stays
 near the fp32 cache's, and every graph or model it cannot go into refused before any work."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from converters.kinds.fused_cache import attends_by_gqa, cache_scales
+from converters.quantization.kv_cache import attends_by_gqa, cache_scales
 from eval.decode import Decoder, decode_ids
 from eval.graph import make_session
 from eval.probe import PAST, PRESENT
