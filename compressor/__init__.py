@@ -3,26 +3,21 @@
 The names below load on first use (PEP 562), so that `compressor.errors` imports without PyTorch: a run's stages
 after the export (rounding ONNX graphs, the bench) run in a process that never loads it."""
 
-import importlib
+from compressor.lazy_names import lazy_names
 
-_EXPORTS = {
-    "CompressorError": "compressor.errors",
-    "ExportParityError": "compressor.errors",
-    "PlanError": "compressor.errors",
-    "RankError": "compressor.errors",
-    "ShapeError": "compressor.errors",
-    "TTEmbedding": "compressor.tt_embedding",
-    "TTEmbeddingSpec": "compressor.tt_embedding",
-    "balanced_factors": "compressor.factorize",
-    "principal_order": "compressor.token_order",
-    "tt_matrix_svd": "compressor.tt",
-    "tt_matrix_to_dense": "compressor.tt",
-}
-
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'compressor' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __all__ = lazy_names(
+    __name__,
+    {
+        "CompressorError": "compressor.errors",
+        "ExportParityError": "compressor.errors",
+        "PlanError": "compressor.errors",
+        "RankError": "compressor.errors",
+        "ShapeError": "compressor.errors",
+        "TTEmbedding": "compressor.tt_embedding",
+        "TTEmbeddingSpec": "compressor.tt_embedding",
+        "balanced_factors": "compressor.factorize",
+        "principal_order": "compressor.token_order",
+        "tt_matrix_svd": "compressor.tt",
+        "tt_matrix_to_dense": "compressor.tt",
+    },
+)

@@ -5,18 +5,13 @@ is a run or a sweep; `compress_checkpoint` one compressed checkpoint.
 The names below load on first use (PEP 562): the rows and the bench (rows.py) run without PyTorch when a run hands
 them to a process of its own (apart.py)."""
 
-import importlib
+from compressor.lazy_names import lazy_names
 
-_EXPORTS = {
-    "check_run": "converters.pipeline.measuring",
-    "measure": "converters.pipeline.measuring",
-    "compress_checkpoint": "converters.pipeline.steps",
-}
-
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'converters.pipeline' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__, __all__ = lazy_names(
+    __name__,
+    {
+        "check_run": "converters.pipeline.measuring",
+        "measure": "converters.pipeline.measuring",
+        "compress_checkpoint": "converters.pipeline.steps",
+    },
+)
