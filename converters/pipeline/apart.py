@@ -1,8 +1,9 @@
 """A run of the original's rows alone (an LM's goal: nothing after the export needs the model) goes on without
 PyTorch and transformers once the original is exported: the process becomes a fresh Python (os.execve: the same
 process id, output, signals and exit status) that imports neither and rounds the rows and runs the bench (rows.py).
-The libraries alone held 0.48–0.51 GiB at each stage's start of SmolLM2's run, 0.36 GiB of it PyTorch's and
-transformers' import.
+SmolLM2's run held 0.48–0.51 GiB at each stage's start in one process, 0.08–0.14 in the fresh one; its peak went
+from 1.64 GiB (3.3× its fp32 weights) to 1.20 (2.4×): its int4-aware stage's from 1.64 to 1.25 (to 1.20 with its
+sensitivity probe's session keeping no arena), its bench's from 1.55 to 1.17 (BENCHMARKS.md, "LMs at scale").
 
 The rows' state goes over in an unlinked temporary file, open across the exec and read once by the process that
 wrote it (no one else can name it): `python -m converters.pipeline.apart FD`."""
