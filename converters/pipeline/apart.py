@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn
 
+from compressor.errors import CompressorError
 from converters.pipeline.ending import ended
 from converters.pipeline.rows import Rows
 
@@ -39,6 +40,21 @@ def go_on_apart(rows: Rows, path: Path, schemes, head_counts: dict, bench: dict)
         os.execve(sys.executable, argv, {**os.environ, "PYTHONPATH": python_path})
 
 
+def _state_file(argv: list[str]) -> int:
+    """The one argument, the number of the unlinked file go_on_apart left open (checked: one sentence, exit 2, for
+    anything else: this entry point is `compressor run`'s own, not one to call)."""
+    said = "python -m converters.pipeline.apart FD is run by `compressor run` itself, FD the state file it left open"
+    if len(argv) != 1 or not argv[0].isdigit():
+        raise CompressorError(f"{said}; got {' '.join(argv) or 'no argument'}")
+    try:
+        unlinked = os.fstat(int(argv[0])).st_nlink == 0
+    except OSError:
+        unlinked = False
+    if not unlinked:
+        raise CompressorError(f"{said}; {argv[0]} is not an open file without a name")
+    return int(argv[0])
+
+
 def _rows_and_bench(fd: int) -> None:
     """What go_on_apart handed on through the file `fd`, done, under the command line the run was given (the
     report's command) and said in the report (`run.apart`: the libraries this process imported of those it left)."""
@@ -50,4 +66,4 @@ def _rows_and_bench(fd: int) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(ended(lambda: _rows_and_bench(int(sys.argv[1]))))
+    sys.exit(ended(lambda: _rows_and_bench(_state_file(sys.argv[1:]))))

@@ -120,8 +120,7 @@ def measure(run: RunSpec, apart: bool = False) -> None:
         )
         held, keep = [original], bool(run.variants) or any(c.trains for c in original_quantize.schemes)
         model_name = DEFAULT_MODEL_NAME if run.model is None else str(source)
-        bench = {"model_name": model_name, "runs": run.runs, "goal": run.goal, "texts": texts, "second": second}
-        bench["hashes"] = hashes
+        bench = dict(model_name=model_name, runs=run.runs, goal=run.goal, texts=texts, second=second, hashes=hashes)
         if not keep:
             del original  # the original's rows alone: the model goes once exported (Variants.add_original)
         if not keep and apart:  # and PyTorch with it: the rows and the bench in a fresh process (apart.py)

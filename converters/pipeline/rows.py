@@ -34,13 +34,8 @@ class Rows:
         """Each row is a ready model folder OUT/NAME (files.model_folder) holding `source`'s files; `batches`:
         calibration inputs of the aware schemes; `kv_cache` int8: a quantized row whose graph is the fused decoder
         gets an int8 key-value cache (quantization/kv_cache.py)."""
-        self.out, self.source, self.vocab, self.batches, self.kv_cache = (
-            Path(out),
-            Path(source),
-            vocab,
-            batches,
-            kv_cache,
-        )
+        self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
+        self.kv_cache = kv_cache
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()

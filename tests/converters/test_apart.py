@@ -47,3 +47,16 @@ def test_a_package_face_loads_its_names_on_first_use_and_refuses_others():
     assert compressor.tt_matrix_svd.__module__ == "compressor.tt"
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         compressor.nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("argv", [[], ["x"], ["3"]])
+def test_the_fresh_process_s_entry_point_refuses_anything_but_the_unlinked_state_file(argv, tmp_path):
+    named = tmp_path / "state"
+    named.write_bytes(b"not the run's state")
+    with open(named, "rb") as f:  # a file with a name, open as fd 3 in the child
+        code = "import os, sys; os.dup2(int(sys.argv[1]), 3); sys.argv[1:] = sys.argv[2:]; import runpy; "
+        code += "runpy.run_module('converters.pipeline.apart', run_name='__main__', alter_sys=True)"
+        argv_ = [sys.executable, "-c", code, str(f.fileno()), *argv]
+        done = subprocess.run(argv_, capture_output=True, text=True, timeout=300, pass_fds=(f.fileno(),))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "is run by `compressor run` itself" in done.stderr
