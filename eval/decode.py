@@ -49,6 +49,8 @@ class Decoder:
         self.prompt_options = _shrinking() if shrink else None
         self.cached = use_cache and is_cached(session)
         self.outputs = [o.name for o in session.get_outputs()]
+        logits = next(o for o in session.get_outputs() if o.name == "logits")
+        self.logits_type = (logits.shape[-1], CACHE_TYPES.get(logits.type, np.float32))  # (width or its name, dtype)
         self.inputs = {i.name for i in session.get_inputs()}
         self.shared = self.cached and "position_ids" not in self.inputs
         self.buffers: dict[str, np.ndarray] = {}  # past name → (1, heads, capacity, head_dim), when shared
@@ -109,10 +111,13 @@ class Decoder:
             for name, value in self.values.items():
                 self.binding.bind_ortvalue_input(name, value)
                 self.binding.bind_ortvalue_output(name.replace(PAST, PRESENT, 1), value)
-        logits = self._logits_buffer(new.shape[1]) if options is not None else None
+        # written into an array of its own, which goes with it: not into the session's memory arena, and read
+        # without the binding's outputs (wrapping every present's OrtValue and copying the logits: 0.13 ms a step,
+        # 3 % of SmolLM2's 4-bit step)
+        logits = self._logits_buffer(new.shape[1])
         if logits is None:
             self.binding.bind_output("logits")  # allocated by the run, of this step's length
-        else:  # written into an array of its own, which goes with it: not into the session's memory arena
+        else:
             self.binding.bind_output("logits", "cpu", 0, logits.dtype, logits.shape, logits.ctypes.data)
         self.binding.bind_cpu_input("input_ids", new)
         self.binding.bind_cpu_input("attention_mask", np.ones((1, total), dtype=np.int64))
@@ -121,9 +126,8 @@ class Decoder:
 
     def _logits_buffer(self, tokens: int) -> np.ndarray | None:
         """An array for the logits of `tokens` new ids, where the graph fixes the vocabulary's width."""
-        out = next(o for o in self.session.get_outputs() if o.name == "logits")
-        width = out.shape[-1]
-        return np.empty((1, tokens, width), CACHE_TYPES.get(out.type, np.float32)) if isinstance(width, int) else None
+        width, dtype = self.logits_type
+        return np.empty((1, tokens, width), dtype) if isinstance(width, int) else None
 
     @property
     def past(self) -> dict[str, np.ndarray]:
