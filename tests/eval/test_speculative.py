@@ -109,6 +109,14 @@ def test_proposals_stop_where_the_draft_guesses_badly_and_the_output_stays(verif
     assert Lookahead(4, cost=0.0, adaptive=False).tokens() == 4
 
 
+def test_a_pass_not_yet_timed_grows_as_the_timed_one_with_the_most_proposals():
+    lookahead = Lookahead(4, cost=0.0)
+    lookahead.update(0, 0, pass_seconds=1.0)  # a plain step: 1 s
+    lookahead.update(1, 1, pass_seconds=1.5)  # a pass of one proposal: 1.5 steps, its proposal kept
+    np.testing.assert_allclose(lookahead._costs(), [1.0, 1.5, 2.0, 2.5, 3.0], rtol=1e-12)
+    assert lookahead.tokens() == 1  # α = 1.8 / 3.4: E(1) / C(1) = 1.02 beats E(2) / C(2) = 0.90 and a step
+
+
 def test_it_stops_after_the_end_of_text_token(verifier):
     session = _session(verifier)
     greedy = decode_ids(session, np.array(PROMPTS[1]), NEW)
