@@ -17,8 +17,9 @@ not a dependency of the project: install it beside (`pip install --target DIR on
 -i runs/lm/smollm2 -o GENAI_FOLDER -p int4 -e cpu`; a fused decoder's folder of ours holds a
 genai_config.json (files.genai_config), so --genai runs it by GenAI's generator too. Contexts are the
 first tokens of the LM eval text; each graph takes one prefill and DECODE_TOKENS steps in turn, the first
-round a warm-up. llama.cpp runs in its own interpreter (benchmarks/llamacpp_decode.py says how to make one),
-fed the same token ids over a pipe."""
+round a warm-up; each round's mean is kept, so that a ratio to GenAI reads against its rounds' spread.
+llama.cpp runs in its own interpreter (benchmarks/llamacpp_decode.py says how to make one), fed the same
+token ids over a pipe."""
 
 import argparse
 import json
@@ -192,6 +193,10 @@ def main() -> None:
             steps = [ms for t in kept[name] for ms in t.step_ms]
             prefill = float(np.median([t.prefill_ms for t in kept[name]]))
             result["decode"][name][f"ctx{length}"] = DecodeTimes(prefill, steps).summary()
+            # each round's mean: the rows took turns, so a ratio's rounds pair up and give its spread
+            result["decode"][name][f"ctx{length}"]["round_mean_ms"] = [
+                round(float(np.mean(t.step_ms)), 3) for t in kept[name]
+            ]
         for name, measured in stats.items():
             tokens = sum(measured.pass_tokens)
             read = weights[verifier] * len(measured.pass_tokens) + weights.get(name, 0) * measured.proposed

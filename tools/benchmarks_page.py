@@ -365,6 +365,9 @@ def _decode_lines(file: Path, result: dict) -> list[str]:
             cell = _ms(timing)
             if genai is not None and not name.startswith("genai:") and c in genai:
                 cell += f", {genai[c]['tokens_per_s'] / timing['tokens_per_s']:.2f}× GenAI"
+                rounds = [o / g for o, g in zip(timing.get("round_mean_ms", []), genai[c].get("round_mean_ms", []))]
+                if rounds:  # the rounds took turns: each one's ratio
+                    cell += f" (rounds {min(rounds):.2f}–{max(rounds):.2f}×)"
             if "tokens_per_pass" in timing:
                 cell += f"; {timing['tokens_per_pass']:.2f} tokens a pass, acceptance {timing['acceptance']:.2f}"
             if "cache_mb_read_per_token" in timing:
@@ -397,8 +400,10 @@ def decode_section(folder: Path) -> str:
         "## Decoding",
         "",
         "Time per generated token at batch 1, 2 threads, the graphs taking turns: the mean over every token (a",
-        "speculative row's passes shared among the tokens they yield) and, in brackets, the p50; greedy tokens against",
-        "the first row's (the fp32 graph where it is there) and a speculative row's against its verifier's own.",
+        "speculative row's passes shared among the tokens they yield) and, in brackets, the p50; the ratio to GenAI's",
+        "mean, and where the record keeps them the least and most of its rounds' ratios (each round's means, taken in",
+        "turn); greedy tokens against the first row's (the fp32 graph where it is there) and a speculative row's",
+        "against its verifier's own.",
     ]
     for file in files:
         lines += ["", f"### {file.stem}", "", *_decode_lines(file, json.loads(file.read_text(encoding="utf-8")))]
