@@ -146,8 +146,8 @@ class Lookahead:
     α^i the tokens a pass yields when each proposal is kept with probability α (the draft's recent acceptance),
     C(n) the pass's time and the draft's for n proposals; 0 where no n beats a plain step. The times are the
     decoding's own, as they are measured (a pass's cost grows with the context: at 2,048 its second token alone
-    costs 0.39 of a step, 0.48 with an int8 cache, whose attention reads the whole cache again for each token of a
-    pass), a pass not yet timed as the timed one with the most proposals grows; before any is, C(n) = 1 +
+    costs 0.39 of a step, 0.48 with an int8 cache, with which each more token costs about a step's attention), a
+    pass not yet timed as the timed one with the most proposals grows; before any is, C(n) = 1 +
     (PASS_GROWTH + the draft's cost) · n steps. α's running sums
     forget the past by MEMORY a pass, and without proposals drift back to PRIOR, so a draft that failed is tried
     again. `adaptive` False: always k."""
