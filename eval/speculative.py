@@ -147,10 +147,9 @@ class Lookahead:
     C(n) the pass's time and the draft's for n proposals; 0 where no n beats a plain step. The times are the
     decoding's own, as they are measured (a pass's cost grows with the context: at 2,048 its second token alone
     costs 0.39 of a step, 0.48 with an int8 cache, with which each more token costs about a step's attention), a
-    pass not yet timed as the timed one with the most proposals grows; before any is, C(n) = 1 +
-    (PASS_GROWTH + the draft's cost) · n steps. α's running sums
-    forget the past by MEMORY a pass, and without proposals drift back to PRIOR, so a draft that failed is tried
-    again. `adaptive` False: always k."""
+    pass not yet timed as the timed one with the most proposals grows; before any is, C(n) = 1 + (PASS_GROWTH +
+    the draft's cost) · n steps. α's running sums forget the past by MEMORY a pass, and without proposals drift back
+    to PRIOR, so a draft that failed is tried again. `adaptive` False: always k."""
 
     def __init__(self, k: int, cost: float, adaptive: bool = True):
         self.k, self.cost, self.adaptive = k, cost, adaptive
