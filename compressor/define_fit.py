@@ -1,4 +1,5 @@
-"""A DeFINE unit fitted to a trained table W (V × m) after training (DESIGN §2.4).
+"""A DeFINE unit fitted to a trained table W (V × m) after training (DeFINE, Mehta et al. 2020, §3 and
+appendix A.1).
 
 The start is the best rank-n table E B: the truncated SVD of diag(√f) W L (f the row weights, L Lᵀ =
 F + μI with F the output sensitivity; compressor.lowrank.weighted_row_factors), E and B balanced

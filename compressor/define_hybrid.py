@@ -1,4 +1,4 @@
-"""The hybrid form of a DeFINE unit (DESIGN §2.4): the unit's outputs for the K most frequent
+"""The hybrid form of a DeFINE unit (DeFINE, Mehta et al. 2020, §3): the unit's outputs for the K most frequent
 tokens cached as rows (the head), the unit itself kept for the others (the tail), so that most
 tokens cost one Gather and only the rare ones the HGT: row(t) = head[p] if p < K else unit(e_{p−K}),
 p = perm[t]."""

@@ -71,8 +71,8 @@ def bench(
     goal: str = DEFAULT_GOAL,
     inputs: BenchInputs | None = None,
 ) -> dict:
-    """The report dict (DESIGN §5): what it ran on and with ("environment", "run": eval.environment), size and
-    sha256, optimised initializer bytes, latency, peak RSS,
+    """The report dict (docs/texts-and-measuring.md): what it ran on and with ("environment", "run":
+    eval.environment), size and sha256, optimised initializer bytes, latency, peak RSS,
     quality against variants[0] (the metrics of the graphs' kind) on `eval_texts` and, when
     given, on `second_texts` (named `second_text`), parity, the Pareto fronts it is on
     (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch,

@@ -1,4 +1,5 @@
-"""report.json (the DESIGN §5 contract) and report.md (a table with ratios to the original)."""
+"""report.json (the contract docs/texts-and-measuring.md describes) and report.md (a table with ratios to the
+original)."""
 
 import json
 from pathlib import Path

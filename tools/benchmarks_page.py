@@ -4,11 +4,11 @@ files committed under benchmarks/results/. Run: `make benchmarks-page` (or .venv
 
 The page is byte for byte what the results make: the files are read in order of name, every figure is formatted
 at a fixed width, and nothing of the moment (no date, no path of this machine) goes in. A report is one
-`compressor run` / `sweep` / `bench` report.json (DESIGN §5) copied as it is: "model", "eval_text", "second_text",
-"variants" (each with "name", "file_bytes", "peak_rss_bytes", "latency_ms", "quality", "quality_second_text",
-"pareto"), and the blocks that say what it ran on, "environment" (the CPU, its integer path, the library
-versions: eval/environment.py) and "run" (command, commit, date). A block or figure a report lacks is said as
-"unknown" or "–"; it stops nothing. Standard library only, so that it runs anywhere the repository is."""
+`compressor run` / `sweep` / `bench` report.json (docs/texts-and-measuring.md) copied as it is: "model", "eval_text",
+"second_text", "variants" (each with "name", "file_bytes", "peak_rss_bytes", "latency_ms", "quality",
+"quality_second_text", "pareto"), and the blocks that say what it ran on, "environment" (the CPU, its integer path,
+the library versions: eval/environment.py) and "run" (command, commit, date). A block or figure a report lacks is
+said as "unknown" or "–"; it stops nothing. Standard library only, so that it runs anywhere the repository is."""
 
 import argparse
 import json

@@ -1,5 +1,5 @@
 """Model kinds: what differs between an encoder, a causal language model and a user's own module
-lives in one adapter per kind (DESIGN §1): the loader, the exported graph, the output the
+lives in one adapter per kind (docs/architecture.md): the loader, the exported graph, the output the
 distillation and the calibration probes use, the distillation loss and the validation agreement,
 the plan's keywords for a model's linear layers, and (through eval.kinds) the quality metrics and
 default texts. The plan's keywords, loading, checkpoints, calibration, the fine-tune loop and

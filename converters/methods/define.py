@@ -1,4 +1,4 @@
-"""DeFINE (DESIGN §2.4): the config, the fit of a unit to a trained nn.Embedding, the export forms,
+"""DeFINE (Mehta et al. 2020, §3): the config, the fit of a unit to a trained nn.Embedding, the export forms,
 and the registration. Fits: plain (the unit regressed on the table's rows), aware (rows weighted
 by calibration token frequencies), fisher (aware, under the embedding output's sensitivity).
 

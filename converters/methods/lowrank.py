@@ -1,6 +1,6 @@
-"""Low-rank factors (DESIGN §2.2): the config, the build of linear layers and embeddings, the
-budget rule, and the registration. Fits: plain SVD; aware (activation-aware linear layers,
-frequency-weighted embeddings); fisher (aware, each layer's output weighted by its sensitivity)."""
+"""Low-rank factors (truncated SVD; the activation-aware fit of SVD-LLM, Wang et al. 2024): the config, the build
+of linear layers and embeddings, the budget rule, and the registration. Fits: plain SVD; aware (activation-aware
+linear layers, frequency-weighted embeddings); fisher (aware, each layer's output weighted by its sensitivity)."""
 
 from dataclasses import dataclass
 from typing import ClassVar

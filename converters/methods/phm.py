@@ -1,4 +1,4 @@
-"""PHM / Kronecker sums (DESIGN §2.3, R2D2): the config, the build of linear layers (nn.Linear and
+"""PHM / Kronecker sums (R2D2, ICLR 2020 submission, §2.2): the config, the build of linear layers (nn.Linear and
 Hugging Face's Conv1D), the budget rule, and the registration. Fits: plain (the nearest Kronecker
 sum, Van Loan–Pitsianis); aware (refitted to the layer's output error on calibration inputs);
 fisher (aware, each layer's output weighted by its sensitivity, as the low-rank fisher kind)."""

@@ -1,5 +1,5 @@
-"""Tensor-train embeddings (DESIGN §2.1): the config, the build from a trained nn.Embedding, and
-the registration. Fits: plain TT-SVD; aware (cores refitted to calibration token frequencies);
+"""Tensor-train embeddings (Tensorized Embedding Layers, Hrinchuk et al. 2020, §4.3): the config, the build from a
+trained nn.Embedding, and the registration. Fits: plain TT-SVD; aware (cores refitted to calibration token frequencies);
 fisher (aware, then refitted under the embedding output's sensitivity)."""
 
 from dataclasses import dataclass

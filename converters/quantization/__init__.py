@@ -1,4 +1,4 @@
-"""Quantization of exported graphs with ONNX Runtime's own tools (DESIGN §2.6): `quantize_onnx` by a scheme's
+"""Quantization of exported graphs with ONNX Runtime's own tools (docs/schemes/): `quantize_onnx` by a scheme's
 config (the registry; the schemes, one module each, in schemes/), over rounding/, storage/ and corrections/."""
 
 from converters.quantization.quantize import is_quantized, quantize_onnx

@@ -1,4 +1,4 @@
-"""Quantization stacked on any exported graph (DESIGN §2.6) with ONNX Runtime's own tools, by a scheme's config
+"""Quantization stacked on any exported graph (docs/schemes/) with ONNX Runtime's own tools, by a scheme's config
 (converters/quantization/registry.py; the built-in schemes in converters/quantization/schemes/): the graph's
 products made MatMuls the quantizers take, the scheme's writer, then the gate. A quantized graph is checked
 against its own fp32 graph: the relative error ‖y_q − y‖ / ‖y‖ of the output on inputs the exporter never saw must

@@ -5,7 +5,7 @@ that the summed estimated loss is smallest within the bytes.
 A layer held at size s and width w costs params(s) · bytes_per_weight(w) (an estimate: a 4-bit
 weight's input dimension is padded to whole blocks, which a factor of rank below the block pays
 for, and int8's per-channel scales are not counted) and is estimated to lose
-loss(s) + q_w · (E − loss(s)): the method's loss at that size (DESIGN §2: the K-FAC loss for fisher,
+loss(s) + q_w · (E − loss(s)): the method's loss at that size (docs/methods/: the K-FAC loss for fisher,
 else relative to the layer's energy E, the loss of nothing kept) plus the relative squared error
 q_w = ‖W − Q_w(W)‖² / ‖W‖² of rounding the layer's weight to w bits, taken on the part it keeps
 (rounding noise scales with the weights it rounds). q_w is measured per layer with ONNX Runtime's
