@@ -59,7 +59,8 @@ MEDIUM_RECIPE = {
 # of its parameters (its int4-trained row, 0.111×, a size-front point; the original's int4-trained and w4a8
 # rows, 0.168×, come with its schemes), original-medium (0.168×), the default recipe (0.127×), the 3-bit one
 # (0.114×), the tiny one (0.090×), and the factorized recipes before them. About 90 minutes on 2 cores (88 on a
-# fresh clone of 451b3f6), 50 of them the eight trained rows (about 5 minutes each, original-medium and -tiny 10).
+# fresh clone at commit 451b3f6, 2026-11-27), 50 of them the eight trained rows (about 5 minutes each,
+# original-medium and -tiny 10).
 DEFAULT_RECIPES = {
     "variants": [
         {

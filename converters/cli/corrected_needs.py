@@ -15,26 +15,26 @@ from converters.quantization.schemes.int4_corrected import Int4CorrectedConfig
 __all__ = ["gram_entries", "corrected_needs", "check_corrected_fits", "corrected_said"]
 
 # int4-corrected through `compressor export --quantize int4-corrected` at the default calibration (256 passages) on 2
-# cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"; 2aca999): SmolLM2-135M (Σ K² 101 M) 156 s
-# at a peak of 2.79 GiB, the random Qwen2.5-0.5B shape (494.0 M parameters, Σ K² 626 M) 1,187 s at 10.95 GiB. Time
-# grows a little faster than Σ K² (the Grams' sums, GPTQ and the spectra all go by K²; GPTQ and the fits by N too):
-# the power through both runs. The peak: the libraries (0.66 GB, the LM run's line: goals.py), the Grams in float32
-# and, from the 0.5B run, 4.35× the fp32 weights for the graphs the scheme holds at once (SmolLM2 then said 3.2 GiB).
+# cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"; commit 2aca999, 2026-11-29): SmolLM2-135M
+# (Σ K² 101 M) 156 s at a peak of 2.79 GiB, the random Qwen2.5-0.5B shape (494.0 M parameters, Σ K² 626 M) 1,187 s at
+# 10.95 GiB. Time grows a little faster than Σ K² (the Grams' sums, GPTQ and the spectra all go by K²; GPTQ and the fits
+# by N too): the power through both runs. The peak: the libraries (0.66 GB, the LM run's line: goals.py), the Grams in
+# float32 and, from the 0.5B run, 4.35× the fp32 weights for the graphs the scheme holds at once (SmolLM2 then said
+# 3.2 GiB).
 SECONDS_AT = (1187.4, 626.0e6)  # (seconds, Σ K²) of the 0.5B shape's run
 SECONDS_POWER = 1.112  # log(1187.4 / 156.3) / log(626 / 101): SmolLM2's run on the same line
 PEAK_BASE_BYTES = 0.66e9
 PEAK_PER_FP32_BYTE = 4.35
 PEAK_PER_GRAM_ENTRY = 4  # the Grams in float32
 # int4-trained holds more: the fp32 PyTorch model kept through the rounding (the teacher), its student (a copy with
-# the rounded weights) and the distillation's activations and logits, a few (batch, sequence, V) tensors. The 0.5B
-# shape was killed by the out-of-memory killer at 23.2 GiB as its training began (77c6785: the teacher's logits on
-# every validation batch held, 2.1 GB, and the student's made beside them, a full copy of the student's state kept as
-# its best, and the weights' arrays and bytes as keys made twice while the student was built; then each
-# CorrectedLinear's Q ⊙ G kept for the backward and the KL over the vocabulary made whole). With those gone (9ecd31f,
-# `python benchmarks/large_models.py corrected --only … --scheme int4-trained`, 2026-11-30), SmolLM2-135M took 474 s
-# at a peak of 5.16 GiB (7.21 at 5758882), 3.97× its fp32 weights over int4-corrected's estimate, and the 0.5B shape
-# 1,572 s at 17.25 GiB (20.04 at ae33f8a), 3.42× over it: the larger taken as the training's, its 240 s beside
-# int4-corrected's time (the 0.5B shape: 24 min said, 26.2 taken).
+# the rounded weights) and the distillation's activations and logits, a few (batch, sequence, V) tensors. The
+# validation's logits are made a batch at a time, the best state keeps only the weights that train, the student's
+# weights are read as they are taken, each CorrectedLinear's Q ⊙ G is made again in the backward rather than kept, and
+# the KL over the vocabulary goes 64 positions at a time. Measured at commit 9ecd31f, 2026-11-30
+# (`python benchmarks/large_models.py corrected --only … --scheme int4-trained`): SmolLM2-135M took 474 s at a peak of
+# 5.16 GiB, 3.97× its fp32 weights over int4-corrected's estimate, and the 0.5B shape 1,572 s at 17.25 GiB, 3.42× over
+# it: the larger taken as the training's, its 240 s beside int4-corrected's time (the 0.5B shape: 24 min said, 26.2
+# taken).
 TRAINING_PER_FP32_BYTE = 3.97
 
 

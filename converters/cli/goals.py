@@ -88,16 +88,16 @@ def goal_said(goal: str) -> str:
 
 
 # The original's rows of a causal LM (its kind's baselines: int8, int4 and int4-aware, each graph with its key-value
-# cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512)
-# on 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"; `benchmarks/large_models.py lms`), the
-# rows and the bench in a process without PyTorch (pipeline/apart.py): SmolLM2-135M (134.5 M parameters) 414 s, peak
-# 1.29 GB (9e07439); a random Qwen2.5-0.5B shape (494.0 M) 897 s, peak 3.67 GB; a random Llama-3.2-1B shape
-# (1,235.8 M) 1,998 s, peak 8.12 GB (67c96ef). Time grows with the weights (every stage reads each of them a few
-# times) but for the bench's quality, whose passages shrink as the model grows (eval.kinds, quality_parameter_passages):
-# about 200 s at any size, the rest the line to the 1B shape's run (SmolLM2's then said 7 min, the 0.5B shape's 15:
-# within 5 %). The peak grows with the weights beside what the libraries and the export's model hold whatever the
-# size: the line through the two larger runs, 1.50× the fp32 bytes and 0.70 GB, an upper bound on SmolLM2's (it says
-# 1.41 GiB, 1.20 taken).
+# cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512) on
+# 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"; `benchmarks/large_models.py lms`), the rows
+# and the bench in a process without PyTorch (pipeline/apart.py): SmolLM2-135M (134.5 M parameters) 414 s, peak 1.29 GB
+# (commit 9e07439, 2026-11-30); a random Qwen2.5-0.5B shape (494.0 M) 897 s, peak 3.67 GB; a random Llama-3.2-1B shape
+# (1,235.8 M) 1,998 s, peak 8.12 GB (commit 67c96ef, 2026-11-30). Time grows with the weights (every stage reads each of
+# them a few times) but for the bench's quality, whose passages shrink as the model grows (eval.kinds,
+# quality_parameter_passages): about 200 s at any size, the rest the line to the 1B shape's run (SmolLM2's then said
+# 7 min, the 0.5B shape's 15: within 5 %). The peak grows with the weights beside what the libraries and the export's
+# model hold whatever the size: the line through the two larger runs, 1.50× the fp32 bytes and 0.70 GB, an upper bound
+# on SmolLM2's (it says 1.41 GiB, 1.20 taken).
 LM_RUN_SECONDS_PER_PARAM = (1998 - 200) / 1235.8e6
 LM_RUN_QUALITY_SECONDS = 200
 LM_RUN_PEAK_PER_FP32_BYTE = (8.117e9 - 3.666e9) / ((1235.8e6 - 494.0e6) * 4)

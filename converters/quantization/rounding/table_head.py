@@ -1,5 +1,5 @@
 """The word table by frequency: its most frequent rows (the head) in 8 bits, the rest in 4, so that the
-tokens text is made of pay the least rounding (issue 30, item 3); with a 3-bit table (three_bit_table), the
+tokens text is made of pay the least rounding; with a 3-bit table (three_bit_table), the
 head in 4 bits and the rest in 3.
 
 `split_table` rewrites a table's Gather(W, ids) exactly, in fp32, as the head/tail lookup of
