@@ -258,7 +258,7 @@ HOW = """\
 Without VNNI (`avx2`, `avx512`) ONNX Runtime sums two u8 × s8 products in int16 before int32, which saturates
 past 32,767 unless the weights keep to 7 bits. Graphs written for a VNNI CPU (8-bit weights) lose recall
 there: int8-aware's smoothing fills more of the activations' range, so it loses most (MiniLM 0.942 → 0.914 on
-the eval text; issue 62 measured 0.916 on a real AVX2 CPU), the one-line int8 a little (0.906 → 0.904, 0.904
+the eval text; 0.916 measured on a real AVX2 CPU), the one-line int8 a little (0.906 → 0.904, 0.904
 measured there). `--target-cpu avx2` (the default on such a CPU) keeps them to 7 bits, and they hold (0.935,
 0.924 for the 3-bit table). The `avx2` figures are of ONNX Runtime's own AVX2 kernels under QEMU's emulator
 (recall only); how that was checked against the hardware's is in
