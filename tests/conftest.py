@@ -94,11 +94,26 @@ def gather_graph(rows: int, cols: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), table
 
 
-def write_tiny_lm(path: Path, arch: str = "llama", tied: bool = True, seed: int = 0, hidden: int = 48) -> Path:
+GEMMA_WINDOW = 4  # the tiny Gemma 3's local layers' window: its tests decode past it
+
+
+def write_tiny_lm(
+    path: Path, arch: str = "llama", tied: bool = True, seed: int = 0, hidden: int = 48, head_dim: int = 32
+) -> Path:
     """A causal LM of `arch` (llama: RMSNorm, SwiGLU, rotary, grouped-query attention; gpt2: Conv1D,
-    learned positions) with a word-level tokenizer over WORDS, characters and <|endoftext|>."""
+    learned positions; gemma3: Gemma 3's text LM, heads of `head_dim`, 4 query heads on 1 key-value head, two
+    layers attending to a window of 4 positions and one to the whole past, its norms' weights drawn away from 0)
+    with a word-level tokenizer over WORDS, characters and <|endoftext|>."""
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        PreTrainedTokenizerFast,
+    )
 
     vocab = ["<|endoftext|>", "<unk>", *WORDS, *(string.ascii_lowercase + string.digits + string.punctuation)]
     vocab = list(dict.fromkeys(vocab))
@@ -124,6 +139,26 @@ def write_tiny_lm(path: Path, arch: str = "llama", tied: bool = True, seed: int 
             **ids,
         )
         model = LlamaForCausalLM(config)
+    elif arch == "gemma3":
+        config = Gemma3TextConfig(
+            vocab_size=len(vocab),
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=head_dim,
+            sliding_window=GEMMA_WINDOW,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            query_pre_attn_scalar=head_dim,
+            max_position_embeddings=160,
+            **ids,
+        )
+        model = Gemma3ForCausalLM(config)
+        with torch.no_grad():  # Gemma's norms scale by 1 + w, w = 0 when made: drawn, so that a lost 1 shows
+            for name, weight in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    weight.normal_(0.0, 0.5)
     else:
         config = GPT2Config(vocab_size=len(vocab), n_embd=48, n_layer=2, n_head=4, n_positions=160, **ids)
         model = GPT2LMHeadModel(config)

@@ -26,7 +26,7 @@ from converters.kinds import kind_for_config
 from converters.kinds.fused_decoder import fits_fused
 from converters.loading import resolve_model_dir
 from converters.pipeline.calibrating import head_frequencies, quantize_calibration, token_frequencies
-from converters.pipeline.say import say
+from converters.pipeline.say import say, say_traced
 from converters.pipeline.steps import check_schemes, correction_fit
 from converters.quantization.corrections.training import trainer
 from converters.quantization.kv_cache import CACHE_PASSAGES, CACHE_TYPES, cache_scales, int8_cache
@@ -142,6 +142,7 @@ def run(args) -> None:
     batches = quantize_calibration(texts, quantize.schemes, kind.graph, source)
     fit_for = correction_fit(quantize.schemes, texts.data, kind, source)
     model, _ = load_model(source)
+    say_traced(model)
     if args.kv_cache != "fp32" and not fits_fused(model):
         raise CompressorError(
             f"--kv-cache {args.kv_cache} is written into the fused decoder's attention, and {str(source)!r} is not a "

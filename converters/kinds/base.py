@@ -51,6 +51,11 @@ class ModelKind(ABC):
         export_graph's contract; with `weights`, its weights written there as they are made), or None: traced."""
         return None
 
+    def traced_because(self, model: nn.Module) -> str | None:
+        """Why a model of a kind whose graph can be written from its weights is traced instead (in a few words),
+        None when it is written or the kind writes none."""
+        return None
+
     @abstractmethod
     def output(self, model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
         """The model's output on a batch, the tensor distillation and probes read."""

@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from compressor.dense import LINEAR_TYPES
 from compressor.tied_logits import TiedLogits
 from converters.kinds.base import ModelKind
-from converters.kinds.fused_decoder import fused_decoder
+from converters.kinds.fused_decoder import fused_decoder, unfused_reason
 from converters.loading import load_hf
 from eval.kinds import CAUSAL_LM as CAUSAL_LM_GRAPH
 from eval.probe import PAST, PRESENT
@@ -50,7 +50,9 @@ class CausalLMGraph(nn.Module):
         from transformers.cache_utils import DynamicCache
 
         pairs = [(past[2 * i], past[2 * i + 1]) for i in range(self.layers)]
-        cache = DynamicCache(pairs, config=self.model.config)
+        # every layer's cache whole, a sliding window's too (its mask keeps the window): made from the config, a
+        # windowed layer's keeps its last window − 1 positions, and a graph traced so breaks at the window
+        cache = DynamicCache(pairs)
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -152,6 +154,9 @@ class CausalLMKind(ModelKind):
     def built_graph(self, model: nn.Module, opset: int, weights: WeightFile | None = None):
         """A Llama-style decoder of plain layers in ONNX Runtime's fused operators (kinds.fused_decoder)."""
         return fused_decoder(model, opset, weights)
+
+    def traced_because(self, model: nn.Module) -> str | None:
+        return unfused_reason(model)
 
     def output(self, model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
         return model(input_ids=ids, attention_mask=mask, use_cache=False).logits

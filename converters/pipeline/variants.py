@@ -18,6 +18,7 @@ from converters.checkpoint import save_compressed
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.pipeline.calibrating import head_frequencies, token_frequencies
 from converters.pipeline.rows import Rows
+from converters.pipeline.say import say_traced
 from converters.pipeline.steps import compress_and_say, finetune_and_say, plans_and_calibration
 from converters.quantization.corrections.training import trainer
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
@@ -116,6 +117,7 @@ class Variants:
         """(path, schemes) of the original's fp32 graph and its rows' schemes: `quantize`'s but those a plan sizes
         (add_original)."""
         self.original = held[0] if keep else None
+        say_traced(held[0])
         path = self._export("original", held, {})
         gc.collect()
         return path, tuple(c for c in quantize.schemes if not c.planned)  # no plan, no widths

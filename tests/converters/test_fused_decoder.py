@@ -13,14 +13,14 @@ import pytest
 from converters.checkpoint import load_model
 from converters.compress import compress_
 from converters.export import export_onnx
-from converters.kinds.fused_decoder import fused_decoder
+from converters.kinds.fused_decoder import fused_decoder, unfused_reason
 from converters.methods.lowrank import LowRankConfig
 from converters.plan import Plan
 from converters.quantization.quantize import quantize_onnx
 from converters.quantization.registry import scheme_named
 from eval.graph import make_session
 from eval.probe import full_feed
-from tests.conftest import write_tiny_lm
+from tests.conftest import GEMMA_WINDOW, write_tiny_lm
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +110,49 @@ def _feeds(vocab: int) -> list[dict]:
 
     names = ("input_ids", "attention_mask")
     return [dict(zip(names, (x.numpy() for x in sample_inputs(vocab, 4, 12, seed)))) for seed in range(4)]
+
+
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory):
+    return write_tiny_lm(tmp_path_factory.mktemp("fused") / "gemma3", "gemma3", hidden=64)
+
+
+def test_a_gemma3_is_written_fused_with_its_windows_and_head_norms(gemma_dir, tmp_path):
+    model, _ = load_model(gemma_dir)
+    result = export_onnx(model, tmp_path / "gemma.onnx")
+    graph = onnx.load(str(result.path)).graph
+    attention = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    windows = [next(a.i for a in n.attribute if a.name == "local_window_size") for n in attention]
+    assert windows == [GEMMA_WINDOW, -1, GEMMA_WINDOW]  # the local layers' window, the global layer's whole past
+    ops = collections.Counter(n.op_type for n in graph.node)
+    layers = model.config.num_hidden_layers
+    assert ops["FastGelu"] == layers  # q, k, after the attention and the MLP, and the first layer's input:
+    assert ops["SimplifiedLayerNormalization"] == 4 * layers + 1
+    assert result.parity_max_abs <= 1e-4
+
+
+def test_the_fused_gemma3_reads_past_its_window_as_transformers_does(gemma_dir, tmp_path):
+    import torch
+
+    model, _ = load_model(gemma_dir)
+    session = make_session(export_onnx(model, tmp_path / "gemma.onnx").path)
+    ids = torch.arange(3, 3 + 4 * GEMMA_WINDOW).unsqueeze(0)  # four windows long
+    feed = {"input_ids": ids.numpy(), "attention_mask": np.ones(ids.shape, np.int64)}
+    ours = session.run(["logits"], full_feed(session, feed))[0]
+    with torch.no_grad():
+        theirs = model(input_ids=ids).logits.numpy()
+        model.config.layer_types = ["full_attention"] * model.config.num_hidden_layers
+        unwindowed = model(input_ids=ids).logits.numpy()
+    scale = np.abs(theirs).max()
+    assert np.abs(ours - theirs).max() < 1e-4 * scale
+    assert np.abs(ours - unwindowed).max() > 1e-2 * scale  # the window is no detail these logits would hide
+
+
+def test_a_model_outside_the_form_is_said_why(fused_dir):
+    model, _ = load_model(fused_dir)
+    assert unfused_reason(model) is None
+    model.config.hidden_act = "relu"
+    assert "relu" in unfused_reason(model) and fused_decoder(model) is None
+    model.config.hidden_act = "silu"
+    model.config.final_logit_softcapping = 30.0
+    assert "final_logit_softcapping" in unfused_reason(model)

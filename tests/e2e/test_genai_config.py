@@ -1,6 +1,7 @@
 """ONNX Runtime GenAI's genai_config.json in a fused decoder's folder (files.genai_config): written
 beside the fused graph with the names and shapes the graph has, not beside a traced one; where
-onnxruntime-genai is installed, its generator runs the folder and decodes greedily what ours does."""
+onnxruntime-genai is installed, its generator runs the folder and decodes greedily what ours does, past a
+Gemma 3's window too."""
 
 import importlib.util
 import json
@@ -14,9 +15,10 @@ from files.genai_config import GENAI_CONFIG
 from tests.conftest import genai_greedy, run_cli, write_tiny_lm
 
 
-@pytest.fixture(scope="module")
-def fused_dir(tmp_path_factory):
-    return write_tiny_lm(tmp_path_factory.mktemp("genai") / "llama", "llama", hidden=64)
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def fused_dir(request, tmp_path_factory):
+    """A tiny Llama and a tiny Gemma 3 (windowed layers, heads normed) that the fused decoder writes."""
+    return write_tiny_lm(tmp_path_factory.mktemp("genai") / request.param, request.param, hidden=64)
 
 
 @pytest.mark.parametrize("quantize", [(), ("--quantize", "int4", "--block-size", "16")])

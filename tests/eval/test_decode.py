@@ -13,14 +13,23 @@ from tests.conftest import run_cli, write_tiny_lm
 STEPS = 10
 
 
-@pytest.fixture(scope="module", params=["llama", "gpt2", "llama-fused"])
+@pytest.fixture(scope="module", params=["llama", "gpt2", "llama-fused", "gemma3", "gemma3-fused"])
 def lm_folder(request, tiny_llama_dir, tiny_gpt2_dir, tmp_path_factory):
-    """(the model, its ready folder from `compressor export`) for a tiny Llama and a tiny GPT-2, traced, and a
-    tiny Llama whose heads of 16 dimensions GroupQueryAttention takes: the fused decoder's graph."""
+    """(the model, its ready folder from `compressor export`) for a tiny Llama and a tiny GPT-2, traced, a
+    tiny Llama whose heads of 16 dimensions GroupQueryAttention takes: the fused decoder's graph, and a tiny
+    Gemma 3 whose local layers attend to a window of 4 positions, traced (heads of 24) and fused (of 32)."""
     from converters.cli import main
 
-    fused = lambda: write_tiny_lm(tmp_path_factory.mktemp("fused") / "llama", "llama", hidden=64)  # noqa: E731
-    source = {"llama": lambda: tiny_llama_dir, "gpt2": lambda: tiny_gpt2_dir, "llama-fused": fused}[request.param]()
+    def tiny(arch: str, **shape):
+        return lambda: write_tiny_lm(tmp_path_factory.mktemp("lm") / arch, arch, hidden=64, **shape)
+
+    source = {
+        "llama": lambda: tiny_llama_dir,
+        "gpt2": lambda: tiny_gpt2_dir,
+        "llama-fused": tiny("llama"),
+        "gemma3": tiny("gemma3", head_dim=24),
+        "gemma3-fused": tiny("gemma3", head_dim=32),
+    }[request.param]()
     out = tmp_path_factory.mktemp("lm") / request.param
     assert main(["export", str(source), "--out", str(out)]) == 0
     return load_model(source)[0], out
@@ -50,7 +59,7 @@ def test_a_shared_cache_grows_without_changing_the_logits(lm_folder, monkeypatch
     pairs = [(first, tight.start(np.arange(5)))]
     pairs += [(roomy.step(t), tight.step(t)) for t in (3, 1, 4, 1, 5, 9, 2)]
     assert all(np.array_equal(a, b) for a, b in pairs)
-    assert tight.shared == (folder.name == "llama-fused")
+    assert tight.shared == folder.name.endswith("-fused")
 
 
 def test_a_lean_prompt_pass_gives_the_same_logits(lm_folder):
@@ -70,7 +79,7 @@ def test_presents_have_the_declared_shapes(lm_folder):
     decoder.step(1)
     config = model.config
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = config.hidden_size // config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     assert len(decoder.past) == 2 * config.num_hidden_layers
     assert {v.shape for v in decoder.past.values()} == {(1, heads, 7, head_dim)}
 
