@@ -157,7 +157,7 @@ def quantize_matmuls(
     the 4-bit zero points of a weight with an odd number of blocks along K wrongly (it fails), so
     those take asymmetric round-to-nearest instead, as do, with `keep_grid` (for the corrected schemes),
     weights already on a 4-bit grid (grid.py). `bits` 3: the 4-bit layers but `four_bit` rounded again in 3
-    (three_bit_linear)."""
+    (three_bit_linear); 8: every layer in 8 bits (plain only)."""
     from onnxruntime.quantization.matmul_nbits_quantizer import (
         DefaultWeightOnlyQuantConfig,
         KQuantWeightOnlyQuantConfig,
@@ -181,7 +181,7 @@ def quantize_matmuls(
         kquant = KQuantWeightOnlyQuantConfig(customized_weight_config={n: {"bits": 8} for n in eight_bit})
         passes = [(kquant, names - nearest), (rtn(4), nearest - eight), (rtn(8), nearest & eight)]
     else:
-        passes = [(rtn(4), names)]
+        passes = [(rtn(8 if bits == 8 else 4), names)]
 
     def quantizer_of(config) -> Quantizer:
         def quantized(one: onnx.ModelProto) -> onnx.ModelProto:
