@@ -1,5 +1,6 @@
 """bench(...): measure ONNX models side by side in one run; the first is the reference."""
 
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -10,7 +11,14 @@ from compressor.errors import CompressorError
 from eval.choice import DEFAULT_GOAL, choose
 from eval.decode import DECODE_CONTEXTS, DECODE_TOKENS, context_length, measure_decode
 from eval.environment import file_sha256, graph_sha256, machine, run_record, texts_sha256
-from eval.graph import file_bytes, initializer_stats, load_graph, numbers_session, optimized_initializer_bytes
+from eval.graph import (
+    file_bytes,
+    initializer_stats,
+    load_graph,
+    numbers_session,
+    optimized_initializer_bytes,
+    runtime_errors,
+)
 from eval.kinds import graph_kind
 from eval.latency import SETTINGS, measure_latency
 from eval.memory import peak_rss
@@ -55,6 +63,12 @@ def bench_inputs(tokenizer_dir: Path, eval_texts: list[str], second_texts: list[
     return BenchInputs(batches, vocab, np.array([i for ids in encoded for i in ids if i < vocab], dtype=np.int64))
 
 
+def _failed(name: str, path: Path | str, error: str) -> dict:
+    """A row the bench could not measure, said as it happens: its name, graph and what failed."""
+    tqdm.write(f"compressor: bench: {name} left out of the report: {error}", file=sys.stderr)
+    return {"name": name, "onnx_path": str(path), "error": error}
+
+
 def bench(
     variants: list[tuple[str, Path]],
     tokenizer_dir: Path,
@@ -94,15 +108,22 @@ def bench(
             )
     batches, vocab, stream = inputs or bench_inputs(tokenizer_dir, eval_texts, second_texts)
     references = {}  # quality key → what variants[0] gives on its text
-    rows = []
+    rows, failed = [], []
     for name, path in tqdm(variants, desc="bench: size, memory, quality", disable=not progress):
         params, _ = initializer_stats(load_graph(path, with_data=False))
-        session = numbers_session(path)
-        quality = {}
-        for key, encoded in batches.items():
-            represented = kind.represent(session, encoded, references.get(key))
-            quality[key] = kind.quality(references.setdefault(key, represented), represented)
-        del session  # one graph held at a time: an LM's fp32 graph is most of the memory
+        try:
+            session = numbers_session(path)
+            quality = {}
+            for key, encoded in batches.items():
+                represented = kind.represent(session, encoded, references.get(key))
+                quality[key] = kind.quality(references.setdefault(key, represented), represented)
+            del session  # one graph held at a time: an LM's fp32 graph is most of the memory
+            rss = peak_rss(path, vocab, *rss_shape, repeats=rss_repeats)
+        except runtime_errors() as error:
+            failed.append(_failed(name, path, f"ONNX Runtime could not run it: {str(error).strip().splitlines()[0]}"))
+            if not rows:
+                raise CompressorError(f"the bench's reference {name} failed ({failed[0]['error']})") from error
+            continue
         rows.append(
             {
                 "name": name,
@@ -112,7 +133,7 @@ def bench(
                 "sha256": file_sha256(path),
                 "graph_sha256": graph_sha256(path),
                 "optimized_initializer_bytes": optimized_initializer_bytes(path),
-                **peak_rss(path, vocab, *rss_shape, repeats=rss_repeats),
+                **rss,
                 **quality,
                 "parity_max_abs": parity_of(path),
             }
@@ -122,7 +143,7 @@ def bench(
             rows[-1]["gate_failed"] = props[GATE_FAILED_KEY]
         if props.get(WIDTH_KEY):
             rows[-1]["width"] = int(props[WIDTH_KEY])
-    paths, stream = [p for _, p in variants], stream if len(stream) else None
+    paths, stream = [row["onnx_path"] for row in rows], stream if len(stream) else None
     if settings:
         latencies = measure_latency(paths, vocab, settings, runs, progress=progress, stream=stream)
         for row, latency in zip(rows, latencies):
@@ -130,8 +151,11 @@ def bench(
     if kind.name == "causal-lm" and stream is not None:  # what a user of an LM feels: time per generated token
         limit = context_length(tokenizer_dir) or max(DECODE_CONTEXTS) + DECODE_TOKENS
         contexts = [c for c in DECODE_CONTEXTS if c + DECODE_TOKENS <= limit]
-        for row, decode in zip(rows, measure_decode(paths, stream, contexts, progress=progress, pairs=True)):
-            row["decode_ms"] = decode
+        decoded = measure_decode(paths, stream, contexts, progress=progress, pairs=True)
+        failed += [_failed(r["name"], r["onnx_path"], d["failed"]) for r, d in zip(rows, decoded) if "failed" in d]
+        # a row that failed to decode leaves the report but the reference, kept for what else it measured
+        rows = [{**row, "decode_ms": d} if "failed" not in d else row for row, d in zip(rows, decoded)]
+        rows = rows[:1] + [row for row in rows[1:] if "decode_ms" in row]
     fed = LATENCY_INPUT if stream is not None else "random ids (the eval text holds no token)"
     report = {"model": model, "eval_text": f"{eval_text}, {len(eval_texts)} passages", "latency_input": fed}
     if second_texts is not None:
@@ -140,7 +164,7 @@ def bench(
     report["environment"]["texts"] = {"eval": texts_sha256(eval_texts)}
     if second_texts is not None:
         report["environment"]["texts"]["second"] = texts_sha256(second_texts)
-    report = {**report, "variants": rows}
+    report = {**report, "variants": rows, **({"failed": failed} if failed else {})}
     mark_pareto_(report, kind.front)
     choice = choose(report, goal)  # the row to deploy for `goal` on this CPU, by eval.choice's rules
     return report if choice is None else {**report, "choice": choice}

@@ -12,7 +12,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
-from eval.graph import make_session
+from eval.graph import make_session, runtime_errors
 from eval.memory import trim_heap
 from eval.probe import CACHE_TYPES, PAST, PRESENT, cache_dtype, full_feed, is_cached
 
@@ -246,29 +246,47 @@ def measure_decode(
     once each kept their longest prompt's activations (Qwen2.5-0.5B's shape, four rows: 1.2 GB)."""
     runs = [[0, i] for i in range(1, len(paths))] if pairs and len(paths) > 2 else [list(range(len(paths)))]
     kept: list[dict[int, list[DecodeTimes]]] = [{length: [] for length in contexts} for _ in paths]
+    failed: dict[int, str] = {}  # graph index → what ONNX Runtime said when it could not decode it
     bar = tqdm(
         total=len(contexts) * (rounds + 1) * sum(map(len, runs)),
         desc="decode: prefill and time per token",
         disable=not progress,
     )
     for run in runs:  # a run's sessions go with its call, before the next run's are made
-        _take_turns({i: make_session(paths[i], threads=threads) for i in run}, stream, new_tokens, rounds, kept, bar)
+        sessions = {i: make_session(paths[i], threads=threads) for i in run if i not in failed}
+        _take_turns(sessions, stream, new_tokens, rounds, kept, bar, failed)
+        del sessions
     bar.close()
-    return [{f"ctx{length}": _pooled(turns).summary() for length, turns in times.items()} for times in kept]
+    return [
+        {"failed": failed[i]} if i in failed else {f"ctx{n}": _pooled(turns).summary() for n, turns in times.items()}
+        for i, times in enumerate(kept)
+    ]
 
 
-def _take_turns(sessions: dict, stream: np.ndarray, new_tokens: int, rounds: int, kept: list[dict], bar) -> None:
+def _take_turns(
+    sessions: dict, stream: np.ndarray, new_tokens: int, rounds: int, kept: list[dict], bar, failed: dict[int, str]
+) -> None:
     """`sessions` (graph index → session) taking turns at each context length of `kept` (graph index → context
-    length → the turns' DecodeTimes, added to), the first of `rounds` + 1 rounds a warm-up."""
-    for length in kept[next(iter(sessions))]:
+    length → the turns' DecodeTimes, added to), the first of `rounds` + 1 rounds a warm-up; a graph ONNX Runtime
+    fails to decode leaves the turns, what it said kept in `failed` (graph index → sentence)."""
+    for length in kept[next(iter(sessions))] if sessions else ():
         context = np.resize(stream, length)
         for round_ in range(rounds + 1):
-            for i, session in sessions.items():
-                measured = decode_times(session, context, new_tokens, shrink=True)
+            for i, session in list(sessions.items()):
+                try:
+                    measured = decode_times(session, context, new_tokens, shrink=True)
+                except runtime_errors() as error:
+                    failed[i] = f"decoding after {length} tokens of context failed: {_first_line(error)}"
+                    del sessions[i]
+                    continue
                 trim_heap()  # what the turn freed given back before the next session's (not timed)
                 bar.update()
                 if round_:
                     kept[i][length].append(measured)
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _pooled(turns: list[DecodeTimes]) -> DecodeTimes:

@@ -19,7 +19,15 @@ __all__ = [
     "initializer_stats",
     "optimized_initializer_bytes",
     "make_session",
+    "runtime_errors",
 ]
+
+
+def runtime_errors() -> tuple[type[Exception], ...]:
+    """What ONNX Runtime raises when a session cannot run a graph (its errors derive from Exception alone)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return (state.Fail, state.InvalidArgument, state.RuntimeException, state.InvalidGraph, state.NotImplemented)
 
 
 def load_graph(path: str | Path, with_data: bool = True) -> onnx.ModelProto:

@@ -74,7 +74,13 @@ def markdown_table(report: dict) -> str:
     title += _measured_on(report)
     fronts = " or ".join(f"{what} ({label})" for label, what in FRONTS.values())
     title += f"  \nfront: no other variant is as good in {front_quality(report)} and in {fronts}, and better in one\n\n"
-    return title + _choice(report) + _headline(report) + "\n".join(rows) + "\n"
+    return title + _choice(report) + _left_out(report) + _headline(report) + "\n".join(rows) + "\n"
+
+
+def _left_out(report: dict) -> str:
+    """The rows the bench could not measure, each with what failed."""
+    failed = report.get("failed") or ()
+    return "".join(f"left out: **{f['name']}** ({f['error']})  \n" for f in failed) + ("\n" if failed else "")
 
 
 def _choice(report: dict) -> str:

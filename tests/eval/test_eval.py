@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -155,6 +156,38 @@ def other_onnx(tiny_bert_dir, tmp_path_factory):
         for weight in model.parameters():
             weight.mul_(1 + 0.3 * torch.randn_like(weight))
     return export_onnx(model, tmp_path_factory.mktemp("onnx") / "other.onnx").path
+
+
+def test_a_row_onnx_runtime_cannot_run_is_left_out_and_said(
+    tiny_onnx, other_onnx, tiny_bert_dir, eval_text_file, monkeypatch, capsys
+):
+    from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+
+    from eval import benchmark
+    from eval.report import markdown_table
+
+    opened = benchmark.numbers_session
+
+    def session(path):
+        if Path(path) == Path(other_onnx):
+            raise Fail("Shape mismatch attempting to re-use buffer. {1,1,511,256} != {1,1,512,256}")
+        return opened(path)
+
+    monkeypatch.setattr(benchmark, "numbers_session", session)
+    variants = [("original", tiny_onnx), ("broken", other_onnx), ("same", tiny_onnx)]
+    texts = read_passages(eval_text_file)
+    report = bench(variants, tiny_bert_dir, texts, "t", "tiny", runs=2, settings=((1, 16, 1),), progress=False)
+    assert [v["name"] for v in report["variants"]] == ["original", "same"]  # measured: the rows that ran
+    assert report["failed"] == [
+        {
+            "name": "broken",
+            "onnx_path": str(other_onnx),
+            "error": "ONNX Runtime could not run it: Shape mismatch attempting to re-use buffer. {1,1,511,256} != "
+            "{1,1,512,256}",
+        }
+    ]
+    assert "bench: broken left out of the report" in capsys.readouterr().err
+    assert "left out: **broken**" in markdown_table(report)
 
 
 def test_bench_report_follows_the_contract(tiny_onnx, other_onnx, tiny_bert_dir, eval_text_file, tmp_path):
