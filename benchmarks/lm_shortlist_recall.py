@@ -2,7 +2,7 @@
 argmax_v h·E_v (h the final-normed hidden state, E the tied table), is among the k best of an activation-aware
 rank-r score h·(E_r)ᵀ, E_r = the rank-r SVD of E S (S Sᵀ = the calibration hiddens' Gram) mapped back
 (compressor.lowrank.whitened_factors), on the eval text and a second one. A shortlist must hold the argmax on
-≥ 99.9 % of tokens for greedy decoding to keep its output (issue 69). With --graphs, the same on two exported
+≥ 99.9 % of tokens for greedy decoding to keep its output. With --graphs, the same on two exported
 graphs, one token at a time as a decoder reads them (the text's own tokens fed): how often the whole head's argmax
 is among the tokens the shortlist head scores (`compressor export --shortlist K`), and how often their argmax agree.
 
