@@ -18,6 +18,7 @@ Sizes (or costs) within 1 % of each other count as one (files: FILE_SAME), the b
 gate (its graph's metadata says so: "gate_failed") is never chosen."""
 
 from eval.latency import latency_key
+from eval.lm_choice import choose_lm, is_lm_report
 
 __all__ = ["BASELINE", "GOALS", "DEFAULT_GOAL", "RECALL_SLACK", "FILE_SAME", "choose"]
 
@@ -155,7 +156,10 @@ def choose(report: dict, goal: str = DEFAULT_GOAL) -> dict | None:
     """{"goal", "row", "rule", "why", "against"} of the report's row to deploy for `goal` (module docstring; "row"
     None when no row qualifies: no 8-bit row on its gate, say), "against" the row it was measured against (int8,
     or the one in its place); None when the report has no int8 row with every figure (kept off its gate, it is
-    still what a user would do otherwise, and the measure of the others)."""
+    still what a user would do otherwise, and the measure of the others). A causal LM's report, timed by decoding,
+    is chosen by eval.lm_choice's rule."""
+    if is_lm_report(report):
+        return choose_lm(report, goal)
     rows = {row["name"]: row for row in report["variants"]}
     int8 = _figures(rows[BASELINE]) if BASELINE in rows else None
     if int8 is None:
