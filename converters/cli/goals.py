@@ -87,7 +87,7 @@ def goal_said(goal: str) -> str:
     return f"{', '.join(rows)} beside original-int8; deploy {GOALS[goal]}"
 
 
-# The original's rows of a causal LM (its kind's baselines: int8, int4 and int4-aware, each graph with its key-value
+# The original's rows of a causal LM (its kind's baselines: int8, w8, int4 and int4-aware, each graph with its key-value
 # cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512) on
 # 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"; `benchmarks/large_models.py lms`), the rows
 # and the bench in a process without PyTorch (pipeline/apart.py): SmolLM2-135M (134.5 M parameters) 414 s, peak 1.29 GB

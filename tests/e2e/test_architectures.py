@@ -103,7 +103,8 @@ def test_run_compresses_exports_quantizes_and_benches(arch, tmp_path, eval_text_
     code, _, err = run_cli(capsys, *argv, *texts, "--out", out)
     assert code == 0, err
     rows = {v["name"]: v for v in json.loads((out / "report.json").read_text())["variants"]}
-    baselines = ["original-int8", "original-int4", "original-int4-aware"] if arch in LMS else ["original-int8"]
+    lm_rows = ["original-int8", "original-w8", "original-int4", "original-int4-aware"]
+    baselines = lm_rows if arch in LMS else ["original-int8"]
     assert list(rows)[: 1 + len(baselines)] == ["original", *baselines]
     (name,) = [n for n in rows if n.startswith("lowrank")]
     assert rows[name]["params"] < rows["original"]["params"]

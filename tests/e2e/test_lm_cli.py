@@ -47,7 +47,8 @@ def test_run_on_a_tied_lm_compresses_the_table_once_and_reports_perplexity(
     assert code == 0, err
     report = json.loads((out / "report.json").read_text())
     rows = {v["name"]: v for v in report["variants"]}
-    originals = ["original", "original-int8", "original-int4", "original-int4-aware"]  # an LM's baselines: 4-bit too
+    # an LM's baselines: 4-bit too
+    originals = ["original", "original-int8", "original-w8", "original-int4", "original-int4-aware"]
     assert list(rows) == [*originals, "lowrank-head8-r4-aware", "lowrank-head8-r4-aware-ft"]
     assert all(set(row["decode_ms"]) == {"ctx128"} for row in rows.values())  # the tiny LM's context is 160
     assert (out / "original-int4" / "onnx" / "model_q4.onnx").is_file()
@@ -95,7 +96,8 @@ def test_run_without_method_options_on_an_lm_measures_the_originals_rows(
     assert "minutes on 2 cores and a peak of" in err  # said before the work
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     rows = [v["name"] for v in report["variants"]]
-    assert rows == ["original", "original-int8", "original-int4", "original-int4-aware"]  # no w4a8 refusal
+    # no w4a8 refusal
+    assert rows == ["original", "original-int8", "original-w8", "original-int4", "original-int4-aware"]
     assert not any("latency_ms" in v for v in report["variants"])  # an LM is timed by its decode, not encoder shapes
     stages = report["run"]["stages"]
     assert [s["stage"] for s in stages["stages"]] == ["original: export", *rows[1:], "bench"]
@@ -128,7 +130,7 @@ def test_from_the_command_line_the_original_s_rows_and_the_bench_go_on_without_t
     assert report["run"]["apart"] == {"after": "original: export", "imported": [], "of": ["torch", "transformers"]}
     assert report["run"]["command"].endswith(f"run {tiny_llama_dir} {' '.join(texts)} --runs 1 --out {out}")
     rows = [v["name"] for v in report["variants"]]
-    assert rows == ["original", "original-int8", "original-int4", "original-int4-aware"]
+    assert rows == ["original", "original-int8", "original-w8", "original-int4", "original-int4-aware"]
     assert [s["stage"] for s in report["run"]["stages"]["stages"]] == ["original: export", *rows[1:], "bench"]
     assert all(v["quantization"]["parity_rel_to_fp32"] < 0.5 for v in report["variants"][1:])  # rounded, not broken
     assert all("decode_ms" in v for v in report["variants"]) and not list(out.glob(".*.tmp"))
