@@ -9,13 +9,20 @@ from tqdm.auto import tqdm
 from eval.graph import make_session
 from eval.probe import full_feed, random_batch, text_batch
 
-__all__ = ["SETTINGS", "latency_key", "time_side_by_side", "measure_latency"]
+__all__ = ["SETTINGS", "latency_key", "mean_decode_ms", "time_side_by_side", "measure_latency"]
 
 SETTINGS = ((1, 16, 1), (1, 16, 2), (8, 128, 1), (8, 128, 2))  # (batch, seq, intra-op threads)
 
 
 def latency_key(batch: int, seq: int, threads: int) -> str:
     return f"b{batch}_s{seq}_t{threads}"
+
+
+def mean_decode_ms(row: dict) -> float | None:
+    """A causal LM's row: its mean time per generated token, ms, over the contexts its decoding was timed at
+    (the mean of 1000 / tokens_per_s of each, eval.decode); None for a row not timed by decoding."""
+    means = [1e3 / c["tokens_per_s"] for c in (row.get("decode_ms") or {}).values() if c.get("tokens_per_s")]
+    return sum(means) / len(means) if means else None
 
 
 def _timed(session, feed: dict, runs: int) -> list[float]:

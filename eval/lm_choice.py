@@ -5,6 +5,8 @@ the smallest file for size, the least peak RSS for memory, and for quality the l
 of any row but the original. A row off its gate is never chosen; rows within SAME of the best count as one, the
 lower perplexity taken."""
 
+from eval.latency import mean_decode_ms
+
 __all__ = ["PERPLEXITY_SLACK", "choose_lm", "is_lm_report"]
 
 PERPLEXITY_SLACK = 0.10  # a chosen row's perplexity may exceed the original's by this share, on each text
@@ -21,10 +23,8 @@ GOALS = {
 def _figures(row: dict) -> dict | None:
     """The row's mean ms a token (over its contexts), file, peak RSS and perplexity on both texts; None if one is
     missing."""
-    decode = row.get("decode_ms") or {}
-    means = [1e3 / c["tokens_per_s"] for c in decode.values() if c.get("tokens_per_s")]
     figures = {
-        "decode": sum(means) / len(means) if means else None,
+        "decode": mean_decode_ms(row),
         "file": row.get("file_bytes"),
         "rss": row.get("peak_rss_bytes"),
         "ppl": row.get("quality", {}).get("perplexity"),

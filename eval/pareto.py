@@ -1,16 +1,19 @@
 """Pareto fronts of a report: the variants no other variant beats on both quality and a cost.
 A point (c, q) is dominated when some other (c', q') has c' ≤ c and q' ≥ q, one of them strictly;
-the front is every point not dominated (equal points are on it together)."""
+the front is every point not dominated (equal points are on it together). A causal LM's latency is its mean time
+per generated token over the contexts its decoding was timed at (eval.latency.mean_decode_ms), an encoder's the
+p50 at LATENCY."""
 
 import math
 
 from compressor.errors import CompressorError
-from eval.latency import latency_key
+from eval.latency import latency_key, mean_decode_ms
 
 __all__ = [
     "COSTS",
     "QUALITY",
     "LATENCY",
+    "DECODE_AXIS",
     "pareto_front",
     "cost_of",
     "front_quality",
@@ -21,6 +24,7 @@ __all__ = [
 
 QUALITY = "recall_at_10"  # the quality key the fronts maximise, unless the report names another (its graphs' kind)
 LATENCY = latency_key(8, 128, 2)
+DECODE_AXIS = "decode_ms: the mean over its contexts of 1000 / tokens_per_s"  # a causal LM's latency
 COSTS = {  # the front's name in a row's "pareto" → where its cost is in a row (keys, outermost first)
     "file_bytes": ("file_bytes",),
     "latency": ("latency_ms", LATENCY, "p50"),
@@ -42,6 +46,8 @@ def cost_of(row: dict, cost: str) -> float | None:
     """The row's `cost` (a key of COSTS), or None when the row has no such measure."""
     if cost not in COSTS:
         raise CompressorError(f"a Pareto cost is one of {', '.join(COSTS)}, got {cost!r}")
+    if cost == "latency" and row.get("decode_ms"):
+        return mean_decode_ms(row)
     value = row
     for key in COSTS[cost]:
         value = value.get(key) if isinstance(value, dict) else None
@@ -82,3 +88,5 @@ def mark_pareto_(report: dict, quality: str = QUALITY) -> None:
         "quality": f"quality.{quality} (maximised)",
         **{cost: ".".join(keys) + " (minimised)" for cost, keys in COSTS.items()},
     }
+    if any(row.get("decode_ms") for row in report["variants"]):
+        report["pareto_axes"]["latency"] = f"{DECODE_AXIS} (minimised)"

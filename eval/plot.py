@@ -1,4 +1,5 @@
-"""The Pareto front of a report as a PNG: quality (recall@10, top-1 agreement) against a cost on a log axis, every
+"""The Pareto front of a report as a PNG: quality (recall@10, top-1 agreement) against a cost on a log axis (a causal
+LM's latency: its mean time per generated token), every
 variant a labelled point, the original and its int8 graph marked apart, the front a step line
 (the best quality to be had at each cost: q*(x) = max{q_i : c_i ≤ x}). Drawn off-screen (Agg)."""
 
@@ -14,6 +15,7 @@ AXES = {  # label, scale
     "file_bytes": ("file size, MB", 1e-6),
     "latency": (f"p50 latency at {LATENCY}, ms", 1.0),
     "memory": ("peak RSS of a fresh process after one batch, MiB", 2**-20),
+    "decode": ("mean time per generated token over the decoding contexts, ms", 1.0),  # a causal LM's latency
 }
 MARKS = {"original": ("*", "black", 220), "original-int8": ("D", "dimgray", 80)}  # marker, colour, size
 
@@ -31,8 +33,8 @@ def plot_front(report: dict, path: Path, x: str = "file_bytes", quality: str | N
     from matplotlib.figure import Figure
     from matplotlib.ticker import LogFormatter
 
-    label, scale = AXES[x]
     rows = report["variants"]
+    label, scale = AXES["decode" if x == "latency" and rows[0].get("decode_ms") else x]
     fig = Figure(figsize=(8, 5.5), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()

@@ -18,6 +18,13 @@ FRONTS = {
 }
 
 
+def _fronts(report: dict) -> dict[str, tuple[str, str]]:
+    """FRONTS, a causal LM's latency front named by what it measures (eval.pareto: its mean time per token)."""
+    if report["variants"] and report["variants"][0].get("decode_ms"):
+        return {**FRONTS, "latency": ("decode", "mean time per generated token")}
+    return FRONTS
+
+
 def _ratio(value, base) -> str:
     return f"{value / base:.3f}×" if value is not None and base else "–"
 
@@ -40,7 +47,7 @@ def markdown_table(report: dict) -> str:
         rss, opt = v.get("peak_rss_bytes"), v["optimized_initializer_bytes"]
         cells = [
             v["name"] + (" (off its gate)" if v.get("gate_failed") else ""),
-            "+".join(FRONTS[cost][0] for cost, on in fronts.items() if on) or "–",
+            "+".join(_fronts(report)[cost][0] for cost, on in fronts.items() if on) or "–",
             f"{v['params']:,} ({_ratio(v['params'], base['params'])})",
             f"{v['file_bytes'] / 1e6:.2f} ({_ratio(v['file_bytes'], base['file_bytes'])})",
             f"{opt / 1e6:.2f} ({opt / v['file_bytes']:.3f}× file)",
@@ -72,7 +79,7 @@ def markdown_table(report: dict) -> str:
     if "latency_input" in report:
         title += f"  \nlatency on: {report['latency_input']}"
     title += _measured_on(report)
-    fronts = " or ".join(f"{what} ({label})" for label, what in FRONTS.values())
+    fronts = " or ".join(f"{what} ({label})" for label, what in _fronts(report).values())
     title += f"  \nfront: no other variant is as good in {front_quality(report)} and in {fronts}, and better in one\n\n"
     return title + _choice(report) + _left_out(report) + _headline(report) + "\n".join(rows) + "\n"
 
@@ -110,7 +117,7 @@ def _headline(report: dict) -> str:
     variants, quality = report["variants"], front_quality(report)
     texts = [("quality", "eval text")] + ([("quality_second_text", "2nd text")] if "second_text" in report else [])
     lines = []
-    for cost, (label, what) in FRONTS.items():
+    for cost, (label, what) in _fronts(report).items():
         base = cost_of(variants[0], cost)
         on = [v for v, flags in zip(variants[1:], pareto_flags(report)[1:]) if flags[cost]]
         items = []

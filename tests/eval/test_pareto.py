@@ -180,3 +180,32 @@ def test_labels_of_near_points_do_not_overlap_and_stay_inside():
     assert all(
         inside.x0 <= b.x0 and b.x1 <= inside.x1 + 1 and inside.y0 <= b.y0 and b.y1 <= inside.y1 + 1 for b in boxes
     )
+
+
+def lm_row(name, size, ms_per_token, top1):
+    """A causal LM's row: timed by decoding at two contexts (its mean ms a token `ms_per_token`), no p50."""
+    contexts = {
+        f"ctx{c}": {"tokens_per_s": 1e3 / ms, "per_token_p50_ms": ms}
+        for c, ms in ((128, ms_per_token - 1), (512, ms_per_token + 1))
+    }
+    quality = {"top1_agreement": top1}
+    return {**row(name, size, math.nan, math.nan, size), "latency_ms": {}, "decode_ms": contexts, "quality": quality}
+
+
+def test_an_lms_latency_front_is_its_time_per_token(tmp_path):
+    """An LM's rows carry no p50; their latency front and plot read the mean time per generated token."""
+    report = {
+        "model": "lm",
+        "eval_text": "t",
+        "variants": [
+            lm_row("original", 400, 40.0, 1.0),
+            lm_row("original-int4", 100, 10.0, 0.6),
+            lm_row("slow", 100, 30.0, 0.5),
+        ],
+    }
+    mark_pareto_(report, "top1_agreement")
+    assert [r["pareto"]["latency"] for r in report["variants"]] == [True, True, False]
+    assert report["pareto_axes"]["latency"].startswith("decode_ms")
+    int4 = next(line for line in markdown_table(report).splitlines() if line.startswith("| original-int4 |"))
+    assert "decode" in int4.split("|")[2]
+    assert plot_front(report, tmp_path / "decode.png", x="latency").read_bytes()[:8] == PNG_SIGNATURE
