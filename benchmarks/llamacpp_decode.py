@@ -3,7 +3,7 @@ an interpreter that has llama-cpp-python (not a dependency of the project: `pyth
 install llama-cpp-python`, which builds llama.cpp for this CPU), one JSON request a line on stdin,
 {"context": [token ids], "steps": N}, answered by one line {"prefill_ms", "step_ms", "tokens"}: the
 prefill of the context, then N greedy steps of one token each, each step's evaluation timed (the argmax
-that picks its token is not, as eval.decode.decode_times times ours); tokens: the N + 1 picked.
+that picks its token is not, as eval.decode_timing.decode_times times ours); tokens: the N + 1 picked.
 
     V/bin/python benchmarks/llamacpp_decode.py MODEL.gguf --threads 2"""
 

@@ -6,7 +6,7 @@ greedy tokens against the fp32 graph's.
         [--gguf FILE --llama-python V/bin/python] [--draft lookup|FOLDER … --draft-tokens K]
         [--contexts 128 512 2048] [--json OUT]
 
-With --draft, the last of --ours is also decoded speculatively with each draft (eval.speculative), a row of
+With --draft, the last of --ours is also decoded speculatively with each draft (decoding.speculative), a row of
 its own: its greedy tokens against that graph's own stepwise ones too, the drafts' acceptance, tokens per
 pass of the verifier and weight bytes read per token (the verifier's per pass and the draft's per proposal,
 over the tokens they yield).
@@ -30,12 +30,21 @@ from pathlib import Path
 import numpy as np
 
 from converters.quantization.shortlist_head import step_weight_bytes
-from eval.decode import DECODE_CONTEXTS, DECODE_ROUNDS, DECODE_TOKENS, DecodeTimes, decode_ids, decode_times
+from decoding.drafts import LOOKUP, open_draft
+from decoding.sampling import decode_ids
+from decoding.speculative import DRAFT_TOKENS, SpeculativeStats, speculative_ids
+from eval.decode_timing import (
+    DECODE_CONTEXTS,
+    DECODE_ROUNDS,
+    DECODE_TOKENS,
+    DecodeTimes,
+    decode_times,
+    speculative_times,
+)
 from eval.environment import machine, run_record
 from eval.graph import initializer_stats, load_graph, make_session
 from eval.kinds import CAUSAL_LM
 from eval.probe import peak_rss_bytes
-from eval.speculative import DRAFT_TOKENS, LOOKUP, SpeculativeStats, open_draft, speculative_ids, speculative_times
 from files.model_folder import graph_in
 from texts.tokens import load_tokenizer
 

@@ -8,7 +8,7 @@ graph was exported to: 8 prompts (the first 24 tokens of the first 8 passages of
 32 greedy new tokens each, ONNX Runtime's tokens against `transformers`' `generate` on the same
 weights. Then the first pair's graph decodes 64 tokens after a 128-token context with its cache and
 by reading the whole sequence at every step (what an uncached graph must do), taking turns; and every
-graph of --time (the first pair's first) is timed side by side by eval.decode.measure_decode.
+graph of --time (the first pair's first) is timed side by side by eval.decode_timing.measure_decode.
 """
 
 import argparse
@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from converters.checkpoint import load_model
-from eval.decode import decode_ids, decode_times, measure_decode
+from decoding.sampling import decode_ids
+from eval.decode_timing import decode_times, measure_decode
 from eval.graph import make_session
 from eval.kinds import CAUSAL_LM
 from files.model_folder import graph_in

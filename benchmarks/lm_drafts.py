@@ -1,4 +1,4 @@
-"""Draft LMs made from a causal LM itself, for speculative decoding's candidates (eval.speculative): its first N
+"""Draft LMs made from a causal LM itself, for speculative decoding's candidates (decoding.speculative): its first N
 layers, its final norm and its tied head, distilled for S seconds on its own outputs (KL at τ = 1 over the
 fine-tune text, every parameter trained; S = 0: as cut), each exported to a 4-bit model folder that
 `benchmarks/lm_against_genai.py --draft FOLDER` and `compressor generate --draft FOLDER` take.

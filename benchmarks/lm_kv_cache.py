@@ -1,7 +1,7 @@
 """A causal LM's graphs with an fp32 and an int8 key-value cache (compressor export --kv-cache int8) side by side:
 the perplexity of each as a decoder reads text (a first token, then chunks of CHUNK tokens, each attending over
 the cache the chunks before it wrote) on the eval text and on a second, unlike one, the top-1 agreement with the
-first graph, the time per token at each context (the graphs taking turns, eval.decode.measure_decode), and the
+first graph, the time per token at each context (the graphs taking turns, eval.decode_timing.measure_decode), and the
 cache's bytes each token reads there.
 
     python benchmarks/lm_kv_cache.py --ours FOLDER FOLDER [FOLDER …] [--contexts 128 512 2048] [--json OUT]
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.decode import DECODE_CONTEXTS, Decoder, measure_decode
+from decoding.decoders import open_decoder
+from eval.decode_timing import DECODE_CONTEXTS, measure_decode
 from eval.environment import machine, run_record
 from eval.graph import make_session
 from eval.kinds import CAUSAL_LM
@@ -30,7 +31,7 @@ def stepped_predictions(session, rows: list[list[int]]) -> tuple[np.ndarray, np.
     the first token alone, then CHUNK tokens a pass over the cache."""
     nll, top = [], []
     for ids in rows:
-        decoder = Decoder(session)
+        decoder = open_decoder(session)
         logits = [decoder.start(np.array(ids[:1]))[None]]
         logits += [decoder.extend(ids[i : i + CHUNK]) for i in range(1, len(ids) - 1, CHUNK)]
         scores = np.concatenate(logits)[: len(ids) - 1].astype(np.float64)

@@ -20,7 +20,7 @@ import torch
 
 from compressor.lowrank import whitened_factors
 from converters.checkpoint import load_model
-from eval.decode import Decoder
+from decoding.decoders import open_decoder
 from eval.environment import machine, run_record
 from eval.graph import make_session
 from eval.kinds import CAUSAL_LM
@@ -45,7 +45,7 @@ def hiddens(model, tokenizer, split: str) -> torch.Tensor:
 def graph_recall(tokenizer, whole: Path, short: Path) -> dict:
     """Per split: the share of tokens whose whole head's argmax the shortlist head scores, and whose argmax agree,
     each passage's first MAX_TOKENS tokens fed one at a time to both graphs (2 threads each)."""
-    decoders = [Decoder(make_session(graph_in(folder), threads=2)) for folder in (whole, short)]
+    decoders = [open_decoder(make_session(graph_in(folder), threads=2)) for folder in (whole, short)]
     result = {}
     for split in ("eval", "second"):
         passages, _ = CAUSAL_LM.passages(None, split)

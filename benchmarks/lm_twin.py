@@ -25,7 +25,7 @@ from onnx import helper
 
 from converters.checkpoint import load_model
 from converters.kinds.fused_decoder import rounded_twin
-from eval.decode import decode_ids
+from decoding.sampling import decode_ids
 from eval.graph import make_session
 from files.model_folder import graph_in
 from texts.tokens import load_tokenizer

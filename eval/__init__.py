@@ -1,6 +1,11 @@
-"""Measuring ONNX models on the CPU: size, memory, latency, quality; the report."""
+"""Measuring ONNX models on the CPU: size, memory, latency, decoding, quality; the report.
 
-from eval.benchmark import bench
-from eval.report import markdown_table, write_report
+The names below load on first use (PEP 562), so that importing one light module of eval (its graph helpers, which
+decoding stands on) runs none of the others."""
 
-__all__ = ["bench", "markdown_table", "write_report"]
+from compressor.lazy_names import lazy_names
+
+__getattr__, __all__ = lazy_names(
+    __name__,
+    {"bench": "eval.benchmark", "markdown_table": "eval.report", "write_report": "eval.report"},
+)

@@ -9,7 +9,8 @@ from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
 from eval.choice import DEFAULT_GOAL, choose
-from eval.decode import DECODE_CONTEXTS, DECODE_TOKENS, context_length, measure_decode
+from decoding.context import context_length
+from eval.decode_timing import DECODE_CONTEXTS, DECODE_TOKENS, measure_decode
 from eval.environment import file_sha256, graph_sha256, machine, run_record, texts_sha256
 from eval.graph import (
     file_bytes,
@@ -93,7 +94,7 @@ def bench(
     sequence) of random ids; latency uses `settings` on the eval text's
     tokens, the ids a model meets (a cached head with a computed tail costs what its text holds); "choice": the
     row to deploy for `goal` (eval.choice). `settings` None: latency.SETTINGS, or none for a kind timed otherwise
-    (GraphKind.shape_latency: an LM by its prefill and time per token, eval.decode). `inputs`: the texts as
+    (GraphKind.shape_latency: an LM by its prefill and time per token, eval.decode_timing). `inputs`: the texts as
     bench_inputs tokenises them, where the caller has them (None: tokenised here)."""
     if (second_texts is None) != (second_text is None):
         raise CompressorError("bench takes the second text's passages and its name together, or neither")

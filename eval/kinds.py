@@ -152,7 +152,7 @@ CAUSAL_LM = CausalLMGraphKind(
     # int4-aware's ranges on SmolLM2 in a quarter of the 12 minutes 1,024 took; one batch gates (4 k predictions)
     calibration_passages=256,
     gate_batches=1,
-    # Its time is what its users run, a prefill and each generated token (eval.decode, at batch 1); the encoder's
+    # Its time is what its users run, a prefill and each generated token (eval.decode_timing, at batch 1); the encoder's
     # shapes took 9 of SmolLM2's bench's 17 minutes and say nothing a decoding user feels
     shape_latency=False,
     # SmolLM2-135M's 300 passages of each text (134.5 M parameters: 26–31 s a text and row on 2 cores); on

@@ -20,7 +20,7 @@ def latency_key(batch: int, seq: int, threads: int) -> str:
 
 def mean_decode_ms(row: dict) -> float | None:
     """A causal LM's row: its mean time per generated token, ms, over the contexts its decoding was timed at
-    (the mean of 1000 / tokens_per_s of each, eval.decode); None for a row not timed by decoding."""
+    (the mean of 1000 / tokens_per_s of each, eval.decode_timing); None for a row not timed by decoding."""
     means = [1e3 / c["tokens_per_s"] for c in (row.get("decode_ms") or {}).values() if c.get("tokens_per_s")]
     return sum(means) / len(means) if means else None
 

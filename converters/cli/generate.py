@@ -1,13 +1,14 @@
 """compressor generate GRAPH_OR_FOLDER --prompt TEXT: a causal LM's continuation on ONNX Runtime
-(eval.generate), greedy or sampled with a seed, with the tokenizer of the model folder; with --draft, greedy
-and speculative (eval.speculative)."""
+(decoding.generate), greedy or sampled with a seed, with the tokenizer of the model folder; with --draft, greedy
+and speculative (decoding.speculative)."""
 
 import time
 from pathlib import Path
 
 from converters.pipeline.say import say
-from eval.generate import generate
-from eval.speculative import DRAFT_TOKENS, LOOKUP
+from decoding.drafts import LOOKUP
+from decoding.generate import generate
+from decoding.speculative import DRAFT_TOKENS
 
 HELP = "continue a prompt with a causal LM's ONNX graph (greedy, or sampled with a seed)"
 

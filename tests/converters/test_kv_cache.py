@@ -10,7 +10,8 @@ import onnx
 import pytest
 
 from converters.quantization.kv_cache import attends_by_gqa, cache_scales
-from eval.decode import Decoder, decode_ids
+from decoding.decoders import open_decoder
+from decoding.sampling import decode_ids
 from eval.graph import make_session
 from eval.probe import PAST, PRESENT
 from tests.conftest import genai_greedy, run_cli, write_tiny_lm
@@ -48,7 +49,7 @@ def test_scales_hold_the_largest_key_and_value_of_the_text(folders):
     ids = np.array([[3, 7, 11, 5, 9, 2, 4]])
     batch = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     scales = cache_scales(folders / "fp32/onnx/model.onnx", [batch])
-    decoder = Decoder(session)
+    decoder = open_decoder(session)
     decoder.start(ids[0])
     for name, past in decoder.past.items():
         present = name.replace(PAST, PRESENT, 1)
@@ -57,8 +58,8 @@ def test_scales_hold_the_largest_key_and_value_of_the_text(folders):
 
 
 def test_decoding_with_the_int8_cache_stays_near_the_fp32_caches(folders):
-    plain = Decoder(make_session(folders / "fp32/onnx/model.onnx"))
-    rounded = Decoder(make_session(folders / "int8/onnx/model.onnx"))
+    plain = open_decoder(make_session(folders / "fp32/onnx/model.onnx"))
+    rounded = open_decoder(make_session(folders / "int8/onnx/model.onnx"))
     ids = [3, 7, 11, 5, 9]
     pairs = [(plain.start(np.array(ids)), rounded.start(np.array(ids)))]
     for token in (4, 8, 1, 6, 2, 10, 12, 3):

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from converters.quantization.shortlist_head import step_weight_bytes
-from eval.decode import Decoder, decode_ids
+from decoding.decoders import Decoder, open_decoder
+from decoding.sampling import decode_ids
 from eval.graph import initializer_stats, load_graph, make_session
 from tests.conftest import genai_greedy, run_cli, write_tiny_lm
 
@@ -39,7 +40,7 @@ def folders(tmp_path_factory):
 
 
 def _decoder(folder) -> Decoder:
-    return Decoder(make_session(next((folder / "onnx").glob("*.onnx"))))
+    return open_decoder(make_session(next((folder / "onnx").glob("*.onnx"))))
 
 
 @pytest.mark.parametrize("form", ["fp32", "int4"])

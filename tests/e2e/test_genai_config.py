@@ -9,7 +9,7 @@ import json
 import onnx
 import pytest
 
-from eval.decode import decode_ids
+from decoding.sampling import decode_ids
 from eval.graph import make_session
 from files.genai_config import GENAI_CONFIG
 from tests.conftest import genai_greedy, run_cli, write_tiny_lm

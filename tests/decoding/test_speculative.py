@@ -1,13 +1,16 @@
-"""Speculative decoding (eval.speculative): several tokens read in one pass give the logits of as many steps, the
+"""Speculative decoding (decoding.speculative): several tokens read in one pass give the logits of as many steps, the
 cache rolls back, and the output is the verifier's own greedy output whatever the draft proposes (itself, another
 random LM, prompt lookup); `generate --draft` end to end with every bad input refused."""
 
 import numpy as np
 import pytest
 
-from eval.decode import Decoder, decode_ids
+from decoding.decoders import open_decoder
+from decoding.drafts import LookupDraft, ModelDraft
+from decoding.lookahead import Lookahead
+from decoding.sampling import decode_ids
+from decoding.speculative import speculative_ids
 from eval.graph import make_session
-from eval.speculative import Lookahead, LookupDraft, ModelDraft, speculative_ids
 from tests.conftest import run_cli, write_tiny_lm
 
 PROMPTS = ([3, 7, 11], [20, 4, 4, 9, 13, 2], [5])
@@ -47,14 +50,14 @@ def _session(folder):
 
 def _least_gap(session, prompt, new):
     """The least gap between the two largest logits over the greedy steps that produce `new`."""
-    decoder = Decoder(session)
+    decoder = open_decoder(session)
     logits = [decoder.start(np.array(prompt))] + [decoder.step(t) for t in new[:-1]]
     return min(float(np.diff(np.sort(row)[-2:])[0]) for row in logits)
 
 
 def test_a_pass_over_several_tokens_gives_each_steps_logits_and_rolls_back(verifier):
     session = _session(verifier)
-    stepped, passed = Decoder(session), Decoder(session)
+    stepped, passed = open_decoder(session), open_decoder(session)
     stepped.start(np.arange(5))
     passed.start(np.arange(5))
     tokens = [3, 1, 4, 1, 5]
@@ -64,7 +67,7 @@ def test_a_pass_over_several_tokens_gives_each_steps_logits_and_rolls_back(verif
     passed.rollback(7)  # keep 3, 1; read 4, 1 again, then another token where 5 was
     assert np.abs(passed.extend([4, 1]) - steps[2:4]).max() <= 1e-4 * scale
     other = passed.extend([9])[0]
-    fresh = Decoder(session)
+    fresh = open_decoder(session)
     fresh.start(np.array([0, 1, 2, 3, 4, 3, 1, 4, 1]))
     assert np.abs(other - fresh.step(9)).max() <= 1e-4 * scale
 

@@ -1,16 +1,18 @@
 """A prompt's continuation by a causal LM graph on ONNX Runtime, as `compressor generate` prints it: greedy or
-sampled with a seed (eval.decode), or greedy with a draft proposing tokens that the graph checks in one pass
-(eval.speculative), every input checked before a session is made."""
+sampled with a seed (decoding.sampling), or greedy with a draft proposing tokens that the graph checks in one pass
+(decoding.speculative), every input checked before a session is made."""
 
 from pathlib import Path
 
 import numpy as np
 
 from compressor.errors import CompressorError
-from eval.decode import context_length, decode_ids
+from decoding.context import context_length
+from decoding.drafts import open_draft
+from decoding.sampling import decode_ids
+from decoding.speculative import DRAFT_TOKENS, SpeculativeStats, speculative_ids
 from eval.graph import make_session
 from eval.kinds import CAUSAL_LM, graph_kind
-from eval.speculative import DRAFT_TOKENS, SpeculativeStats, open_draft, speculative_ids
 from files.model_folder import folder_of, graph_in, lacks_tokenizer
 
 __all__ = ["generate"]
