@@ -22,6 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+from converters.cli.corrected_needs import corrected_needs
+from converters.cli.goals import lm_run_needs
+from converters.quantization.registry import scheme_named
+
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2 = REPO / "runs" / "lm" / "smollm2"
 
@@ -138,7 +142,10 @@ def measure_run(model: Path, out: Path) -> dict:
     seconds = time.perf_counter() - start
     err = log.read_text()
     said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
-    result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said, **_provenance()}
+    _, minutes, peak = lm_run_needs(model)  # what it says before its work (or refuses the model with)
+    estimate = {"minutes": minutes, "peak_gib": round(peak / 2**30, 1)}
+    result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said, "estimate": estimate}
+    result.update(_provenance())
     if done.returncode == 0:
         report = json.loads((out / "report.json").read_text())
         result["stages"] = report["run"]["stages"]
@@ -195,7 +202,11 @@ def measure_corrected(model: Path, out: Path, scheme: str) -> dict:
     """`compressor export MODEL --quantize SCHEME` (a corrected scheme, the default calibration) measured as
     `_measured`, with the commit, date and machine."""
     result = _measured(["export", str(model), "--quantize", scheme, "--out", str(out)], out)
-    return {**result, **_provenance()}
+    config = scheme_named(scheme)()
+    train = getattr(config, "correction_time", 0.0) if config.trains else 0.0
+    _, _, minutes, peak = corrected_needs(model, train > 0)  # what it said before its work
+    estimate = {"minutes": minutes + round(train / 60), "peak_gib": round(peak / 2**30, 1)}
+    return {**result, "estimate": estimate, **_provenance()}
 
 
 def _provenance() -> dict:

@@ -182,15 +182,15 @@ def test_the_lm_runs_at_scale_are_a_table_of_their_own(tmp_path):
         "exit": 0,
         "seconds": 1762.2,
         "said": ["compressor: … about 24 minutes on 2 cores and a peak of at most 16.0 GiB …"],
+        "estimate": {"minutes": 24, "peak_gib": 16.0},
     }
     ran["stages"] = {"stages": [{"stage": "bench", "seconds": 672.1, "peak_rss_bytes": 2**30}], "peak_rss_bytes": 2**30}
     ran["rows"] = {"original": {"file_bytes": 2**28}}
     refused = {**run, "exit": 2, "seconds": 3.4, "said": ["compressor: error: … need about 40.0 GiB at their peak …"]}
+    refused["estimate"] = {"minutes": 60, "peak_gib": 40.0}  # a refused run said its peak alone
     (tmp_path / "scale" / "lms.json").write_text(json.dumps({"small": ran, "large": refused}))
-    corrected = {**run, "seconds": 156.3, "peak_gib": 2.79, "said": ["compressor: int4-corrected: about 4 min on 2 "]}
-    corrected["said"][0] += (
-        "cores and a peak of about 2.5 GiB (0.13B parameters, Σ K² 101 M over the linear layers' inputs)"
-    )
+    corrected = {**run, "seconds": 156.3, "peak_gib": 2.79, "said": ["compressor: int4-corrected: reworded"]}
+    corrected["estimate"] = {"minutes": 4, "peak_gib": 2.5}  # the figures, not the sentence the command said
     (tmp_path / "scale" / "corrected.json").write_text(json.dumps({"small: int4-corrected": corrected}))
     section = benchmarks_page.scale_section(tmp_path / "scale")
     assert (
@@ -198,7 +198,7 @@ def test_the_lm_runs_at_scale_are_a_table_of_their_own(tmp_path):
         in section
     )
     assert (
-        "| small | AMD EPYC, `avx512_vnni`, 1.32.0 | 24 minutes / 16.0 GiB | 29.4 min | 1.00 GiB (4.0× the fp32 graph) "
+        "| small | AMD EPYC, `avx512_vnni`, 1.32.0 | 24 min / 16.0 GiB | 29.4 min | 1.00 GiB (4.0× the fp32 graph) "
         "| bench 672, 1.00 |" in section
     )
     assert "large: `python benchmarks/large_models.py lms --out runs/large`, commit `abc1234`" in section
