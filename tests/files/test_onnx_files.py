@@ -48,17 +48,17 @@ def test_a_key_held_already_is_refused_and_the_file_left_as_it_was(tmp_path):
 
 
 def test_a_graph_past_the_limit_is_saved_with_its_weights_beside_it_and_kept_whole(tmp_path, monkeypatch):
-    from files import onnx_files
+    from files import lazy_weights, onnx_files, onnx_save
 
     model = onnx.load(str(_graph_file(tmp_path / "small.onnx")))
-    monkeypatch.setattr(onnx_files, "TWO_GB", 1000)  # this graph's 16 kB pass it
+    monkeypatch.setattr(onnx_save, "TWO_GB", 1000)  # this graph's 16 kB pass it
     onnx_files.save_onnx(model, tmp_path / "big.onnx")
     assert (tmp_path / "big.onnx.data").stat().st_size >= 64 * 64 * 4
     assert (tmp_path / "big.onnx").stat().st_size < 64 * 64 * 4  # the weights are not in the graph's file
     assert numpy_helper.to_array(model.graph.initializer[0]).shape == (64, 64)  # and still in the caller's model
     onnx.checker.check_model(str(tmp_path / "big.onnx"))
     (stored,) = onnx.load(str(tmp_path / "big.onnx"), load_external_data=False).graph.initializer
-    assert int({e.key: e.value for e in stored.external_data}["offset"]) % onnx_files.ALIGN == 0
+    assert int({e.key: e.value for e in stored.external_data}["offset"]) % lazy_weights.ALIGN == 0
     np.testing.assert_array_equal(
         numpy_helper.to_array(onnx.load(str(tmp_path / "big.onnx")).graph.initializer[0]),
         numpy_helper.to_array(model.graph.initializer[0]),
@@ -69,11 +69,11 @@ def test_a_graph_past_the_limit_is_saved_with_its_weights_beside_it_and_kept_who
 
 
 def test_a_graph_written_in_place_keeps_its_weights_file_under_the_final_name_and_no_stale_one(tmp_path, monkeypatch):
-    from files import onnx_files
+    from files import onnx_files, onnx_save
     from files.atomic import atomic_file
 
     model = onnx.load(str(_graph_file(tmp_path / "small.onnx")))
-    monkeypatch.setattr(onnx_files, "MAPPED_FROM", 1000)  # this graph's 16 kB pass it
+    monkeypatch.setattr(onnx_save, "MAPPED_FROM", 1000)  # this graph's 16 kB pass it
     (tmp_path / "out").mkdir()
     with atomic_file(tmp_path / "out" / "model.onnx") as tmp:
         onnx_files.save_onnx(model, tmp)
@@ -85,7 +85,7 @@ def test_a_graph_written_in_place_keeps_its_weights_file_under_the_final_name_an
         onnx_files.save_onnx(model, tmp)
         raise RuntimeError("the writer failed")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.onnx", "model.onnx.data"]
-    monkeypatch.setattr(onnx_files, "MAPPED_FROM", 2**28)  # the graph written again fits in one file
+    monkeypatch.setattr(onnx_save, "MAPPED_FROM", 2**28)  # the graph written again fits in one file
     with atomic_file(tmp_path / "out" / "model.onnx") as tmp:
         onnx_files.save_onnx(model, tmp)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.onnx"]  # the old weights file gone
@@ -97,11 +97,11 @@ def test_a_graph_written_in_place_keeps_its_weights_file_under_the_final_name_an
 def test_a_lazy_graph_reads_each_weight_from_its_file_and_is_written_as_the_graph_it_came_from(
     tmp_path, monkeypatch, beside
 ):
-    from files import onnx_files
+    from files import onnx_files, onnx_save
 
     path = _graph_file(tmp_path / "m.onnx")
     if beside:  # its weights in the file beside it, as a graph past protobuf's limit is saved
-        monkeypatch.setattr(onnx_files, "TWO_GB", 1000)
+        monkeypatch.setattr(onnx_save, "TWO_GB", 1000)
         onnx_files.save_onnx(onnx.load(str(path)), tmp_path / "big.onnx")
         path = tmp_path / "big.onnx"
     whole = onnx_files.load_onnx(path)
