@@ -1,7 +1,7 @@
 """Which row of a causal LM's report to deploy: of the rows whose perplexity on each text is within
 PERPLEXITY_SLACK of the original's (the fp32 graph's), the one that decodes fastest — the least mean time per
-generated token at batch 1, averaged over the bench's contexts (eval.decode) — for the balanced and latency goals,
-the smallest file for size, the least peak RSS for memory, and for quality the least perplexity (both texts' sum)
+generated token at batch 1, averaged over the bench's contexts (eval.decode_timing) — for the balanced and latency
+goals, the smallest file for size, the least peak RSS for memory, and for quality the least perplexity (both texts' sum)
 of any row but the original. A row off its gate is never chosen; rows within SAME of the best count as one, the
 lower perplexity taken."""
 
