@@ -2,8 +2,8 @@
 token) the logits x W over the V tokens (W, D × V, the weight the head's last product multiplies by) are first
 scored by a rank-r fit, s = (x A) B, A B the activation-aware truncation of W in the Gram of x over calibration text
 (compressor.lowrank.whitened_factors; its factors in 4 bits where the head is); only the K best of s are scored
-exactly, x · w_v, from the head's own rows (GatherBlockQuantized over its 4-bit codes, or a Gather of its fp32 tied
-table), and every other logit is −∞: greedy decoding keeps the head's choice wherever it is among the K (up to the
+exactly, x · w_v, from the head's own rows (GatherBlockQuantized over its 4- or 8-bit codes, or a Gather of its fp32
+tied table), and every other logit is −∞: greedy decoding keeps the head's choice wherever it is among the K (up to the
 rounding of x to 8 bits a 4-bit head's MatMulNBits makes and the exact rows do not: near-ties can fall either way).
 A pass over several tokens (a prompt, a verifier's pass) keeps the whole head: an If on the sequence length. A step
 reads (D + V) r of the factors and K D of the head instead of V D."""
@@ -39,7 +39,7 @@ __all__ = [
 # SmolLM2's tied head: rank 256 and K 512 held its argmax on 99.9 % of tokens (benchmarks/lm_shortlist_recall.py)
 SHORTLIST_RANK = 256
 SHORTLIST_PASSAGES = 64  # calibration passages whose final hidden states make the Gram the factors are fitted in
-SHORTLIST_SCHEMES = (None, "int4", "int4-aware")  # their head is one product: an fp32 tied table or 4-bit codes
+SHORTLIST_SCHEMES = (None, "int4", "int4-aware", "w8")  # their head is one product: an fp32 tied table or n-bit codes
 PREFIX = "shortlist"
 LOGITS = "logits"
 
@@ -60,7 +60,7 @@ def check_shortlist(shortlist: int, rank: int, vocab: int, hidden: int, scheme: 
         )
     if scheme not in SHORTLIST_SCHEMES:
         raise CompressorError(
-            f"a shortlist scores the head of an fp32, int4 or int4-aware graph, whose logits are one product; "
+            f"a shortlist scores the head of an fp32, int4, int4-aware or w8 graph, whose logits are one product; "
             f"--quantize {scheme}'s are not"
         )
 
@@ -78,7 +78,7 @@ def head_node(model: onnx.ModelProto) -> onnx.NodeProto:
         return node
     made = "no node" if node is None else f"a {node.op_type}"
     raise CompressorError(
-        f"a shortlist scores a head whose logits are a 4-bit product or an fp32 tied table's; {made} writes "
+        f"a shortlist scores a head whose logits are an n-bit product or an fp32 tied table's; {made} writes "
         "this graph's logits"
     )
 

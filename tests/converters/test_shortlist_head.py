@@ -22,7 +22,7 @@ TOKENS = (4, 8, 1, 6, 2, 10)
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     """A tiny Llama whose heads the fused decoder takes (64 wide, 102 tokens), exported whole and with a shortlist of
-    16 at rank 16 (and 63, nearly the width), in fp32 and in int4 with the int8 key-value cache."""
+    16 at rank 16 (and 63, nearly the width), in fp32, and in int4 and w8 with the int8 key-value cache."""
     from converters.cli import main
 
     root = tmp_path_factory.mktemp("shortlist")
@@ -34,6 +34,8 @@ def folders(tmp_path_factory):
         "fp32-wide": [*short, "63"],
         "int4": ["--quantize", "int4", "--kv-cache", "int8"],
         "int4-short": ["--quantize", "int4", "--kv-cache", "int8", *short, "16"],
+        "w8": ["--quantize", "w8", "--kv-cache", "int8"],
+        "w8-short": ["--quantize", "w8", "--kv-cache", "int8", *short, "16"],
     }.items():
         assert main(["export", str(source), "--out", str(root / name), *extra]) == 0
     return root
@@ -43,10 +45,10 @@ def _decoder(folder) -> Decoder:
     return open_decoder(make_session(next((folder / "onnx").glob("*.onnx"))))
 
 
-@pytest.mark.parametrize("form", ["fp32", "int4"])
+@pytest.mark.parametrize("form", ["fp32", "int4", "w8"])
 def test_a_step_scores_the_shortlist_exactly_and_nothing_else(folders, form):
     whole, short = _decoder(folders / form), _decoder(folders / f"{form}-short")
-    tolerance = 1e-5 if form == "fp32" else 0.02  # int4: the rows unrounded, MatMulNBits rounds its input to 8 bits
+    tolerance = 1e-5 if form == "fp32" else 0.02  # int4, w8: the rows unrounded, MatMulNBits rounds its input to 8 bits
     a, b = whole.start(PROMPT), short.start(PROMPT)
     assert np.abs(a - b).max() <= tolerance * np.ptp(a)  # the prompt's pass: the whole head's node, in a branch
     for token in TOKENS:
