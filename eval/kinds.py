@@ -1,20 +1,23 @@
 """What eval knows of a model kind, recognised from an ONNX graph's inputs and outputs alone (eval
 does not import converters): the graph's contract, what quality compares, its metrics, and the
-default texts. An encoder: (input_ids, attention_mask) → last_hidden_state, compared by mean-pooled
-sentence embeddings (cosine to the original, neighbour recall@10). A causal language model:
+default texts. An encoder: (input_ids, attention_mask) → last_hidden_state, compared by its sentence embeddings
+(cosine to the original, neighbour recall@10): those its sentence-transformers folder's modules compute (Pooling,
+Dense, Normalize: eval.embedding), mean-pooled for a folder without them. A causal language model:
 (input_ids, attention_mask) → logits, with or without a key-value cache (measured as a prefill: the
 pasts empty), compared by next-token predictions (perplexity, top-1
 agreement with the original, mean KL(original ‖ variant))."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from compressor.errors import CompressorError
+from eval.embedding import sentence_embedding
 from eval.graph import load_graph
 from eval.probe import PAST
 from eval.quality import NextTokens, cosine_mean, mean_pool, next_token_quality, next_tokens, recall_at_k
+from files.sentence_modules import SentenceModules, sentence_modules
 from texts.corpus import HELD_OUT, lm_passages, passages
 
 __all__ = ["GraphKind", "ENCODER", "CAUSAL_LM", "GRAPH_KINDS", "graph_kind"]
@@ -63,6 +66,10 @@ class GraphKind:
     def recognises(self, inputs: list[str], outputs: list[str]) -> bool:
         return sorted(inputs) == sorted(self.inputs) and self.output in outputs
 
+    def in_folder(self, folder: str | Path) -> "GraphKind":
+        """This kind as it measures the graphs of the model folder `folder` (its tokenizer's): itself."""
+        return self
+
     def gated(self, output: np.ndarray) -> np.ndarray:
         """What a quantized graph's gate compares of the output at real positions (…, width): as it is."""
         return output
@@ -73,13 +80,29 @@ class GraphKind:
         return passages(path, split, max(minimum, self.min_passages if split in HELD_OUT else 1))
 
 
+@dataclass(frozen=True)
 class EncoderGraphKind(GraphKind):
+    # The sentence-transformers modules that follow the graph (None: mean pooling, as a folder without them pools)
+    modules: SentenceModules | None = field(default=None, compare=False, repr=False)
+
+    def in_folder(self, folder: str | Path) -> "EncoderGraphKind":
+        """This kind with the modules of the sentence-transformers folder `folder`, where they do more than pool by
+        the mean and normalise (what it does without them: all-MiniLM-L6-v2's Pooling and Normalize)."""
+        modules = sentence_modules(Path(folder))
+        if modules is None or (modules.pooling == ("mean",) and not modules.dense):
+            return self
+        return replace(self, modules=modules)
+
     def represent(self, session, batches, reference=None) -> np.ndarray:
-        """Mean of last_hidden_state over real tokens, L2-normalised: (N, H)."""
+        """The sentence embeddings, L2-normalised: (N, D): the modules' (eval.embedding), else the mean of
+        last_hidden_state over the real tokens; the normalisation is cosine's, which a Normalize module leaves."""
         out = []
         for feed in batches:
             (hidden,) = session.run([self.output], feed)  # (B, T, H)
-            out.append(mean_pool(hidden, feed["attention_mask"]))
+            mask = feed["attention_mask"]
+            out.append(
+                mean_pool(hidden, mask) if self.modules is None else sentence_embedding(hidden, mask, self.modules)
+            )
         emb = np.concatenate(out)
         return emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
 

@@ -244,3 +244,86 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory) -> Path:
     return write_tiny_lm(tmp_path_factory.mktemp("tiny") / "gpt2", "gpt2")
+
+
+ST_ROWS = 262_144  # EmbeddingGemma's table; its tokenizer holds one more entry, an image token text never produces
+IMAGE_TOKEN = "<image_soft_token>"
+
+
+def write_st_encoder(path: Path, arch: str = "gemma3", hidden: int = 16, seed: int = 0) -> Path:
+    """A sentence-transformers folder saved by sentence-transformers itself, its table of ST_ROWS rows of width
+    `hidden` and its word-level tokenizer of ST_ROWS entries (WORDS, characters, fillers) and IMAGE_TOKEN beyond
+    them. gemma3: EmbeddingGemma's shape (a bidirectional Gemma 3 of 2 layers, one attending to a window of 4
+    positions; mean Pooling, Dense hidden → 4·hidden → hidden without bias or activation, Normalize); xlm-roberta:
+    an XLM-R of 1 layer, CLS Pooling, a Dense to hidden / 2 with bias and Tanh, Normalize."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import (
+        Gemma3TextConfig,
+        Gemma3TextModel,
+        PreTrainedTokenizerFast,
+        XLMRobertaConfig,
+        XLMRobertaModel,
+    )
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    vocab = list(dict.fromkeys([*specials, *WORDS, *(string.ascii_lowercase + string.digits + string.punctuation)]))
+    vocab += [f"filler{i}" for i in range(ST_ROWS - len(vocab))]
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>", special_tokens=[("<bos>", 2), ("<eos>", 1)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<unk>"
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})  # id ST_ROWS, beyond the table
+    model_dir = path.parent / f"{path.name}-transformer"
+    tokenizer.save_pretrained(model_dir)
+    torch.manual_seed(seed)
+    ids = {"pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+    if arch == "gemma3":
+        config = Gemma3TextConfig(
+            vocab_size=ST_ROWS,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            sliding_window=GEMMA_WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+            query_pre_attn_scalar=8,
+            max_position_embeddings=160,
+            use_bidirectional_attention=True,
+            **ids,
+        )
+        model = Gemma3TextModel(config)
+        with torch.no_grad():  # Gemma's norms scale by 1 + w, w = 0 when made: drawn, so that a lost 1 shows
+            for name, weight in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    weight.normal_(0.0, 0.5)
+        heads = [
+            Pooling(hidden, "mean"),
+            Dense(hidden, 4 * hidden, bias=False, activation_function=None),
+            Dense(4 * hidden, hidden, bias=False, activation_function=None),
+        ]
+    else:
+        config = XLMRobertaConfig(
+            vocab_size=ST_ROWS,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=162,
+            **ids,
+        )
+        model = XLMRobertaModel(config, add_pooling_layer=False)
+        heads = [Pooling(hidden, "cls"), Dense(hidden, hidden // 2)]
+    model.eval().save_pretrained(model_dir)
+    st = SentenceTransformer(
+        modules=[Transformer(str(model_dir), max_seq_length=128), *heads, Normalize()], device="cpu"
+    )
+    st.save(str(path))
+    return path

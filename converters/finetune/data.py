@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from compressor.errors import CompressorError
+from texts.tokens import check_ids
 
 __all__ = ["windows", "pad", "batches", "window_weights", "synthetic_windows"]
 
@@ -13,6 +14,7 @@ def windows(tokenizer, texts: list[str], length: int) -> list[list[int]]:
     """Each passage cut into consecutive windows of at most `length` tokens, each with its special
     tokens ([CLS] … [SEP]): the whole text is seen, not only each passage's start."""
     enc = tokenizer(texts, truncation=True, max_length=length, return_overflowing_tokens=True, stride=0)
+    check_ids(tokenizer, torch.as_tensor([i for window in enc["input_ids"] for i in window], dtype=torch.long))
     return list(enc["input_ids"])
 
 

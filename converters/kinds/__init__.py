@@ -6,7 +6,8 @@ default texts. The plan's keywords, loading, checkpoints, calibration, the fine-
 export ask the adapter; methods and the budget never see the model's kind.
 
 An adapter is an instance of a ModelKind subclass added to KINDS; the first that recognises a
-model (or a model directory's config.json) is its kind."""
+model is its kind; a model directory's is the first that the folder names (a sentence-transformers folder: an
+encoder), else the first that recognises its config.json."""
 
 import json
 from pathlib import Path
@@ -44,19 +45,21 @@ def kind_of(model: nn.Module) -> ModelKind:
 
 
 def kind_for_config(path: Path) -> ModelKind:
-    """The kind of the model directory `path`, from its config.json."""
+    """The kind of the model directory `path`: what the folder says (recognises_folder), else its config.json's."""
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise CompressorError(f"{Path(path) / 'config.json'} is not valid JSON: {e}") from None
-    for kind in KINDS:
-        if kind.recognises_config(config):
-            return kind
+    said = next((kind for kind in KINDS if kind.recognises_folder(Path(path), config)), None)
+    kind = said or next((kind for kind in KINDS if kind.recognises_config(config)), None)
+    if kind is not None:
+        return kind
     what = config.get("model_type") or "no model_type"
     named = ", ".join(config.get("architectures") or ()) or "no architectures"
     raise CompressorError(
         f"{str(path)!r} holds a model ({what}, {named}) that no kind takes: the kinds are causal-lm (architectures "
         "ending in ForCausalLM or LMHeadModel, or a type transformers builds as a causal LM only) and encoder (a type "
-        "transformers also builds as a masked LM: BERT, RoBERTa, XLM-R, MPNet, DeBERTa, ModernBERT, ELECTRA …); "
-        "encoder–decoder models are not taken"
+        "transformers also builds as a masked LM: BERT, RoBERTa, XLM-R, MPNet, DeBERTa, ModernBERT, ELECTRA …, or a "
+        "sentence-transformers folder whose model transformers builds as a bare model); encoder–decoder models are "
+        "not taken"
     )

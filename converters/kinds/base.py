@@ -30,6 +30,11 @@ class ModelKind(ABC):
     def recognises_config(self, config: dict) -> bool:
         """Whether a model directory whose config.json holds `config` is of this kind."""
 
+    def recognises_folder(self, path: Path, config: dict) -> bool:
+        """Whether the model directory `path` (its config.json: `config`) says itself that it is of this kind (a
+        sentence-transformers folder: an encoder), before any kind is asked its config."""
+        return False
+
     @abstractmethod
     def load(self, path: Path) -> nn.Module:
         """The trained model in a directory, in eval mode."""

@@ -1,7 +1,13 @@
-"""The encoder kind (BERT-style): (input_ids, attention_mask) → last_hidden_state. Distilled on
-the mean-pooled sentence embedding's cosine and the hidden states; agreement is that cosine; the
-fisher probes are random directions of the pooled embedding; quality is cosine and recall@10."""
+"""The encoder kind (BERT-style): (input_ids, attention_mask) → last_hidden_state. A model type transformers also
+builds as a masked LM, or any sentence-transformers folder (modules.json) whose Transformer transformers builds as a
+bare model (AutoModel: Gemma 3 with bidirectional attention, EmbeddingGemma, among them). The graph is the folder's
+Transformer: its Pooling, Dense and Normalize modules stay folder modules, copied beside the graph
+(files.model_folder), as sentence-transformers' ONNX backend reads them, and the bench computes the embedding
+through them (eval.kinds). Distilled on the mean-pooled output's cosine and the hidden states (the Transformer's
+output, which the modules read); agreement is that cosine; the fisher probes are random directions of the pooled
+output; quality is cosine and recall@10 of the folder's sentence embedding."""
 
+import contextlib
 import warnings
 from pathlib import Path
 
@@ -18,6 +24,26 @@ __all__ = ["EncoderKind", "ENCODER", "EncoderGraph"]
 HEADS = ("pooler", "lm_head", "cls")  # top-level modules that are heads, not the encoder's body
 
 
+@contextlib.contextmanager
+def broadcast_masks():
+    """transformers builds an attention mask of its own pattern (a bidirectional Gemma 3's: every real key, or those
+    within its window) through vmap, which the TorchScript tracer cannot follow; the pattern's functions are
+    index-based, so while tracing they are applied by broadcasting (sdpa_mask's use_vmap=False). The export's parity
+    check compares the graph with the model as transformers runs it."""
+    from transformers import masking_utils
+
+    vmapped = masking_utils.sdpa_mask
+
+    def broadcast(*args, **kwargs):
+        return vmapped(*args, **{**kwargs, "use_vmap": False})
+
+    masking_utils.sdpa_mask = broadcast
+    try:
+        yield
+    finally:
+        masking_utils.sdpa_mask = vmapped
+
+
 class EncoderGraph(nn.Module):
     """The graph's contract: (input_ids, attention_mask) → last_hidden_state (B, T, H)."""
 
@@ -26,7 +52,8 @@ class EncoderGraph(nn.Module):
         self.encoder = encoder
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        with broadcast_masks() if torch.jit.is_tracing() else contextlib.nullcontext():
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 class EncoderKind(ModelKind):
@@ -45,6 +72,15 @@ class EncoderKind(ModelKind):
 
         masked = config.get("model_type") in MODEL_FOR_MASKED_LM_MAPPING_NAMES
         return masked and not config.get("is_encoder_decoder", False)
+
+    def recognises_folder(self, path: Path, config: dict) -> bool:
+        """A sentence-transformers folder (modules.json) is an encoder whatever its architecture, where transformers
+        builds its Transformer as a bare model (AutoModel, as sentence-transformers loads it), not an
+        encoder–decoder."""
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+        bare = config.get("model_type") in MODEL_MAPPING_NAMES and not config.get("is_encoder_decoder", False)
+        return bare and (Path(path) / "modules.json").is_file()
 
     def load(self, path: Path) -> nn.Module:
         from transformers import AutoModel
