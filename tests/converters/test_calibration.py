@@ -100,7 +100,8 @@ def test_layers_fed_one_input_share_one_gram_and_the_cache_keeps_it_so(tiny, cal
     again = cached_calibration(tmp_path, model, tok, TEXTS, ALL_LINEAR, progress=False)
     assert again.grams[value] is again.grams[query]
     assert all(torch.equal(first.grams[n], again.grams[n]) for n in ALL_LINEAR)
-    assert torch.equal(again.grams[value], calib.grams[query])  # the batch size does not change the sum's terms
+    # the batch size changes how the sum's float32 terms are grouped, not what they are
+    assert torch.allclose(again.grams[value], calib.grams[query], rtol=1e-6, atol=0)
 
 
 def test_the_time_is_said_after_the_first_batch_and_the_memory_before_any(tiny):
