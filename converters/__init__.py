@@ -1,7 +1,7 @@
 """Applying compression to a trained model: load, plan, compress_, save, export to ONNX.
 
 The names below load on first use (PEP 562), so that the modules that round and bench ONNX graphs import without
-PyTorch (converters/pipeline/apart.py)."""
+PyTorch (a run's torch-free stage: converters/pipeline/torch_free.py)."""
 
 from compressor.lazy_names import lazy_names
 

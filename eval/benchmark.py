@@ -55,7 +55,7 @@ class BenchInputs(NamedTuple):
 
 def bench_inputs(tokenizer_dir: Path, eval_texts: list[str], second_texts: list[str] | None = None) -> BenchInputs:
     """`eval_texts` (and `second_texts`) tokenised by the tokenizer in `tokenizer_dir`, as `bench` reads them: a run
-    whose bench goes on in a process without transformers tokenises them first (converters/pipeline/apart.py)."""
+    whose bench goes on in a process without transformers tokenises them first (converters/pipeline/torch_free.py)."""
     tokenizer = load_tokenizer(tokenizer_dir)
     texts = {"quality": eval_texts, **({} if second_texts is None else {"quality_second_text": second_texts})}
     batches = {key: encode_passages(tokenizer, passages) for key, passages in texts.items()}

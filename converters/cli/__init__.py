@@ -39,12 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command `argv` (None: this process's own command line, whose later stages may go on in a fresh process
-    under the same process id: pipeline/apart.py; a caller's `argv` never replaces the caller's process)."""
+    """The command `argv` (None: this process's own command line), its exit status."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     args = build_parser().parse_args(argv)
-    args.own_process = argv is None
 
     def work() -> None:
         if world().size > 1 and args.command != "finetune":

@@ -1,7 +1,6 @@
 """compressor run [MODEL]: compress, export and bench the original and each variant in one run."""
 
 import json
-import os
 from pathlib import Path
 
 from compressor.errors import CompressorError
@@ -125,7 +124,7 @@ def run(args) -> None:
     check_writable(args.out, "output folder")
     if args.ft_steps == 0:
         say("--finetune-steps 0: the fine-tune is skipped")
-    measure(spec, apart=args.own_process and os.name == "posix")  # where a process replaces itself (execve)
+    measure(spec)
 
 
 def _recipes_of(recipe: str | None, goal: str) -> tuple[dict, str]:

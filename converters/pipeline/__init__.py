@@ -3,7 +3,7 @@ texts, calibration) → make a variant (compress, fine-tune) → export and quan
 is a run or a sweep; `compress_checkpoint` one compressed checkpoint.
 
 The names below load on first use (PEP 562): the rows and the bench (rows.py) run without PyTorch when a run hands
-them to a process of its own (apart.py)."""
+them over to its torch-free stage (torch_free.py, through a rows manifest: rows_manifest.py)."""
 
 from compressor.lazy_names import lazy_names
 

@@ -8,7 +8,16 @@ from collections.abc import Callable
 from compressor.errors import CompressorError
 from converters.pipeline.say import say
 
-__all__ = ["ended"]
+__all__ = ["ended", "StageEnded"]
+
+
+class StageEnded(CompressorError):
+    """A stage run as a child process (torch_free.py) that ended with `exit_code` other than 0: its own last line
+    `said`, or not (killed by a signal)."""
+
+    def __init__(self, message: str, exit_code: int, said: bool = True):
+        super().__init__(message)
+        self.exit_code, self.said = exit_code, said
 
 
 def _terminated(signum, frame):
@@ -18,11 +27,16 @@ def _terminated(signum, frame):
 
 
 def ended(work: Callable[[], None]) -> int:
-    """`work()`'s exit status: 0; an error's (2: bad input, 1: the machine, a full disk), said; 130 interrupted."""
+    """`work()`'s exit status: 0; an error's (2: bad input, 1: the machine, a full disk), said; 130 interrupted; a
+    child stage's own."""
     main_thread = threading.current_thread() is threading.main_thread()  # where Python lets a handler be set
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         work()
+    except StageEnded as e:
+        if not e.said:
+            say(f"error: {e}")
+        return e.exit_code
     except CompressorError as e:
         say(f"error: {e}")
         return getattr(e, "exit_code", 2)

@@ -4,13 +4,14 @@ each variant made (compressed, fine-tuned), exported, quantized and benched side
 a sweep of one variant; `sweep` one variant per recipe."""
 
 import functools
+import sys
 
 from compressor.errors import CompressorError
 from converters.export import check_export_forms
 from converters.kinds import ModelKind, kind_for_config
 from converters.loading import DEFAULT_MODEL_NAME, resolve_model_dir, stored_parameters
-from converters.pipeline.apart import go_on_apart
 from converters.pipeline.calibrating import head_frequencies, quantize_calibration, token_frequencies
+from converters.pipeline.rows_manifest import Pending, write_manifest
 from converters.pipeline.say import say
 from converters.pipeline.steps import (
     check_kind_options,
@@ -23,6 +24,7 @@ from converters.pipeline.steps import (
     load_original,
     second_texts,
 )
+from converters.pipeline.torch_free import round_and_bench
 from converters.pipeline.variants import Variants, output_folder
 from converters.spec import QuantizeSpec, RunSpec, VariantSpec
 from eval.benchmark import bench_inputs
@@ -86,10 +88,21 @@ def check_spec(run: RunSpec, kind: ModelKind) -> QuantizeSpec:
     return original
 
 
-def measure(run: RunSpec, apart: bool = False) -> None:
-    """The original and every variant side by side in `run.out`, each row in its variant's settings; `apart`: a run
-    of the original's rows alone goes on in a fresh process once the original is exported (apart.py: only where
-    the caller owns this process, the command line's)."""
+def _torch_free(made: Variants, held: list, quantize: QuantizeSpec, frequencies, bench: dict) -> None:
+    """The original's rows alone: its graph exported, the model (`held` alone, emptied) let go, the rows manifest
+    written (the texts tokenised here: the torch-free stage imports no transformers), and the rows and the bench
+    run by the torch-free stage (torch_free.py)."""
+    path, schemes = made.export_original(held, quantize, keep=False)
+    counts = {c.scheme: head_frequencies(c, frequencies) for c in schemes if c.head_rows}
+    inputs = bench_inputs(made.source, bench["texts"][0], bench["second"][0])
+    pending = Pending("original", path, schemes, counts)
+    round_and_bench(write_manifest(made.rows, pending, {**bench, "inputs": inputs, "argv": list(sys.argv)}))
+
+
+def measure(run: RunSpec) -> None:
+    """The original and every variant side by side in `run.out`, each row in its variant's settings; a run of the
+    original's rows alone (no variant, no trained scheme) goes on without the model nor PyTorch once the original
+    is exported (torch_free.py)."""
     check_run(run)
     source = resolve_model_dir(run.model)
     kind = kind_for_config(source)
@@ -122,13 +135,10 @@ def measure(run: RunSpec, apart: bool = False) -> None:
         model_name = DEFAULT_MODEL_NAME if run.model is None else str(source)
         bench = dict(model_name=model_name, runs=run.runs, goal=run.goal, texts=texts, second=second, hashes=hashes)
         if not keep:
-            del original  # the original's rows alone: the model goes once exported (Variants.add_original)
-        if not keep and apart:  # and PyTorch with it: the rows and the bench in a fresh process (apart.py)
-            path, schemes = made.export_original(held, original_quantize, keep)
-            counts = {c.scheme: head_frequencies(c, frequencies) for c in schemes if c.head_rows}
-            inputs = bench_inputs(source, texts[0], second[0])  # tokenised here: the bench apart has no transformers
-            go_on_apart(made.rows, path, schemes, counts, {**bench, "inputs": inputs})
-        made.add_original(held, original_quantize, keep)
+            del original  # `held` holds it alone, emptied once it is exported
+            _torch_free(made, held, original_quantize, frequencies, bench)
+            return
+        made.add_original(held, original_quantize)
         for variant in run.variants:
             if variant.said:
                 say(variant.said)

@@ -1,6 +1,7 @@
 """The rows of a run that round an exported graph (one quantization scheme each) and the one bench over every
 graph, with no PyTorch imported: Variants (variants.py) adds its rows and benches through a `Rows`, and a run of an
-original's rows alone hands its `Rows` on to a process of its own once the original is exported (apart.py)."""
+original's rows alone writes its `Rows` into a manifest once the original is exported (`state`; rows_manifest.py)
+that the torch-free stage builds them back from (`from_manifest`; torch_free.py)."""
 
 import sys
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from converters.pipeline.stages import Stages
 from converters.quantization.kv_cache import attends_by_gqa, cache_scales, int8_cache
 from converters.quantization.quantize import quantize_for_targets
 from eval.benchmark import bench
+from eval.environment import run_record
 from eval.graph import load_graph
 from eval.pareto import front_quality
 from eval.plot import plot_front
@@ -22,7 +24,7 @@ from files.onnx_files import save_onnx
 
 __all__ = ["Rows"]
 
-LEFT_BEHIND = ("torch", "transformers")  # what a run's rows and bench apart from it never import (apart.py)
+LEFT_BEHIND = ("torch", "transformers")  # what the torch-free stage of a run never imports (torch_free.py)
 PLOTS = {"file_bytes": "front-size.png", "latency": "front-latency.png", "memory": "front-memory.png"}  # front → plot
 
 
@@ -40,7 +42,42 @@ class Rows:
         self.details: list[dict] = []
         self.names: set[str] = set()
         self.stages = Stages()
-        self.apart = False  # whether this process took the rows on from the run's (apart.py)
+        self.after: str | None = None  # the stage after which a torch-free process took these rows on
+
+    def state(self) -> dict:
+        """What a manifest keeps of these rows, in JSON's types (rows_manifest.py); the batches, arrays, aside."""
+        return {
+            "out": str(self.out),
+            "source": str(self.source),
+            "vocab": self.vocab,
+            "kv_cache": self.kv_cache,
+            "graphs": [[name, str(path)] for name, path in self.graphs],
+            "details": self.details,
+            "names": sorted(self.names),
+            "stages": self.stages.done,
+        }
+
+    @classmethod
+    def from_manifest(cls, state: dict, batches: list[dict] | None) -> "Rows":
+        """The rows `state` (a `state()` read back) and `batches` hold, taken on by the torch-free stage of their
+        run, whose report says which of LEFT_BEHIND it imported (`run.torch_free`)."""
+        rows = cls(Path(state["out"]), Path(state["source"]), state["vocab"], batches, state["kv_cache"])
+        rows.graphs = [(name, Path(path)) for name, path in state["graphs"]]
+        rows.details, rows.names = list(state["details"]), set(state["names"])
+        rows.stages = Stages(state["stages"])
+        rows.after = rows.stages.done[-1]["stage"] if rows.stages.done else None
+        return rows
+
+    def claim(self, name: str) -> None:
+        """`name` taken for a graph of the run (a variant's fp32 graph), refused where a row has it already."""
+        if name in self.names:
+            raise CompressorError(f"two variants are named {name!r}; give them different names")
+        self.names.add(name)
+
+    def add_graph(self, name: str, path: Path, detail: dict) -> None:
+        """The graph at `path` measured as the row NAME (claimed), with `detail` in its report row."""
+        self.graphs.append((name, path))
+        self.details.append(detail)
 
     def add_rows(
         self,
@@ -111,13 +148,22 @@ class Rows:
         return "int8"
 
     def bench_and_report(
-        self, model_name: str, runs: int, goal: str | None, texts, second, hashes: dict | None = None, inputs=None
+        self,
+        model_name: str,
+        runs: int,
+        goal: str | None,
+        texts,
+        second,
+        hashes: dict | None = None,
+        inputs=None,
+        argv: list[str] | None = None,
     ) -> dict:
         """One bench of every graph side by side; report.json and report.md in the output folder, the table
         printed. `model_name`: the original's, as the report names it; `runs`, `goal`: the run's (None: the bench's
         default goal); `texts`, `second`: (passages, where) of the eval and second texts; `hashes`: the
         calibration's and fit text's sha256 (eval.environment), recorded beside the eval texts'; `inputs`: the texts
-        tokenised (eval.benchmark.bench_inputs), where the caller has them."""
+        tokenised (eval.benchmark.bench_inputs), where the caller has them; `argv`: the command line the report
+        names (None: this process's)."""
         with self.stages.stage("bench"):
             report = bench(
                 self.graphs,
@@ -131,9 +177,11 @@ class Rows:
                 **({} if goal is None else {"goal": goal}),
             )
         report["run"]["stages"] = self.stages.whole()
-        if self.apart:
+        if argv is not None:
+            report["run"]["command"] = run_record(argv)["command"]
+        if self.after is not None:
             imported = [library for library in LEFT_BEHIND if library in sys.modules]  # none, unless a row needs it
-            report["run"]["apart"] = {"after": self.stages.done[0]["stage"], "imported": imported, "of": LEFT_BEHIND}
+            report["run"]["torch_free"] = {"after": self.after, "imported": imported, "of": LEFT_BEHIND}
         for row, extra in zip(report["variants"], self.details):
             row.update(extra)
         report["environment"]["texts"].update(hashes or {})

@@ -30,8 +30,9 @@ class Stages:
     ("peak_of": "stage", or "run" where the peak could not be reset and is the run's so far; "start_rss_bytes": what
     the process held as the stage began, which its peak counts)."""
 
-    def __init__(self):
-        self.done: list[dict] = []
+    def __init__(self, done: list[dict] | None = None):
+        """`done`: the stages an earlier process of the same run did (a run's manifest, rows_manifest.py)."""
+        self.done: list[dict] = list(done or [])
 
     @contextmanager
     def stage(self, name: str):

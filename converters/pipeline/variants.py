@@ -13,7 +13,6 @@ from pathlib import Path
 
 from torch import nn
 
-from compressor.errors import CompressorError
 from converters.checkpoint import save_compressed
 from converters.export import export_form_rows, export_onnx, in_export_form
 from converters.pipeline.calibrating import head_frequencies, token_frequencies
@@ -75,16 +74,12 @@ class Variants:
     def _export(self, name: str, model: nn.Module | list[nn.Module], detail: dict, fp32: bool = True) -> Path:
         """The model's fp32 graph as NAME (measured unless `fp32` is False): its path; `model` in a list that holds
         it alone goes once PyTorch's parity outputs are made (export_onnx)."""
-        rows = self.rows
-        if name in rows.names:
-            raise CompressorError(f"two variants are named {name!r}; give them different names")
-        rows.names.add(name)
-        with rows.stages.stage(f"{name}: export"), model_folder(self.out / name, self.source, None) as graph:
+        self.rows.claim(name)
+        with self.rows.stages.stage(f"{name}: export"), model_folder(self.out / name, self.source, None) as graph:
             export_onnx(model, graph)
         path = self.out / name / graph_file(None)
         if fp32:
-            rows.graphs.append((name, path))
-            rows.details.append(detail)
+            self.rows.add_graph(name, path, detail)
         return path
 
     def add_rows(
@@ -115,19 +110,18 @@ class Variants:
 
     def export_original(self, held: list[nn.Module], quantize: QuantizeSpec, keep: bool = True):
         """(path, schemes) of the original's fp32 graph and its rows' schemes: `quantize`'s but those a plan sizes
-        (add_original)."""
+        (add_original). Without `keep` (no variant and no trained scheme needs the model: a run of the original's
+        rows alone, measuring.py) its last reference, `held`'s, goes once it is exported."""
         self.original = held[0] if keep else None
         say_traced(held[0])
         path = self._export("original", held, {})
         gc.collect()
         return path, tuple(c for c in quantize.schemes if not c.planned)  # no plan, no widths
 
-    def add_original(self, held: list[nn.Module], quantize: QuantizeSpec, keep: bool = True) -> None:
+    def add_original(self, held: list[nn.Module], quantize: QuantizeSpec) -> None:
         """The original and its rows in `quantize`'s schemes (its kind's baselines first) and settings, but
-        those a plan sizes. `held`: a list holding the model alone, emptied here; without `keep` (no variant and
-        no trained scheme needs the model) its last reference goes once the original is exported, and the rows,
-        which round the graph alone, and the bench run without it (an LM's run: its fp32 bytes off each peak)."""
-        path, wanted = self.export_original(held, quantize, keep)
+        those a plan sizes, the model kept for the variants. `held`: a list holding the model alone, emptied here."""
+        path, wanted = self.export_original(held, quantize)
         self.add_rows("original", self.original, path, {}, replace(quantize, schemes=wanted))
 
     def add_quantized(self, variant: VariantSpec) -> None:

@@ -154,6 +154,32 @@ class SchemeConfig:
         """What to warn of in what it wrote."""
         return []
 
+    def to_dict(self) -> dict:
+        """{"scheme": its name, "module": the module that registers it, each option field: its value}, in JSON's
+        types (a run's rows manifest)."""
+        options = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        return {"scheme": self.scheme, "module": type(self).__module__, **options}
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> "SchemeConfig":
+        """The config `to_dict` gave, its values checked as when made; its class the registry's, its module imported
+        alone where it is not yet registered (the built-in schemes' modules import no PyTorch unless their own
+        rounding needs it)."""
+        options = dict(data)
+        name, module = options.pop("scheme", None), options.pop("module", None)
+        if name not in _SCHEMES and isinstance(module, str):
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise CompressorError(f"the scheme {name!r} is registered by {module!r}, not found: {e}") from None
+        config = _SCHEMES.get(name)
+        if config is None or config.__module__ != module:
+            raise CompressorError(f"a scheme's config names a scheme its module registers; got {name!r} of {module!r}")
+        known = {f.name for f in fields(config) if f.init}
+        if set(options) - known:
+            raise CompressorError(f"{name} takes the options {sorted(known)}; got {sorted(options)}")
+        return config(**options)
+
 
 _SCHEMES: dict[str, type[SchemeConfig]] = {}
 _builtins_loaded = False

@@ -107,9 +107,9 @@ def test_run_without_method_options_on_an_lm_measures_the_originals_rows(
 
 
 def test_from_the_command_line_the_original_s_rows_and_the_bench_go_on_without_torch(tiny_llama_dir, lm_text, tmp_path):
-    """`compressor run` as its own process: once the original is exported, the process becomes a fresh Python
-    (converters/pipeline/apart.py) that rounds the rows and benches them without importing PyTorch or transformers,
-    and writes the report the run in one process would, under the command the run was given."""
+    """`compressor run` as its own process: once the original is exported, its torch-free stage
+    (converters/pipeline/torch_free.py) rounds the rows and benches them in a child that imports neither PyTorch nor
+    transformers, and writes the report the run in one process would, under the command the run was given."""
     out = tmp_path / "run"
     texts = ("--calib", str(lm_text), "--eval-text", str(lm_text), "--second-text", "none")
     argv = [
@@ -127,7 +127,7 @@ def test_from_the_command_line_the_original_s_rows_and_the_bench_go_on_without_t
     done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((out / "report.json").read_text())
-    assert report["run"]["apart"] == {"after": "original: export", "imported": [], "of": ["torch", "transformers"]}
+    assert report["run"]["torch_free"] == {"after": "original: export", "imported": [], "of": ["torch", "transformers"]}
     assert report["run"]["command"].endswith(f"run {tiny_llama_dir} {' '.join(texts)} --runs 1 --out {out}")
     rows = [v["name"] for v in report["variants"]]
     assert rows == ["original", "original-int8", "original-w8", "original-int4", "original-int4-aware"]
@@ -201,7 +201,7 @@ def test_the_original_is_freed_once_exported_when_no_row_needs_it(tiny_llama_dir
     made = Variants(tmp_path / "out", source, model.get_input_embeddings().num_embeddings, None)
     held = [model]
     del model
-    made.add_original(held, QuantizeSpec(), keep)
+    made.export_original(held, QuantizeSpec(), keep)  # a run of the original's rows alone: keep False
     gc.collect()
     assert (alive() is not None) == keep and (made.original is not None) == keep
     assert [name for name, _ in made.rows.graphs] == ["original"] and (tmp_path / "out" / "original").is_dir()

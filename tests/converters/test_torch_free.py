@@ -1,0 +1,166 @@
+"""A run's torch-free stage (converters/pipeline/torch_free.py, rows_manifest.py, rows.py): a run of an LM's
+original rows alone writes its rows manifest once the original is exported and rounds the rows and benches them in
+a child process that imports neither PyTorch nor transformers, the same road from `main([...])` in Python and from
+the shell; the manifest round-trips, a bad one gets one sentence and exit status 2, and the child's status and
+output are the caller's. The scheme registry still lists every scheme, and the package faces load their names on
+first use."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import compressor
+from converters.pipeline.ending import StageEnded, ended
+from converters.pipeline.rows import LEFT_BEHIND, Rows
+from converters.pipeline.rows_manifest import MANIFEST, Pending, read_manifest, write_manifest
+from converters.pipeline.torch_free import round_and_bench
+from converters.quantization.registry import SchemeConfig, schemes
+from eval.benchmark import BenchInputs
+from tests.conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+LIGHT = (
+    "converters.pipeline.torch_free",
+    "converters.pipeline.rows_manifest",
+    "converters.quantization.schemes.int8",
+    "converters.quantization.schemes.int4",
+    "converters.quantization.schemes.int4_aware",
+    "converters.quantization.kv_cache",
+    "eval.benchmark",
+)
+
+
+def _imported(code: str) -> list[str]:
+    """The lines `code` prints in a fresh Python."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.split()
+
+
+def _stage(*argv) -> subprocess.CompletedProcess:
+    """`python -m converters.pipeline.torch_free ARGV…`, as a user would type it."""
+    argv = [sys.executable, "-m", "converters.pipeline.torch_free", *map(str, argv)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_the_rows_and_the_bench_import_no_torch_or_transformers():
+    code = f"import sys\nfor m in {LIGHT!r}: __import__(m)\n"
+    code += "print(*[m for m in ('torch', 'transformers') if m in sys.modules], 'checked')"
+    assert _imported(code) == ["checked"]
+
+
+def test_the_registry_still_lists_every_scheme_and_one_scheme_s_module_imports_it_alone():
+    code = "import pkgutil, sys\nimport converters.quantization.schemes.int4_aware\n"
+    code += "from converters.quantization import registry, schemes\nalone = sorted(registry._SCHEMES)\n"
+    code += "modules = list(pkgutil.iter_modules(schemes.__path__))\n"
+    code += "print(*alone, 'torch' in sys.modules, len(registry.schemes()), len(modules))"
+    *alone, light, every, modules = _imported(code)
+    assert alone == ["int4", "int4-aware"] and light == "False"  # int4-aware and the int4 it derives from
+    assert every == modules  # a scheme a module
+
+
+def test_a_scheme_config_rebuilt_from_its_json_imports_its_own_module_alone():
+    config = schemes()["int4-aware"](block_size=64, table_head=16)
+    code = "import json, sys\nfrom converters.quantization.registry import SchemeConfig\n"
+    code += f"config = SchemeConfig.from_dict(json.loads({json.dumps(json.dumps(config.to_dict()))}))\n"
+    code += "print(config.scheme, config.block_size, config.table_head, 'torch' in sys.modules)"
+    assert _imported(code) == ["int4-aware", "64", "16", "False"]
+
+
+def test_a_package_face_loads_its_names_on_first_use_and_refuses_others():
+    assert compressor.tt_matrix_svd.__module__ == "compressor.tt"
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        compressor.nothing  # noqa: B018
+
+
+def test_every_scheme_config_round_trips_through_json_and_a_foreign_one_is_refused():
+    for config in schemes().values():
+        made = config()
+        assert SchemeConfig.from_dict(json.loads(json.dumps(made.to_dict()))) == made
+        assert {f.name for f in fields(made) if f.init} <= set(made.to_dict())
+    with pytest.raises(compressor.errors.CompressorError, match="names a scheme its module registers"):
+        SchemeConfig.from_dict({**schemes()["int8"]().to_dict(), "module": "converters.quantization.schemes.int4"})
+    with pytest.raises(compressor.errors.CompressorError, match="int8 takes the options"):
+        SchemeConfig.from_dict({**schemes()["int8"]().to_dict(), "bits": 3})
+
+
+def test_the_manifest_round_trips(tmp_path):
+    rng = np.random.default_rng(0)
+    feeds = [{"input_ids": rng.integers(0, 50, (2, 7)), "attention_mask": np.ones((2, 7), np.int64)} for _ in range(2)]
+    rows = Rows(tmp_path, tmp_path / "model", 50, feeds, "int8")
+    rows.claim("original")
+    rows.add_graph("original", tmp_path / "original" / "model.onnx", {})
+    with rows.stages.stage("original: export"):
+        pass
+    aware = schemes()["int4-aware"](table_head=8)
+    pending = Pending(
+        "original", tmp_path / "original" / "model.onnx", (aware,), {"int4-aware": rng.integers(0, 9, 50)}
+    )
+    inputs = BenchInputs({"quality": feeds[:1]}, 50, rng.integers(0, 50, 30))
+    bench = dict(model_name="m", runs=2, goal=None, texts=(["a b"], "x.txt"), second=(None, None), hashes={"c": "0"})
+    path = write_manifest(rows, pending, {**bench, "inputs": inputs, "argv": ["compressor", "run"]})
+    assert path == tmp_path / MANIFEST and sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST, "rows-manifest.npz"]
+    back, todo, said = read_manifest(path)
+    assert back.state() == rows.state() and back.after == "original: export" and rows.after is None
+    assert all((a[k] == b[k]).all() for a, b in zip(back.batches, feeds) for k in a) and len(back.batches) == 2
+    assert todo.name == "original" and todo.graph == pending.graph and todo.schemes == pending.schemes
+    assert (todo.head_counts["int4-aware"] == pending.head_counts["int4-aware"]).all()
+    assert said.pop("inputs").vocab == 50 and said.pop("argv") == ["compressor", "run"]
+    assert said == {**bench, "texts": [["a b"], "x.txt"], "second": [None, None]}  # tuples read back as lists
+
+
+@pytest.mark.parametrize("given", ["missing", "not-json", "other-json", "two-arguments"])
+def test_a_bad_manifest_gets_one_sentence_and_exit_status_2(given, tmp_path):
+    path = tmp_path / MANIFEST
+    if given == "not-json":
+        path.write_text("{")
+        path.with_suffix(".npz").write_bytes(b"")
+    if given == "other-json":
+        path.write_text(json.dumps({"manifest": "something else"}))
+        np.savez(path.with_suffix(".npz"), x=np.zeros(1))
+    done = _stage(path, path) if given == "two-arguments" else _stage(path)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("compressor: error: ") and not done.stdout
+
+
+def test_the_child_s_exit_status_and_output_are_the_caller_s(tmp_path, capsys):
+    with pytest.raises(StageEnded) as ended_with:
+        round_and_bench(tmp_path / "nothing.json")
+    assert ended_with.value.exit_code == 2 and ended_with.value.said
+    err = capsys.readouterr().err  # relayed to this process's sys.stderr
+    assert err.count("\n") == 1 and "is no rows manifest of a run" in err
+    assert ended(lambda: round_and_bench(tmp_path / "nothing.json")) == 2
+    assert capsys.readouterr().err.count("\n") == 1  # said once, by the child
+
+
+def _rows(report: dict) -> list[tuple]:
+    """What a report's rows are, whichever road made them: name, width, parameters, scheme and its fields."""
+    return [(v["name"], v.get("width"), v["params"], sorted(v.get("quantization", {}))) for v in report["variants"]]
+
+
+def test_main_from_python_and_compressor_run_from_the_shell_take_the_same_road(
+    tiny_llama_dir, lm_text, tmp_path, capsys
+):
+    texts = ("--calib", lm_text, "--eval-text", lm_text, "--second-text", "none", "--runs", 1)
+    code, stdout, err = run_cli(capsys, "run", tiny_llama_dir, *texts, "--out", tmp_path / "python")
+    assert code == 0, err[-2000:]
+    shell = [Path(sys.executable).parent / "compressor", "run", tiny_llama_dir, *texts, "--out", tmp_path / "shell"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(list(map(str, shell)), capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    python, shell = (json.loads((tmp_path / road / "report.json").read_text()) for road in ("python", "shell"))
+    assert _rows(python) == _rows(shell) and [v[0] for v in _rows(python)][:2] == ["original", "original-int8"]
+    stages = [[s["stage"] for s in r["run"]["stages"]["stages"]] for r in (python, shell)]
+    assert stages[0] == stages[1] == ["original: export", *[v[0] for v in _rows(python)][1:], "bench"]
+    for report in (python, shell):  # the child's sys.modules, at the end of its bench
+        assert report["run"]["torch_free"] == {"after": "original: export", "imported": [], "of": list(LEFT_BEHIND)}
+    assert "original-int8: " in err and "| original-int8 |" in stdout  # the child's output, relayed to sys.std*
+    assert "| original-int8 |" in done.stdout and done.stderr.count("wrote ") >= 3
+    command = shell["run"]["command"]  # the run's, not the child's
+    assert command.startswith(f"compressor run {tiny_llama_dir} ") and command.endswith(f"--out {tmp_path / 'shell'}")
