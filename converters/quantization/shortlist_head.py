@@ -1,7 +1,8 @@
 """A shortlist head for the fused decoder's graph (`compressor export --shortlist K`): at a decoding step (one new
 token) the logits x W over the V tokens (W, D × V, the weight the head's last product multiplies by) are first
 scored by a rank-r fit, s = (x A) B, A B the activation-aware truncation of W in the Gram of x over calibration text
-(compressor.lowrank.whitened_factors; its factors in 4 bits where the head is); only the K best of s are scored
+(head_fit: the truncation of compressor.lowrank.whitened_factors, found from D × D products so that a 262k-token
+head is never held in float64 whole; its factors in 4 bits where the head is n-bit); only the K best of s are scored
 exactly, x · w_v, from the head's own rows (GatherBlockQuantized over its 4- or 8-bit codes, or a Gather of its fp32
 tied table), and every other logit is −∞: greedy decoding keeps the head's choice wherever it is among the K (up to the
 rounding of x to 8 bits a 4-bit head's MatMulNBits makes and the exact rows do not: near-ties can fall either way).
@@ -12,12 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from compressor.errors import CompressorError
-from compressor.lowrank import whitened_factors
-from converters.nbits_storage import dequantize_nbits
+from converters.nbits_storage import dequantize_grid, nbits_grid
 from converters.quantization.corrections.errors import input_rows
 from converters.quantization.rounding.int4 import quantize_matmuls
 from converters.quantization.storage.half_scales import half_scales
@@ -30,6 +29,7 @@ __all__ = [
     "SHORTLIST_PASSAGES",
     "SHORTLIST_SCHEMES",
     "check_shortlist",
+    "head_fit",
     "head_node",
     "hidden_gram",
     "shortlist_head",
@@ -41,6 +41,7 @@ SHORTLIST_RANK = 256
 SHORTLIST_PASSAGES = 64  # calibration passages whose final hidden states make the Gram the factors are fitted in
 SHORTLIST_SCHEMES = (None, "int4", "int4-aware", "w8")  # their head is one product: an fp32 tied table or n-bit codes
 PREFIX = "shortlist"
+FIT_ROWS = 16_384  # the head's rows its fit reads at a time: 84 MB of float64 at Gemma 3's width
 LOGITS = "logits"
 
 
@@ -83,12 +84,41 @@ def head_node(model: onnx.ModelProto) -> onnx.NodeProto:
     )
 
 
-def _rows_weight(model: onnx.ModelProto, head: onnx.NodeProto) -> np.ndarray:
-    """Wᵀ (V × D, float64): the head's rows as it multiplies by them."""
+def _row_blocks(model: onnx.ModelProto, head: onnx.NodeProto):
+    """Wᵀ's rows (V × D, float64, the head's rows as it multiplies by them) FIT_ROWS at a time: dequantized from
+    its codes, or read from its fp32 tied table."""
     if head.op_type == "MatMulNBits":
-        return dequantize_nbits(model.graph, head).T
-    table = next(i for i in model.graph.initializer if i.name == head.input[1])
-    return weight_array(table).astype(np.float64)
+        grid = nbits_grid(model.graph, head)
+        for start in range(0, grid.scales.shape[0], FIT_ROWS):
+            yield dequantize_grid(grid, slice(start, start + FIT_ROWS)).T
+        return
+    table = weight_array(next(i for i in model.graph.initializer if i.name == head.input[1]))
+    for start in range(0, len(table), FIT_ROWS):
+        yield table[start : start + FIT_ROWS].astype(np.float64)
+
+
+def head_fit(blocks, gram: np.ndarray, rank: int, damp: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+    """(A, D × r; B, r × V) of the rank-r fit x A B of the logits x Wᵀ (W: V × D, its rows given a block at a time by
+    `blocks()`, read twice) in the Gram G of x: with S Sᵀ = G + λI (Cholesky, λ = damp · mean diag G, grown tenfold
+    while it fails), W S ≈ U_r Σ_r Q_rᵀ from the top r eigenpairs (Q_r, Σ_r²) of Sᵀ (WᵀW) S, D × D, summed over the
+    blocks; A = S⁻ᵀ Q_r Σ_r^½, B = Σ_r^-½ (W S Q_r)ᵀ = Σ_r^½ U_rᵀ, so A B = S⁻ᵀ Q_r Q_rᵀ Sᵀ Wᵀ."""
+    eye, lam = np.eye(len(gram)), damp * max(float(np.diag(gram).mean()), 1e-30)
+    for _ in range(12):
+        try:
+            whitener = np.linalg.cholesky(gram + lam * eye)
+            break
+        except np.linalg.LinAlgError:
+            lam *= 10
+    else:
+        raise CompressorError("the head input's Gram stays indefinite after regularisation: is the text finite?")
+    inner = sum(w.T @ w for w in blocks())
+    values, vectors = np.linalg.eigh(whitener.T @ inner @ whitener)
+    top = np.argsort(values)[::-1][:rank]
+    root = np.sqrt(np.maximum(values[top], 1e-30))
+    basis = whitener @ vectors[:, top]  # S Q_r
+    down = np.linalg.solve(whitener.T, vectors[:, top]) * np.sqrt(root)  # A = S⁻ᵀ Q_r Σ^½
+    up = np.concatenate([(w @ basis).T for w in blocks()], axis=1) / np.sqrt(root)[:, None]  # B = Σ^-½ (W S Q_r)ᵀ
+    return down.astype(np.float32), up.astype(np.float32)
 
 
 def hidden_gram(graph: Path, batches: list[dict]) -> np.ndarray:
@@ -106,9 +136,7 @@ def hidden_gram(graph: Path, batches: list[dict]) -> np.ndarray:
 def _factors(model: onnx.ModelProto, head: onnx.NodeProto, gram: np.ndarray, rank: int):
     """(nodes of constants, for the main graph; nodes for the step's branch; initializers; the scores' name):
     s = (x A) B, the rank-r fit of W in `gram`, in MatMulNBits of the head's blocks and accuracy where it is 4-bit."""
-    fit = whitened_factors(torch.from_numpy(_rows_weight(model, head)), torch.from_numpy(gram), rank)
-    down = fit.down.T.numpy().astype(np.float32)  # A: D × r
-    up = fit.up.T.numpy().astype(np.float32)  # B: r × V
+    down, up = head_fit(lambda: _row_blocks(model, head), gram, rank)  # A: D × r, B: r × V
     x, mid, scores = head.input[0], f"{PREFIX}_low", f"{PREFIX}_scores"
     nodes = [
         helper.make_node("MatMul", [x, f"{PREFIX}_down"], [mid], name=f"{PREFIX}_down_matmul"),

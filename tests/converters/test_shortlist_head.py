@@ -108,3 +108,23 @@ def test_a_shortlist_the_model_cannot_take_is_refused(
     code, _, err = run_cli(capsys, "export", source, "--out", tmp_path / "out", *options)
     assert code == 2 and said in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_heads_fit_is_the_activation_aware_truncation_found_from_d_by_d_products():
+    """head_fit's A B, its rows read a block at a time, is whitened_factors' rank-r fit of the same W and Gram."""
+    import torch
+
+    from compressor.lowrank import whitened_factors
+    from converters.quantization.shortlist_head import head_fit
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((300, 24)) * np.linspace(3, 0.1, 24)  # V × D, a falling spectrum
+    x = rng.standard_normal((500, 24)) @ rng.standard_normal((24, 24))
+    gram = x.T @ x
+    down, up = head_fit(lambda: (weight[i : i + 64] for i in range(0, 300, 64)), gram, 8)
+    fit = whitened_factors(torch.from_numpy(weight), torch.from_numpy(gram), 8)
+    theirs = (fit.up @ fit.down).numpy().T  # Wᵀ ≈ (up down)ᵀ
+    assert down.shape == (24, 8) and up.shape == (8, 300)
+    assert np.abs(down @ up - theirs).max() <= 1e-4 * np.abs(theirs).max()
+    norms = np.linalg.norm(fit.down.numpy(), axis=1)  # the same split of Σ between the factors (up to signs)
+    assert np.abs(np.linalg.norm(down, axis=0) - norms).max() <= 1e-4 * norms.max()
