@@ -62,15 +62,19 @@ def smoothable(graph: onnx.GraphProto) -> dict[str, list[int]]:
 def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict[str, np.ndarray]]):
     """(the batch, {name: value} of the graph's intermediate tensors `names` on it) for each batch of `feeds`, cut in
     rows where the tensors would be large together (eval.probe.row_chunks: the tensors the MatMuls read are as wide
-    as their weights' rows; the graph's own outputs, an LM's logits, neither asked nor computed). The graph is let
-    go once written for the probe's session: a caller that holds no other reference frees it before the session
-    reads its weights. The session keeps no memory arena: an arena kept the largest chunk's tensors (SmolLM2's
-    int4-aware sensitivity probe peaked at 1.24 GiB with one, 1.20 without, in the same time)."""
+    as their weights' rows; the graph's own outputs, an LM's logits, neither asked nor computed: the nodes `names`
+    do not depend on are left out of the probe, since ONNX Runtime runs every node of a graph it does not optimise —
+    Gemma-3-270M's 262,144 logits a token held 4.3 GB for two batches of 32 × 128 tokens). The graph is let go once
+    written for the probe's session: a caller that holds no other reference frees it before the session reads its
+    weights. The session keeps no memory arena: an arena kept the largest chunk's tensors (SmolLM2's int4-aware
+    sensitivity probe peaked at 1.24 GiB with one, 1.20 without, in the same time)."""
     weights = {i.name: i.dims[0] for i in model.graph.initializer if len(i.dims) == 2}
     widths = {
         n.input[0]: weights[n.input[1]] for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights
     }
     kept = [onnx.ValueInfoProto.FromString(o.SerializeToString()) for o in model.graph.output]
+    nodes = [onnx.NodeProto.FromString(n.SerializeToString()) for n in model.graph.node]  # given back after
+    _keep_only_what_feeds(model.graph, names)
     del model.graph.output[:]
     model.graph.output.extend(helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in names)
     with tempfile.TemporaryDirectory() as work:
@@ -80,12 +84,28 @@ def probe_activations(model: onnx.ModelProto, names: list[str], feeds: list[dict
         finally:
             del model.graph.output[:]
             model.graph.output.extend(kept)
+            del model.graph.node[:]
+            model.graph.node.extend(nodes)
         del model
         session = numbers_session(path, arena=False)
     width = sum(widths.get(n, 0) for n in names) if all(n in widths for n in names) else None
     parts = [part for whole in feeds for part in row_chunks(session, whole, width=width)]
     for feed in tqdm(parts, desc=f"activations of {len(names)} tensors", unit="batch", leave=False):
         yield feed, dict(zip(names, session.run(names, full_feed(session, feed))))
+
+
+def _keep_only_what_feeds(graph: onnx.GraphProto, names: list[str]) -> None:
+    """In place: `graph`'s nodes but those the tensors `names` depend on, in order (none left out where a node holds a
+    subgraph, whose outer names it reads unsaid)."""
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
+        return
+    needed, kept = set(names), []
+    for node in reversed(graph.node):
+        if needed.intersection(node.output):
+            needed.update(node.input)
+            kept.append(onnx.NodeProto.FromString(node.SerializeToString()))
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
 
 
 def activation_absmax(model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
