@@ -3,7 +3,8 @@ every embedding method) and whole models of 22M to ~1B parameters (low rank on e
 
     python benchmarks/large_models.py vocab --out runs/large     # a random 12-layer XLM-R, 250,002 × 384
     python benchmarks/large_models.py sizes --out runs/large     # 22M, 110M, 135M, ~1B: aware against plain
-    python benchmarks/large_models.py lms --out runs/large       # compressor run: SmolLM2, both shapes
+    python benchmarks/large_models.py lms --out runs/large       # compressor run: SmolLM2, both shapes, and
+                                                                 # Gemma-3-270M, Qwen2.5-Coder-0.5B (make lm-big)
     python benchmarks/large_models.py corrected --out runs/large # int4-corrected's export: SmolLM2, both shapes
         [--scheme int4-trained]                                  # or int4-trained's (its 240 s fine-tune on 2 cores)
 
@@ -24,10 +25,13 @@ from pathlib import Path
 
 from converters.cli.corrected_needs import corrected_needs
 from converters.cli.goals import lm_run_needs
+from converters.loading import stored_parameters
 from converters.quantization.registry import scheme_named
+from eval.pace import cpu_pace
 
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2 = REPO / "runs" / "lm" / "smollm2"
+REAL_LMS = {"268M Gemma-3-270M": "gemma3-270m", "494M Qwen2.5-Coder-0.5B": "qwen2.5-coder-0.5b"}  # make lm-big's
 
 VOCAB_RUNS = {
     "tt r32 plain": "--method tt --rank 32 --fit plain",
@@ -132,9 +136,11 @@ def _lms(out: Path) -> dict[str, str]:
 
 def measure_run(model: Path, out: Path) -> dict:
     """One `compressor run MODEL` (an LM: its original's rows) in a process of its own: its exit status, wall
-    seconds, the estimate it said before the work, each stage's time and peak RSS from its report (or the
+    seconds, the CPU's pace just before it (eval.pace: what the time said before a run is scaled by), the model's
+    parameters, the estimate it said before the work, each stage's time and peak RSS from its report (or the
     sentence it refused the model with); its folder removed after."""
     argv = [sys.executable, "-m", "converters.cli", "run", str(model), "--out", str(out)]
+    pace = cpu_pace()
     log = out.with_name(f"{model.name}.log")  # what it says as it goes, to follow it
     start = time.perf_counter()
     with open(log, "w") as stderr:
@@ -144,8 +150,8 @@ def measure_run(model: Path, out: Path) -> dict:
     said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
     _, minutes, peak = lm_run_needs(model)  # what it says before its work (or refuses the model with)
     estimate = {"minutes": minutes, "peak_gib": round(peak / 2**30, 1)}
-    result = {"exit": done.returncode, "seconds": round(seconds, 1), "said": said, "estimate": estimate}
-    result.update(_provenance())
+    result = {"exit": done.returncode, "seconds": round(seconds, 1), "pace_s": pace, "params": stored_parameters(model)}
+    result.update({"said": said, "estimate": estimate, **_provenance()})
     if done.returncode == 0:
         report = json.loads((out / "report.json").read_text())
         result["stages"] = report["run"]["stages"]
@@ -228,7 +234,8 @@ def _models(what: str, out: Path) -> dict[str, str]:
     if what == "vocab":
         return {"xlmr-250k": str(_xlmr_250k(out))}
     if what in ("lms", "corrected"):
-        return {"135M SmolLM2": str(SMOLLM2), **_lms(out)}
+        real = {name: REPO / "runs" / "lm" / folder for name, folder in REAL_LMS.items()}
+        return {"135M SmolLM2": str(SMOLLM2), **{n: str(p) for n, p in real.items() if p.is_dir()}, **_lms(out)}
     return {
         "22M all-MiniLM-L6-v2": str(_default_model()),
         "110M BERT-base (random)": str(_bert_110m(out)),

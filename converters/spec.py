@@ -124,8 +124,9 @@ class RunSpec:
     runs: int = 50
     freq_prior: str = PRIORS[0]
     prior_weight: float = PRIOR_WEIGHT
-    goal: str | None = None  # what the report's row to deploy is chosen for (eval.choice; None: its default goal)
+    goal: str | None = None  # what the report's row to deploy is chosen for (eval.goals; None: its default goal)
     kv_cache: str = "int8"  # a causal LM's quantized rows' key-value cache where their graph is the fused decoder
+    shortlist: tuple[int, int] | None = None  # (K, rank): a causal LM's w8 and int4 rows, with a shortlist head too
 
     def __post_init__(self):
         check_runs(self.runs)

@@ -8,10 +8,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from compressor.errors import CompressorError
-from eval.choice import DEFAULT_GOAL, choose
 from decoding.context import context_length
 from eval.decode_timing import DECODE_CONTEXTS, DECODE_TOKENS, measure_decode
 from eval.environment import file_sha256, graph_sha256, machine, run_record, texts_sha256
+from eval.goals import DEFAULT_GOAL, choose
 from eval.graph import (
     file_bytes,
     initializer_stats,
@@ -94,7 +94,7 @@ def bench(
     (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch,
     sequence) of random ids; latency uses `settings` on the eval text's
     tokens, the ids a model meets (a cached head with a computed tail costs what its text holds); "choice": the
-    row to deploy for `goal` (eval.choice). `settings` None: latency.SETTINGS, or none for a kind timed otherwise
+    row to deploy for `goal` (eval.goals). `settings` None: latency.SETTINGS, or none for a kind timed otherwise
     (GraphKind.shape_latency: an LM by its prefill and time per token, eval.decode_timing). `inputs`: the texts as
     bench_inputs tokenises them, where the caller has them (None: tokenised here)."""
     if (second_texts is None) != (second_text is None):
@@ -169,5 +169,5 @@ def bench(
         report["environment"]["texts"]["second"] = texts_sha256(second_texts)
     report = {**report, "variants": rows, **({"failed": failed} if failed else {})}
     mark_pareto_(report, kind.front)
-    choice = choose(report, goal)  # the row to deploy for `goal` on this CPU, by eval.choice's rules
+    choice = choose(report, goal)  # the row to deploy for `goal` on this CPU, by its goal's rule (eval.goals)
     return report if choice is None else {**report, "choice": choice}

@@ -7,20 +7,20 @@ processes, steady to well under 1 %) within 1 % of int8's and the file within FI
 
 - **balanced** (the default): the smallest file as cheap as int8 that keeps recall, files within FILE_SAME of each
   other one size and the better recall taken; "beats int8" when that file is ≤ ½ int8's. Where int8 is off its gate
-  (activations one int8 scale cannot hold), the rows are measured against the 8-bit row on its gate that is fastest
-  at (8,128) t2 of those no larger than int8's file, in its place.
+  (activations one int8 scale cannot hold), the rows are measured against the one-line 8-bit row on its gate (the
+  original in one scheme, as `original-SCHEME` names it: int8-aware, never a recipe's row, a candidate) that is
+  fastest at (8,128) t2 of those no larger than int8's file, in its place.
 - **size**: the smallest file that keeps recall within 0.05.
 - **memory**: the least peak RSS that keeps recall.
 - **latency**: the least p50 at (8,128) on two threads that keeps recall.
 - **quality**: the best recall (both texts' sum) of the rows no larger than int8's file and as cheap as it.
 
 Sizes (or costs) within 1 % of each other count as one (files: FILE_SAME), the better recall taken. A row off its
-gate (its graph's metadata says so: "gate_failed") is never chosen."""
+gate (its graph's metadata says so: "gate_failed") is never chosen. Each goal (eval.goals) names its rule here."""
 
 from eval.latency import latency_key
-from eval.lm_choice import choose_lm, is_lm_report
 
-__all__ = ["BASELINE", "GOALS", "DEFAULT_GOAL", "RECALL_SLACK", "FILE_SAME", "choose"]
+__all__ = ["BASELINE", "RECALL_SLACK", "FILE_SAME", "RULES", "choose_encoder"]
 
 BASELINE = "original-int8"
 RECALL_SLACK = 0.01  # recall@10 a chosen row may lose against int8's, on each text
@@ -29,21 +29,13 @@ SAME = 1.01  # sizes or costs this near count as one: the better recall is taken
 FILE_SAME = 1.03  # files this near count as one size: int8-aware's smoothing adds 0.3 % to int8's
 LATENCIES = (latency_key(1, 16, 1), latency_key(8, 128, 2))
 QUALITY = "recall_at_10"
-GOALS = {
-    "balanced": "the smallest file as cheap as original-int8 that keeps its recall",
-    "size": "the smallest file within 0.05 of original-int8's recall",
-    "memory": "the least peak RSS that keeps original-int8's recall",
-    "latency": "the least p50 at (8,128) on two threads that keeps original-int8's recall",
-    "quality": "the best recall no larger and no dearer than original-int8",
-}
-DEFAULT_GOAL = "balanced"
 
 
 def _figures(row: dict) -> dict | None:
     """The row's file, peak RSS, the LATENCIES' p50 and recall on both texts; None when one is missing. Beside
     them, under "slowest" and "fastest", each p50's slowest and fastest bench (the p50 itself where the rounds are
-    not in the report), and "width", the bits its graph's weights are named by (its metadata:
-    eval.benchmark.WIDTH_KEY; None: not said)."""
+    not in the report), "width", the bits its graph's weights are named by (its metadata: eval.benchmark.WIDTH_KEY;
+    None: not said), and "one_line", whether it is the original in one scheme with its defaults (original-SCHEME)."""
     latency = row.get("latency_ms", {})
     figures = {
         "file": row.get("file_bytes"),
@@ -58,6 +50,7 @@ def _figures(row: dict) -> dict | None:
     figures["slowest"] = {key: max(rounds[key]) for key in LATENCIES}
     figures["fastest"] = {key: min(rounds[key]) for key in LATENCIES}
     figures["width"] = row.get("width")
+    figures["one_line"] = row["name"] == f"original-{row.get('quantization', {}).get('scheme')}"
     return figures
 
 
@@ -136,7 +129,7 @@ def _quality(rows: dict[str, dict], base: dict) -> tuple[str, str, str]:
     return name, "best recall", f"{name} keeps the most recall of the rows no larger and no dearer than {base['name']}"
 
 
-RULES = {
+RULES = {  # a goal's name → its rule: (rows' figures, the base's) → (row, rule, why) or None
     "balanced": _balanced,
     "size": _by("file", SIZE_RECALL_SLACK, "file"),
     "memory": _by("rss", RECALL_SLACK, "peak RSS"),
@@ -146,20 +139,19 @@ RULES = {
 
 
 def _in_int8s_place(rows: dict[str, dict], int8: dict) -> str | None:
-    """Of the 8-bit rows on their gate no larger than int8's file (within FILE_SAME), the fastest at (8,128) t2:
-    the measure in the place of an int8 off its gate."""
-    eight = {n: f for n, f in rows.items() if f["width"] == 8 and f["file"] <= FILE_SAME * int8["file"]}
+    """Of the one-line 8-bit rows on their gate no larger than int8's file (within FILE_SAME), the fastest at (8,128)
+    t2: the measure in the place of an int8 off its gate (a candidate measured against itself decides nothing)."""
+    eight = {
+        n: f for n, f in rows.items() if f["one_line"] and f["width"] == 8 and f["file"] <= FILE_SAME * int8["file"]
+    }
     return min(eight, key=lambda n: eight[n][LATENCIES[1]]) if eight else None
 
 
-def choose(report: dict, goal: str = DEFAULT_GOAL) -> dict | None:
-    """{"goal", "row", "rule", "why", "against"} of the report's row to deploy for `goal` (module docstring; "row"
-    None when no row qualifies: no 8-bit row on its gate, say), "against" the row it was measured against (int8,
-    or the one in its place); None when the report has no int8 row with every figure (kept off its gate, it is
-    still what a user would do otherwise, and the measure of the others). A causal LM's report, timed by decoding,
-    is chosen by eval.lm_choice's rule."""
-    if is_lm_report(report):
-        return choose_lm(report, goal)
+def choose_encoder(report: dict, goal: str, deploys: str) -> dict | None:
+    """{"goal", "row", "rule", "why", "against"} of the report's row to deploy for `goal` (its rule RULES[goal], said
+    `deploys`; module docstring; "row" None when no row qualifies: no 8-bit row on its gate, say), "against" the row
+    it was measured against (int8, or the one in its place); None when the report has no int8 row with every figure
+    (kept off its gate, it is still what a user would do otherwise, and the measure of the others)."""
     rows = {row["name"]: row for row in report["variants"]}
     int8 = _figures(rows[BASELINE]) if BASELINE in rows else None
     if int8 is None:
@@ -172,13 +164,17 @@ def choose(report: dict, goal: str = DEFAULT_GOAL) -> dict | None:
     against = _in_int8s_place(measured, int8) if rows[BASELINE].get("gate_failed") else BASELINE
     chosen = against and RULES[goal](measured, measured[against])
     if not chosen:
-        why = f"no row qualifies for {goal}: {GOALS[goal]}"
+        why = f"no row qualifies for {goal}: {deploys}"
         if against is None:
-            why = f"{BASELINE} is off its gate and no other 8-bit row is on its own: nothing to measure against"
+            why = (
+                f"{BASELINE} is off its gate and no other one-line 8-bit row is on its own: nothing to measure against"
+            )
         return {"goal": goal, "row": None, "rule": "none", "why": why, "against": against}
     name, rule, why = chosen
     if against != BASELINE:
-        why = f"{BASELINE} is off its gate: measured against {against}, the fastest 8-bit row on its gate; {why}"
+        why = (
+            f"{BASELINE} is off its gate: measured against {against}, the fastest one-line 8-bit row on its gate; {why}"
+        )
     return {
         "goal": goal,
         "row": name,

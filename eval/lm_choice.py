@@ -7,11 +7,11 @@ lower perplexity taken."""
 
 from eval.latency import mean_decode_ms
 
-__all__ = ["PERPLEXITY_SLACK", "choose_lm", "is_lm_report"]
+__all__ = ["PERPLEXITY_SLACK", "LM_RULES", "choose_lm", "is_lm_report"]
 
 PERPLEXITY_SLACK = 0.10  # a chosen row's perplexity may exceed the original's by this share, on each text
 SAME = 1.01
-GOALS = {
+LM_RULES = {  # a goal's name → (the figure it minimises, that in words)
     "balanced": ("decode", "the fastest decoding"),
     "latency": ("decode", "the fastest decoding"),
     "size": ("file", "the smallest file"),
@@ -48,7 +48,7 @@ def choose_lm(report: dict, goal: str) -> dict | None:
     if base is None:
         return None
     original = report["variants"][0]["name"]
-    key, what = GOALS[goal]
+    key, what = LM_RULES[goal]
     measured = {
         name: f
         for name, row in rows.items()

@@ -1,8 +1,8 @@
 """compressor recipes: the built-in recipes (what `compressor run --recipe NAME` runs and the goals are made of),
 one line each on what it is for, and the goals (`compressor run --goal`)."""
 
-from converters.cli.builtin_recipes import DEFAULT_RECIPES
-from converters.cli.goals import DEFAULT_GOAL, GOAL_RUNS, GOALS, TABLE_RECIPE, WIDE_TABLE_RECIPE, goal_said
+from converters.cli.builtin_recipes import builtin_recipes
+from converters.cli.goals import DEFAULT_GOAL, GOALS, goal_said
 
 __all__ = ["HELP", "PURPOSES", "builtin_recipes", "add_arguments", "run"]
 
@@ -23,13 +23,6 @@ PURPOSES = {
 }
 
 
-def builtin_recipes() -> dict[str, dict]:
-    """Every built-in recipe by name: the goals' and the built-in sweep's."""
-    recipes = {recipe["name"]: recipe for recipe in (TABLE_RECIPE, WIDE_TABLE_RECIPE)}
-    recipes.update({recipe["name"]: recipe for recipe in DEFAULT_RECIPES["variants"]})
-    return recipes
-
-
 def _line(recipe: dict) -> str:
     schemes = ", ".join(recipe.get("quantize", ()))
     return f"  {recipe['name']:22} {PURPOSES.get(recipe['name'], '')} [{recipe['method']}: {schemes}]"
@@ -43,4 +36,4 @@ def run(args) -> None:
     print("recipes (compressor run MODEL --recipe NAME, or a JSON file of them: compressor sweep --help):")
     print("\n".join(_line(recipe) for recipe in builtin_recipes().values()))
     print(f"\ngoals (compressor run MODEL --goal GOAL; default {DEFAULT_GOAL}):")
-    print("\n".join(f"  {goal:9} {goal_said(goal)}" for goal in GOALS if goal in GOAL_RUNS))
+    print("\n".join(f"  {goal:9} {goal_said(goal)}" for goal in GOALS))

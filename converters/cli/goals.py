@@ -1,116 +1,165 @@
-"""The goals of `compressor run` (--goal): each the rows a run measures on the user's own model beside original-int8
-(what the user would do otherwise) and the rule that picks the row to deploy on the CPU it runs on (eval.choice). A
-goal's rows are recipes (converters/cli/builtin_recipes.py, parsed by recipes.py) chosen by what can win by its rule,
-measured on MiniLM and a 110M MPNet (docs/lab-notes/2026-11-28-deployment.md):
+"""The goals' runs on the command line: each goal's rows (eval.goals: the original's schemes and built-in recipes, by
+name) as the recipe file a run makes, what the goal measures in a sentence, and the time and memory said before a
+run. Those are read from the committed records of runs (each run's seconds, peak and the CPU's pace just before it,
+eval.pace: GOAL_RECORDS, each goal's run on MiniLM; LM_RECORDS, the LMs' runs, `benchmarks/large_models.py lms`;
+one file for each CPU they were timed on) and
+scaled by what this CPU measures in its first second (its pace now over the record's) and by the model's size: an
+encoder goal's time by its weights' bytes over MiniLM's, an LM run's time and peak by the line through the record's
+LM runs (parameters against seconds at the record's pace, and against the peak)."""
 
-- balanced (the default): int8-aware, int8-w4 (4-bit weights multiplied in int8: on MiniLM 0.48× int8's file, 0.95×
-  its peak RSS, its p50 within the noise, recall 0.07–0.09 short: docs/lab-notes/2026-11-29-int4-in-int8.md) and
-  the word table in 3 bits beside int8-aware's products;
-- size: int4-aware, the 3-bit table and the 4-bit w4a8 recipe (0.126× on MiniLM, trained 240 s);
-- memory: int8-aware, int4-aware and the 3-bit table (the least memory that keeps int8's recall);
-- latency: int8-aware (as fast as int8, and the recall smoothing buys);
-- quality: int8-aware and the word table in 4 bits (its frequent rows in 8).
-
-w4a8 is measured for size alone: its codes become int8 weights when the session starts, which holds 1.8× int8's
-peak memory on MiniLM (2.9× on the MPNet), so by the other goals' rules it cannot win and its minutes are spent
-for nothing."""
-
+import json
+from functools import cache
 from pathlib import Path
 
+import numpy as np
+
 from compressor.errors import CompressorError
-from converters.cli.builtin_recipes import SMALL_RECIPE
+from converters.cli.builtin_recipes import builtin_recipes
 from converters.loading import available_memory, stored_parameters
+from converters.pipeline.say import say
+from converters.quantization.shortlist_head import check_shortlist
 from converters.spec import QUANTIZE_ONLY
-from eval.choice import DEFAULT_GOAL, GOALS
+from eval.goals import DEFAULT_GOAL, GOALS
+from eval.pace import cpu_pace
 
 __all__ = [
     "GOALS",
     "DEFAULT_GOAL",
-    "TABLE_RECIPE",
-    "WIDE_TABLE_RECIPE",
-    "GOAL_RUNS",
-    "GOAL_MINUTES",
+    "GOAL_RECORDS",
+    "LM_RECORDS",
+    "goal_run",
     "goal_minutes",
     "goal_said",
+    "HEAD_SHARE",
+    "LM_SHORTLIST",
+    "lm_shortlist",
     "lm_run_needs",
     "check_lm_run_fits",
 ]
 
-# int8-aware's products, the word table in 3 bits (its 4,096 most frequent rows in 4, blocks of 32): on MiniLM
-# 0.73× int8's file, 0.95× its peak RSS, recall@10 0.931 / 0.924 against int8's 0.906 / 0.915; on the MPNet 0.89×,
-# 0.95×, 0.914 / 0.911 (against int4-aware's 0.892 / 0.902 at 1.06× the memory)
-TABLE_RECIPE = {
-    "name": "original-table3",
-    "method": QUANTIZE_ONLY,
-    "quantize": ["int8-aware-table"],
-    "table_bits": 3,
-    "table_head": 4096,
-    "table_block": 32,
-}
-# The same with the table in 4 bits and its frequent rows in 8: MiniLM 0.86× int8's file, recall 0.940 / 0.943
-WIDE_TABLE_RECIPE = {**TABLE_RECIPE, "name": "original-table4", "table_bits": 4}
-
-
-def _rounded(*schemes: str) -> dict:
-    return {"method": QUANTIZE_ONLY, "quantize": list(schemes)}
-
-
-GOAL_RUNS = {
-    "balanced": {"variants": [_rounded("int8-aware", "int8-w4"), TABLE_RECIPE]},
-    "size": {"variants": [_rounded("int4-aware"), TABLE_RECIPE, SMALL_RECIPE]},
-    "memory": {"variants": [_rounded("int8-aware", "int4-aware"), TABLE_RECIPE]},
-    "latency": {"variants": [_rounded("int8-aware")]},
-    "quality": {"variants": [_rounded("int8-aware"), WIDE_TABLE_RECIPE]},
-}
-
-
-# Each goal's run of MiniLM on 2 cores, about, in minutes (install and the texts' first build aside): size trains
-# the w4a8 recipe 240 s
-GOAL_MINUTES = {"balanced": 3, "size": 10, "memory": 4, "latency": 3, "quality": 4}
-MINILM_WEIGHT_BYTES = 90_868_376  # all-MiniLM-L6-v2's model.safetensors, which GOAL_MINUTES were timed on
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+GOAL_RECORDS = RESULTS / "goals", "minilm-*.json"  # (folder, the files' pattern)
+LM_RECORDS = RESULTS / "scale", "lms-*.json"
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
+# An LM whose tied head is this share of its weights or more has its w8 and int4 rows measured with a shortlist head
+# too, of K tokens from a rank-r fit: on Gemma-3-270M (63 %) K 1,024 of a rank-128 fit held the whole head's argmax
+# on 99.8 % / 98.2 % of the tokens of pydoc / news (benchmarks/results/shortlist/gemma3-270m-graphs-recall.json)
+HEAD_SHARE = 0.4
+LM_SHORTLIST = (1024, 128)
 
 
-def goal_minutes(goal: str, model_dir: Path) -> int:
-    """About how many minutes the goal's run takes on 2 cores for the model in `model_dir`: MiniLM's
-    (GOAL_MINUTES), times its weights' bytes over MiniLM's (export, calibration and bench read every weight)."""
-    weights = sum(p.stat().st_size for pattern in WEIGHT_FILES for p in Path(model_dir).glob(pattern))
-    return max(1, round(GOAL_MINUTES[goal] * max(1.0, weights / MINILM_WEIGHT_BYTES)))
+def goal_run(goal: str) -> dict:
+    """The recipe file the goal's run makes: the original in the goal's schemes, then its built-in recipes."""
+    known = builtin_recipes()
+    schemes = GOALS[goal].schemes
+    variants = [{"method": QUANTIZE_ONLY, "quantize": list(schemes)}] if schemes else []
+    return {"variants": variants + [known[name] for name in GOALS[goal].recipes]}
 
 
 def goal_said(goal: str) -> str:
     """What the goal measures and how it picks, in a sentence."""
     rows = []
-    for variant in GOAL_RUNS[goal]["variants"]:
+    for variant in goal_run(goal)["variants"]:
         name = variant.get("name", "original")
         rows += [f"{name}-{scheme}" for scheme in variant["quantize"]]
-    return f"{', '.join(rows)} beside original-int8; deploy {GOALS[goal]}"
+    return f"{', '.join(rows)} beside original-int8; deploy {GOALS[goal].deploys}"
 
 
-# The original's rows of a causal LM (its kind's baselines: int8, w8, int4 and int4-aware, each graph with its key-value
-# cache) and their bench (size, memory, perplexity on two texts, prefill and time per token at contexts 128 and 512) on
-# 2 cores, avx512_vnni, ONNX Runtime 1.32.0 (BENCHMARKS.md, "LMs at scale"; `benchmarks/large_models.py lms`), the rows
-# and the bench in a process without PyTorch (pipeline/apart.py): SmolLM2-135M (134.5 M parameters) 414 s, peak 1.29 GB
-# (commit 9e07439, 2026-11-30); a random Qwen2.5-0.5B shape (494.0 M) 897 s, peak 3.67 GB; a random Llama-3.2-1B shape
-# (1,235.8 M) 1,998 s, peak 8.12 GB (commit 67c96ef, 2026-11-30). Time grows with the weights (every stage reads each of
-# them a few times) but for the bench's quality, whose passages shrink as the model grows (eval.kinds,
-# quality_parameter_passages): about 200 s at any size, the rest the line to the 1B shape's run (SmolLM2's then said
-# 7 min, the 0.5B shape's 15: within 5 %). The peak grows with the weights beside what the libraries and the export's
-# model hold whatever the size: the line through the two larger runs, 1.50× the fp32 bytes and 0.70 GB, an upper bound
-# on SmolLM2's (it says 1.41 GiB, 1.20 taken).
-LM_RUN_SECONDS_PER_PARAM = (1998 - 200) / 1235.8e6
-LM_RUN_QUALITY_SECONDS = 200
-LM_RUN_PEAK_PER_FP32_BYTE = (8.117e9 - 3.666e9) / ((1235.8e6 - 494.0e6) * 4)
-LM_RUN_PEAK_BASE_BYTES = 8.117e9 - LM_RUN_PEAK_PER_FP32_BYTE * 1235.8e6 * 4
+@cache
+def _records(records: tuple[Path, str], paced: bool = True) -> list[dict]:
+    """The finished runs of the records (folder, pattern), `paced`: those timed with the CPU's pace beside them, each
+    with its "name", in the files' order; refused in a sentence where the checkout holds none."""
+    folder, pattern = records
+    runs = [
+        {**run, "name": name}
+        for path in sorted(folder.glob(pattern))
+        for name, run in json.loads(path.read_text(encoding="utf-8")).items()
+        if (run.get("pace_s") or not paced) and run.get("exit", 0) == 0
+    ]
+    if not runs:
+        raise CompressorError(f"no record of runs in {folder / pattern}, which the time said before a run is read from")
+    return runs
+
+
+def _lm_runs(paced: bool = True) -> list[dict]:
+    """The LM records' runs (`paced`: those timed with the CPU's pace), each with its peak (its stages' highest)."""
+    return [{**run, "peak_bytes": run["stages"]["peak_rss_bytes"]} for run in _records(LM_RECORDS, paced)]
+
+
+@cache
+def _pace() -> float:
+    """This CPU's pace now (eval.pace), measured once a process."""
+    return cpu_pace()
+
+
+def _pace_said(ratio: float) -> str:
+    return f"this CPU running at {1 / ratio:.2f}× the pace the record was timed at"
+
+
+def goal_minutes(goal: str, model_dir: Path) -> tuple[int, str]:
+    """(about how many minutes the goal's run takes here for the model in `model_dir`, how that was scaled): the
+    records' runs of it on MiniLM (their seconds over their pace, the mean), times the model's weights' bytes over
+    MiniLM's (export, calibration and bench read every weight), times this CPU's pace now."""
+    runs = [run for run in _records(GOAL_RECORDS) if run["name"] == GOALS[goal].estimate]
+    if not runs:
+        raise CompressorError(
+            f"no record of runs holds {GOALS[goal].estimate!r}, the run goal {goal}'s time is read from"
+        )
+    weights = sum(p.stat().st_size for pattern in WEIGHT_FILES for p in Path(model_dir).glob(pattern))
+    scale = max(1.0, weights / runs[0]["weight_bytes"])
+    seconds = np.mean([run["seconds"] / run["pace_s"] for run in runs]) * scale * _pace()
+    return max(1, round(seconds / 60)), _pace_said(_pace() / np.mean([run["pace_s"] for run in runs]))
+
+
+def lm_shortlist(model_dir: Path, kind: str, asked: int | None) -> tuple[int, int] | None:
+    """(K, rank) of the shortlist head the LM run in `model_dir` measures its w8 and int4 rows with (said), or None:
+    `asked` K (0: none), else LM_SHORTLIST where the tied head is HEAD_SHARE of the weights or more; refused in a
+    sentence before any work where the model is no LM or the shortlist is out of its range."""
+    if asked is not None and kind != "causal-lm":
+        raise CompressorError(f"--shortlist is a causal LM's head; {str(model_dir)!r} is a model of the {kind} kind")
+    if kind != "causal-lm" or asked == 0:
+        return None
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    config = config.get("text_config", config)
+    vocab, hidden = config.get("vocab_size"), config.get("hidden_size")
+    if not (isinstance(vocab, int) and isinstance(hidden, int)):
+        if asked is None:
+            return None
+        raise CompressorError("--shortlist reads the LM's vocab_size and hidden_size, which its config.json lacks")
+    share = vocab * hidden / stored_parameters(Path(model_dir)) if config.get("tie_word_embeddings", True) else 0
+    if asked is None and share < HEAD_SHARE:
+        return None
+    shortlist, rank = asked or LM_SHORTLIST[0], min(LM_SHORTLIST[1], hidden // 2)
+    check_shortlist(shortlist, rank, vocab, hidden, None)
+    say(
+        f"the tied head is {share:.0%} of the weights: w8 and int4 also measured with a shortlist head (its steps "
+        f"score exactly the {shortlist} best of a rank-{rank} fit of the head): original-w8-short, original-int4-short"
+    )
+    return shortlist, rank
+
+
+def _lm_lines() -> tuple[np.ndarray, np.ndarray]:
+    """The LM runs' lines: seconds at a pace of 1 s against parameters (least squares over the paced runs; through
+    the origin where they are one model's), and the peak against parameters over every run, paced or not (memory
+    follows the model, not the CPU's pace), its intercept raised until every run lies on or under it (an upper
+    bound)."""
+    paced = _lm_runs()
+    params = np.array([run["params"] for run in paced], dtype=float)
+    seconds = np.array([run["seconds"] / run["pace_s"] for run in paced])
+    time = np.polyfit(params, seconds, 1) if len(set(params)) > 1 else np.array([seconds.mean() / params[0], 0.0])
+    runs = [run for run in _lm_runs(paced=False) if run.get("params")]
+    sizes = np.array([run["params"] for run in runs], dtype=float)
+    peaks = np.array([run["peak_bytes"] for run in runs], dtype=float)
+    slope = np.polyfit(sizes, peaks, 1)[0] if len(set(sizes)) > 1 else peaks.max() / sizes[0]
+    return time, np.array([slope, max(peaks - slope * sizes)])
 
 
 def lm_run_needs(model_dir: Path) -> tuple[int, int, int]:
-    """(parameters, about how many minutes on 2 cores, the peak resident bytes) of the LM run of the model in
-    `model_dir`, from the parameters its safetensors headers hold."""
+    """(parameters, about how many minutes here at this CPU's pace now, the peak resident bytes at most) of the LM
+    run of the model in `model_dir`, from the parameters its safetensors headers hold."""
     params = stored_parameters(Path(model_dir))
-    peak = LM_RUN_PEAK_BASE_BYTES + params * 4 * LM_RUN_PEAK_PER_FP32_BYTE
-    seconds = params * LM_RUN_SECONDS_PER_PARAM + LM_RUN_QUALITY_SECONDS
-    return params, max(1, round(seconds / 60)), round(peak)
+    seconds, peak = _lm_lines()
+    return params, max(1, round(np.polyval(seconds, params) * _pace() / 60)), round(np.polyval(peak, params))
 
 
 def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
@@ -118,14 +167,16 @@ def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
     when its peak memory exceeds what the machine has available."""
     params, minutes, peak = lm_run_needs(model_dir)
     free = available_memory()
-    rate = f"{LM_RUN_PEAK_BASE_BYTES / 2**30:.1f} GiB and {LM_RUN_PEAK_PER_FP32_BYTE:.1f}× the fp32 weights"
+    runs = _lm_runs()
+    models = " and ".join(run["name"] for run in runs)
+    ratio = _pace() / np.mean([run["pace_s"] for run in runs])
     if free and peak > free:
-        fits = (free - LM_RUN_PEAK_BASE_BYTES) / LM_RUN_PEAK_PER_FP32_BYTE / 4 / 1e9
+        slope, base = _lm_lines()[1]
         raise CompressorError(
             f"the original's rows of this LM ({', '.join(rows)}; {params / 1e9:.2f}B parameters, "
-            f"{params * 4 / 2**30:.1f} GiB in float32) need about {peak / 2**30:.1f} GiB at their peak ({rate}, "
-            f"measured on SmolLM2-135M and Qwen2.5-0.5B's shape) and this machine has {free / 2**30:.1f} GiB "
-            f"available: a model of up to {max(fits, 0):.2f}B parameters fits here"
+            f"{params * 4 / 2**30:.1f} GiB in float32) need about {peak / 2**30:.1f} GiB at their peak (the line "
+            f"through {models}'s runs) and this machine has {free / 2**30:.1f} GiB available: a model of up to "
+            f"{max((free - base) / slope, 0) / 1e9:.2f}B parameters fits here"
         )
-    said = f"about {minutes} minutes on 2 cores and a peak of at most {peak / 2**30:.1f} GiB"
-    return f"{said} for {params / 1e9:.2f}B parameters ({rate})"
+    said = f"about {minutes} minutes here and a peak of at most {peak / 2**30:.1f} GiB"
+    return f"{said} for {params / 1e9:.2f}B parameters (the line through {models}'s runs; {_pace_said(ratio)})"

@@ -6,7 +6,17 @@ from pathlib import Path
 from compressor.errors import CompressorError
 from converters.cli.catalog import builtin_recipes
 from converters.cli.corrected_needs import corrected_said
-from converters.cli.goals import DEFAULT_GOAL, GOAL_RUNS, GOALS, check_lm_run_fits, goal_minutes, goal_said
+from converters.cli.goals import (
+    DEFAULT_GOAL,
+    GOALS,
+    HEAD_SHARE,
+    LM_SHORTLIST,
+    check_lm_run_fits,
+    goal_minutes,
+    goal_run,
+    goal_said,
+    lm_shortlist,
+)
 from converters.cli.options import (
     MODEL_HELP,
     bench_options,
@@ -65,10 +75,10 @@ def add_arguments(p) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/latest"), help="output directory (default: runs/latest)")
     p.add_argument(
         "--goal",
-        choices=tuple(GOAL_RUNS),
+        choices=tuple(GOALS),
         default=None,
         help=f"what the row to deploy is chosen for, measured on this model and CPU against original-int8: "
-        f"{'; '.join(f'{goal}: {what}' for goal, what in GOALS.items())} (default: {DEFAULT_GOAL}; compressor "
+        f"{'; '.join(f'{name}: {goal.deploys}' for name, goal in GOALS.items())} (default: {DEFAULT_GOAL}; compressor "
         "recipes lists each goal's rows)",
     )
     p.add_argument(
@@ -86,12 +96,21 @@ def add_arguments(p) -> None:
         "per head and channel from the calibration text (a quarter of the bytes each generated token reads again), "
         "or fp32 (default: int8; the fp32 rows keep theirs in fp32)",
     )
+    p.add_argument(
+        "--shortlist",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"a causal LM's w8 and int4 rows also measured with a shortlist head, their decoding steps scoring "
+        f"exactly the K best of a rank-{LM_SHORTLIST[1]} fit of the head (default: {LM_SHORTLIST[0]} where the tied "
+        f"head is {HEAD_SHARE:.0%} of the weights or more, else none; 0: none)",
+    )
     bench_options(p)
     shown_alone(p, SHOWN)
 
 
 def run(args) -> None:
-    """A sweep of one variant, the options given; or, when no method option is, a goal's rows (goals.GOAL_RUNS) or a
+    """A sweep of one variant, the options given; or, when no method option is, a goal's rows (goals.goal_run) or a
     recipe's: argv → one spec (the options not given read from the configs) → measure."""
     values = vars(args)
     values["goal"] = goal = args.goal or DEFAULT_GOAL
@@ -103,6 +122,7 @@ def run(args) -> None:
         raise CompressorError(
             f"--recipe runs {source} in place of method options and --quantize: give one or the other"
         )
+    values["shortlist_rows"] = lm_shortlist(model_dir, kind.name, args.shortlist)
     if variants is not None and args.quantize:
         say(f"no method options: the original in {' and '.join(args.quantize)}")
     elif variants == []:
@@ -110,10 +130,10 @@ def run(args) -> None:
         needs = check_lm_run_fits(model_dir, kind.baselines) if kind.name == "causal-lm" else None
         say(f"no method options: the original's rows ({rows}{f': {needs}' if needs else ''}); {source} is an encoder's")
     elif variants is not None and args.recipe:
-        say(f"{source}, beside original-int8; deploy {GOALS[goal]}")
+        say(f"{source}, beside original-int8; deploy {GOALS[goal].deploys}")
     elif variants is not None:
-        minutes = goal_minutes(goal, model_dir)
-        say(f"goal {goal}: {goal_said(goal)} (about {minutes} minutes on 2 cores for a model of this size)")
+        minutes, pace = goal_minutes(goal, model_dir)
+        say(f"goal {goal}: {goal_said(goal)} (about {minutes} minutes for a model of this size, {pace})")
     else:
         variants = [variant_spec(values)]
     spec = run_spec(values, variants, args.out)
@@ -131,7 +151,7 @@ def _recipes_of(recipe: str | None, goal: str) -> tuple[dict, str]:
     """(the recipe file's content a run makes, what to call it): the goal's rows, a built-in recipe by name, or a
     JSON recipe file; a name that is neither is refused, the built-in ones listed."""
     if recipe is None:
-        return GOAL_RUNS[goal], f"goal {goal}"
+        return goal_run(goal), f"goal {goal}"
     known = builtin_recipes()
     if recipe in known:
         return {"variants": [known[recipe]]}, f"recipe {recipe!r}"

@@ -141,4 +141,5 @@ def run_spec(values: Mapping[str, Any], variants: list[VariantSpec], out: Path) 
         prior_weight=_get(values, "prior_weight", PRIOR_WEIGHT),
         goal=values.get("goal"),
         kv_cache=_get(values, "kv_cache", "int8"),
+        shortlist=values.get("shortlist_rows"),
     )

@@ -129,7 +129,14 @@ def measure(run: RunSpec) -> None:
             lambda: token_frequencies(run.texts.calib, run.freq_prior, run.prior_weight, source, vocab)
         )
         made = Variants(
-            run.out, source, vocab, batches, fit_for=fit_for, frequencies=frequencies, kv_cache=run.kv_cache
+            run.out,
+            source,
+            vocab,
+            batches,
+            fit_for=fit_for,
+            frequencies=frequencies,
+            kv_cache=run.kv_cache,
+            shortlist=run.shortlist,
         )
         held, keep = [original], bool(run.variants) or any(c.trains for c in original_quantize.schemes)
         model_name = DEFAULT_MODEL_NAME if run.model is None else str(source)

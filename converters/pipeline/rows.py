@@ -12,6 +12,7 @@ from converters.pipeline.say import say
 from converters.pipeline.stages import Stages
 from converters.quantization.kv_cache import attends_by_gqa, cache_scales, int8_cache
 from converters.quantization.quantize import quantize_for_targets
+from converters.quantization.shortlist_head import SHORTLIST_PASSAGES, has_fused_head, hidden_gram, shortlist_head
 from eval.benchmark import bench
 from eval.environment import run_record
 from eval.graph import load_graph
@@ -25,6 +26,7 @@ from files.onnx_files import save_onnx
 __all__ = ["Rows"]
 
 LEFT_BEHIND = ("torch", "transformers")  # what the torch-free stage of a run never imports (torch_free.py)
+SHORTLIST_ROWS = ("w8", "int4")  # measured with a shortlist head too: the 8-bit row that keeps the answers, the fastest
 PLOTS = {"file_bytes": "front-size.png", "latency": "front-latency.png", "memory": "front-memory.png"}  # front → plot
 
 
@@ -32,12 +34,21 @@ class Rows:
     """(name, ONNX path) of each graph to measure and what made it, in order; each export, row and the bench a stage
     (its time and peak memory)."""
 
-    def __init__(self, out: Path, source: Path, vocab: int, batches: list[dict] | None, kv_cache: str = "fp32"):
+    def __init__(
+        self,
+        out: Path,
+        source: Path,
+        vocab: int,
+        batches: list[dict] | None,
+        kv_cache: str = "fp32",
+        shortlist: tuple[int, int] | None = None,
+    ):
         """Each row is a ready model folder OUT/NAME (files.model_folder) holding `source`'s files; `batches`:
         calibration inputs of the aware schemes; `kv_cache` int8: a quantized row whose graph is the fused decoder
-        gets an int8 key-value cache (quantization/kv_cache.py)."""
+        gets an int8 key-value cache (quantization/kv_cache.py); `shortlist` (K, rank): each row of SHORTLIST_ROWS
+        whose graph is the fused decoder's is measured again as ROW-short, its head a shortlist's (_add_shortlist)."""
         self.out, self.source, self.vocab, self.batches = Path(out), Path(source), vocab, batches
-        self.kv_cache = kv_cache
+        self.kv_cache, self.shortlist = kv_cache, shortlist
         self.graphs: list[tuple[str, Path]] = []
         self.details: list[dict] = []
         self.names: set[str] = set()
@@ -51,6 +62,7 @@ class Rows:
             "source": str(self.source),
             "vocab": self.vocab,
             "kv_cache": self.kv_cache,
+            "shortlist": self.shortlist,
             "graphs": [[name, str(path)] for name, path in self.graphs],
             "details": self.details,
             "names": sorted(self.names),
@@ -61,7 +73,8 @@ class Rows:
     def from_manifest(cls, state: dict, batches: list[dict] | None) -> "Rows":
         """The rows `state` (a `state()` read back) and `batches` hold, taken on by the torch-free stage of their
         run, whose report says which of LEFT_BEHIND it imported (`run.torch_free`)."""
-        rows = cls(Path(state["out"]), Path(state["source"]), state["vocab"], batches, state["kv_cache"])
+        shortlist = tuple(state["shortlist"]) if state["shortlist"] else None
+        rows = cls(Path(state["out"]), Path(state["source"]), state["vocab"], batches, state["kv_cache"], shortlist)
         rows.graphs = [(name, Path(path)) for name, path in state["graphs"]]
         rows.details, rows.names = list(state["details"]), set(state["names"])
         rows.stages = Stages(state["stages"])
@@ -135,6 +148,27 @@ class Rows:
             for note in config.notes(result):
                 say(f"warning: {row}: {note}")
             self.details.append({**detail, "quantization": quantization})
+            if self.shortlist and config.scheme in SHORTLIST_ROWS and has_fused_head(self.graphs[-1][1]):
+                self._add_shortlist(row, config.width, {**detail, "quantization": quantization})
+
+    def _add_shortlist(self, row: str, width: int, detail: dict) -> None:
+        """ROW-short: the row's graph (its key-value cache as it is) with a shortlist head (shortlist_head: a step
+        scores exactly the K best of a rank-r fit of its head, its fit in the Gram of the head's input over the first
+        SHORTLIST_PASSAGES calibration passages), measured beside it."""
+        shortlist, rank = self.shortlist
+        name, graph = f"{row}-short", self.graphs[-1][1]
+        self.claim(name)
+        batches, passages = [], 0
+        for batch in self.batches:
+            if passages >= SHORTLIST_PASSAGES:
+                break
+            batches.append(batch)
+            passages += len(batch["input_ids"])
+        with self.stages.stage(name), model_folder(self.out / name, self.source, width) as path:
+            save_onnx(shortlist_head(load_graph(graph), hidden_gram(graph, batches), shortlist, rank), path)
+        self.graphs.append((name, self.out / name / graph_file(width)))
+        short = {"shortlist": shortlist, "rank": rank, "fit_passages": passages}
+        self.details.append({**detail, "quantization": {**detail["quantization"], **short}})
 
     def _cache(self, graph: Path) -> str | None:
         """The key-value cache the row's graph at `graph` keeps: int8 (rewritten so here) where the run asks it

@@ -51,16 +51,18 @@ class Variants:
         fit_for=None,
         frequencies=None,
         kv_cache: str = "fp32",
+        shortlist: tuple[int, int] | None = None,
     ):
         """Each row is a ready model folder OUT/NAME (files.model_folder; a compressed variant's is its
         checkpoint's) holding `source`'s files; `batches`: calibration inputs of the aware schemes;
         `fit_for`: a trained scheme's fine-tune of a model's student (steps.correction_fit); `frequencies`: the
         token frequencies (a cached token_frequencies) that rank the word table's head rows; `kv_cache` int8:
-        a quantized row whose graph is the fused decoder gets an int8 key-value cache (quantization/kv_cache.py)."""
+        a quantized row whose graph is the fused decoder gets an int8 key-value cache (quantization/kv_cache.py);
+        `shortlist` (K, rank): its w8 and int4 rows are measured with a shortlist head too (Rows)."""
         self.out, self.source, self.vocab = Path(out), Path(source), vocab
         self.fit_for, self.frequencies = fit_for, frequencies
         self.original: nn.Module | None = None  # add_original's model, which add_quantized rounds
-        self.rows = Rows(out, source, vocab, batches, kv_cache)
+        self.rows = Rows(out, source, vocab, batches, kv_cache, shortlist)
 
     def add(
         self, name: str, model: nn.Module, detail: dict, quantize: QuantizeSpec, fp32: bool = True, frequencies=None

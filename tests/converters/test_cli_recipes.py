@@ -197,12 +197,13 @@ def _run_values(*argv: str) -> dict:
 
 
 def test_run_without_method_options_takes_the_default_run():
-    from converters.cli.goals import GOAL_RUNS, TABLE_RECIPE
+    from converters.cli.builtin_recipes import TABLE_RECIPE
+    from converters.cli.goals import goal_run
     from converters.cli.recipes import default_run as run_of
     from converters.kinds import kind_named
 
     def default_run(values, kind):  # the size goal's rows: the rounded baseline, the 3-bit table, the w4a8 recipe
-        return run_of(values, kind, GOAL_RUNS["size"], "goal size")
+        return run_of(values, kind, goal_run("size"), "goal size")
 
     encoder, lm = kind_named("encoder"), kind_named("causal-lm")
     rounded, table, small = default_run(_run_values("--out", "x"), encoder)
@@ -215,7 +216,7 @@ def test_run_without_method_options_takes_the_default_run():
     assert _names(small.quantize) == tuple(SMALL_RECIPE["quantize"])
     *_, mine = default_run(_run_values("--correction-time", "7", "--runs", "3"), encoder)
     assert mine.quantize.schemes[0].correction_time == 7.0 and mine.quantize.schemes[0].table_bits == 3  # given first
-    rows = run_of(_run_values("--target-cpu", "avx2"), encoder, GOAL_RUNS["balanced"], "goal balanced")
+    rows = run_of(_run_values("--target-cpu", "avx2"), encoder, goal_run("balanced"), "goal balanced")
     targets = [c.target_cpu for row in rows for c in row.quantize.schemes if hasattr(c, "target_cpu")]
     assert targets == ["avx2"] * 3  # the machine's option: int8-aware's, int8-w4's and the table's, unnamed row or not
     for given in (["--rank", "64"], ["--method", "tt"], ["--targets", "ffn"], ["--budget", "0.5"]):

@@ -9,7 +9,7 @@ import pytest
 
 from converters.cli import build_parser
 from converters.cli.catalog import builtin_recipes
-from converters.cli.goals import GOAL_RUNS
+from converters.cli.goals import GOALS
 from tests.conftest import run_cli, write_tiny_lm
 
 
@@ -83,14 +83,26 @@ def test_the_help_lists_at_most_25_options_and_the_others_are_still_taken(capsys
 def test_recipes_lists_every_recipe_and_goal(capsys):
     code, out, _ = run_cli(capsys, "recipes")
     assert code == 0
-    assert all(name in out for name in builtin_recipes()) and all(f"  {goal} " in out for goal in GOAL_RUNS)
+    assert all(name in out for name in builtin_recipes()) and all(f"  {goal} " in out for goal in GOALS)
 
 
-def test_the_time_said_before_a_goal_grows_with_the_models_weights(tmp_path):
-    from converters.cli.goals import GOAL_MINUTES, MINILM_WEIGHT_BYTES, goal_minutes
+def test_the_time_said_before_a_run_follows_the_models_size_and_the_cpus_pace(tmp_path, monkeypatch):
+    """A goal's minutes: the record's run on MiniLM times the weights' bytes over MiniLM's (not below 1×) times this
+    CPU's pace over the record's; an LM run's: the line through the record's LM runs, at the pace now."""
+    from converters.cli import goals
 
+    (run,) = [r for r in goals._records(goals.GOAL_RECORDS) if r["name"] == GOALS["balanced"].estimate]
+    monkeypatch.setattr(goals, "_pace", lambda: 2 * run["pace_s"])  # a CPU at half the record's pace
     with open(tmp_path / "model.safetensors", "wb") as f:
-        f.truncate(5 * MINILM_WEIGHT_BYTES)  # sparse: a 110M model's bytes, none written
-    assert goal_minutes("balanced", tmp_path) == 5 * GOAL_MINUTES["balanced"]
+        f.truncate(5 * run["weight_bytes"])  # sparse: a 110M model's bytes, none written
+    minutes, said = goals.goal_minutes("balanced", tmp_path)
+    assert minutes == round(2 * 5 * run["seconds"] / 60) and "0.50× the pace" in said
     (tmp_path / "model.safetensors").unlink()
-    assert goal_minutes("size", tmp_path) == GOAL_MINUTES["size"]  # smaller than MiniLM: MiniLM's
+    assert goals.goal_minutes("balanced", tmp_path)[0] == max(1, round(2 * run["seconds"] / 60))  # MiniLM's at least
+    lms = goals._lm_runs()
+    assert lms
+    for lm in lms:  # the line at each run's own pace gives back its seconds (one or two runs: exactly; more: near)
+        monkeypatch.setattr(goals, "_pace", lambda lm=lm: lm["pace_s"])
+        monkeypatch.setattr(goals, "stored_parameters", lambda _, lm=lm: lm["params"])
+        params, minutes, peak = goals.lm_run_needs(tmp_path)
+        assert abs(minutes - lm["seconds"] / 60) <= 0.35 * lm["seconds"] / 60 + 1 and peak >= lm["peak_bytes"]

@@ -93,7 +93,7 @@ def test_run_without_method_options_on_an_lm_measures_the_originals_rows(
     texts = ("--calib", lm_text, "--eval-text", lm_text, "--second-text", "none")
     code, _, err = run_cli(capsys, "run", tiny_llama_dir, *texts, "--runs", 1, "--out", tmp_path / "run")
     assert code == 0 and "goal balanced is an encoder's" in err, err  # its rows (w4a8, narrow tables) refuse an LM
-    assert "minutes on 2 cores and a peak of" in err  # said before the work
+    assert "minutes here and a peak of" in err and "the pace the record was timed at" in err  # said before the work
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     rows = [v["name"] for v in report["variants"]]
     # no w4a8 refusal
@@ -205,3 +205,22 @@ def test_the_original_is_freed_once_exported_when_no_row_needs_it(tiny_llama_dir
     gc.collect()
     assert (alive() is not None) == keep and (made.original is not None) == keep
     assert [name for name, _ in made.rows.graphs] == ["original"] and (tmp_path / "out" / "original").is_dir()
+
+
+def test_an_lm_run_measures_its_w8_and_int4_rows_with_a_shortlist_head_too(lm_text, tmp_path, capsys):
+    """`run --shortlist K` on an LM the fused decoder takes: original-w8-short and original-int4-short beside their
+    rows, each decoding with K candidates a step; a prompt's pass reads the whole head: its perplexity is its row's."""
+    source = write_tiny_lm(tmp_path / "llama", "llama", hidden=64)
+    texts = ("--calib", lm_text, "--eval-text", lm_text, "--second-text", "none")
+    code, _, err = run_cli(capsys, "run", source, *texts, "--shortlist", 16, "--runs", 1, "--out", tmp_path / "run")
+    assert code == 0 and "the best 16 of" not in err and "exactly the 16 best of a rank-32 fit" in err, err
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    rows = {v["name"]: v for v in report["variants"]}
+    assert list(rows)[2:6] == ["original-w8", "original-w8-short", "original-int4", "original-int4-short"]
+    for base in ("original-w8", "original-int4"):
+        short = rows[f"{base}-short"]
+        assert short["quantization"]["shortlist"] == 16 and short["quantization"]["rank"] == 32
+        ppl, ppl_short = rows[base]["quality"]["perplexity"], short["quality"]["perplexity"]
+        assert abs(ppl_short - ppl) <= 1e-4 * ppl and short["decode_ms"]
+    code, _, err = run_cli(capsys, "run", source, *texts, "--shortlist", 102, "--out", tmp_path / "big")
+    assert code == 2 and "no shorter than this LM's vocabulary of 102" in err and not (tmp_path / "big").exists()

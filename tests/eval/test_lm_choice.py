@@ -1,7 +1,7 @@
 """An LM report's row to deploy (eval.lm_choice): the fastest decoding of the rows whose perplexity stays within
 the slack of the original's on both texts."""
 
-from eval.choice import choose
+from eval.goals import choose
 
 
 def _row(name: str, ms: float, ppl: float, ppl_2nd: float, file: float = 1e8, rss: float = 1e9, **extra) -> dict:
