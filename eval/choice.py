@@ -35,7 +35,8 @@ def _figures(row: dict) -> dict | None:
     """The row's file, peak RSS, the LATENCIES' p50 and recall on both texts; None when one is missing. Beside
     them, under "slowest" and "fastest", each p50's slowest and fastest bench (the p50 itself where the rounds are
     not in the report), "width", the bits its graph's weights are named by (its metadata: eval.benchmark.WIDTH_KEY;
-    None: not said), and "one_line", whether it is the original in one scheme with its defaults (original-SCHEME)."""
+    None: not said), and "one_line", whether it is the original in one scheme with its defaults (original-SCHEME;
+    a row whose scheme the report does not say counts as one)."""
     latency = row.get("latency_ms", {})
     figures = {
         "file": row.get("file_bytes"),
@@ -50,7 +51,8 @@ def _figures(row: dict) -> dict | None:
     figures["slowest"] = {key: max(rounds[key]) for key in LATENCIES}
     figures["fastest"] = {key: min(rounds[key]) for key in LATENCIES}
     figures["width"] = row.get("width")
-    figures["one_line"] = row["name"] == f"original-{row.get('quantization', {}).get('scheme')}"
+    scheme = row.get("quantization", {}).get("scheme")  # none said (a bench of folders): taken as one line
+    figures["one_line"] = scheme is None or row["name"] == f"original-{scheme}"
     return figures
 
 
