@@ -1,4 +1,4 @@
-"""What a run is asked to do, typed and frozen: made once from the command line or a recipe file
+"""What a run or an export is asked to do, typed and frozen: made once from the command line or a recipe file
 (converters/cli) and read by the pipeline (converters/pipeline). Each part checks its own values
 when it is made, so a bad one is one sentence before any work."""
 
@@ -21,6 +21,7 @@ __all__ = [
     "QuantizeSpec",
     "VariantSpec",
     "RunSpec",
+    "ExportSpec",
 ]
 
 # The default text's calibration passages are short (docstrings: 48 tokens on average): 256 of them
@@ -130,6 +131,37 @@ class RunSpec:
 
     def __post_init__(self):
         check_runs(self.runs)
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    """One export: the model folder `source` (resolved) to `out` (a model folder, or a graph alone where it ends in
+    .onnx), quantized in the first scheme of `quantize` if any, its calibration and fine-tune texts, its export form
+    (`export_forms`: option dest → value), the ONNX `opset`, the prior (`freq_prior` at `prior_weight`) that ranks
+    the word table's head rows; for a causal LM, its key-value cache (`kv_cache`: fp32 or int8) and a shortlist head
+    (`shortlist`: K; `shortlist_rank`: its fit's rank, None: the default for the model's hidden width)."""
+
+    source: Path
+    out: Path
+    quantize: QuantizeSpec = field(default_factory=QuantizeSpec)
+    texts: TextSpec = field(default_factory=TextSpec)
+    export_forms: dict[str, Any] = field(default_factory=dict)
+    opset: int = 17
+    freq_prior: str = PRIORS[0]
+    prior_weight: float = PRIOR_WEIGHT
+    kv_cache: str = "fp32"
+    shortlist: int | None = None
+    shortlist_rank: int | None = None
+
+    @property
+    def folder(self) -> bool:
+        """A model folder is written (else the graph alone, `out` ending in .onnx)."""
+        return self.out.suffix != ".onnx"
+
+    @property
+    def config(self) -> SchemeConfig | None:
+        """The scheme the graph is quantized in (None: fp32)."""
+        return self.quantize.schemes[0] if self.quantize.schemes else None
 
 
 def check_runs(runs: int) -> None:

@@ -11,8 +11,9 @@ from converters.distributed import SHARD_ALONE, check_shares
 from converters.finetune import FinetuneRun
 from converters.finetune.state import check_resumable
 from converters.kinds import kind_named, kind_of
+from converters.pipeline.checks import check_kind_options
 from converters.pipeline.say import say
-from converters.pipeline.steps import check_kind_options, finetune_and_say, finetune_texts
+from converters.pipeline.steps import finetune_and_say, finetune_texts
 from converters.plan import Plan
 from converters.torchrun import world
 from files.atomic import check_writable

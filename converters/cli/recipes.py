@@ -23,7 +23,7 @@ from converters.cli.builtin_recipes import DEFAULT_RECIPES
 from converters.cli.options import finetune_options, method_options, quantize_option
 from converters.cli.specs import variant_spec
 from converters.kinds import ModelKind
-from converters.pipeline.steps import check_method_options
+from converters.pipeline.checks import check_method_options
 from converters.quantization.registry import schemes
 from converters.registry import methods
 from converters.spec import QUANTIZE_ONLY, TextSpec, VariantSpec

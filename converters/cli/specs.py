@@ -7,14 +7,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from converters.export import export_form_rows
 from converters.finetune.config import FinetuneConfig
 from converters.kinds import KINDS
 from converters.quantization.registry import scheme_options
 from converters.registry import default_method, export_forms, methods
-from converters.spec import QUANTIZE_ONLY, MethodSpec, QuantizeSpec, RunSpec, TextSpec, VariantSpec
+from converters.spec import QUANTIZE_ONLY, ExportSpec, MethodSpec, QuantizeSpec, RunSpec, TextSpec, VariantSpec
 from texts.prior import PRIOR_WEIGHT, PRIORS, check_wordfreq
 
-__all__ = ["text_spec", "method_spec", "quantize_spec", "finetune_config", "variant_spec", "run_spec"]
+__all__ = ["text_spec", "method_spec", "quantize_spec", "finetune_config", "variant_spec", "run_spec", "export_spec"]
 
 FINETUNE_DEFAULTS = FinetuneConfig()
 # The fine-tune's options (their dests) → the config's fields
@@ -142,4 +143,27 @@ def run_spec(values: Mapping[str, Any], variants: list[VariantSpec], out: Path) 
         goal=values.get("goal"),
         kv_cache=_get(values, "kv_cache", "int8"),
         shortlist=values.get("shortlist_rows"),
+    )
+
+
+def export_spec(values: Mapping[str, Any], source: Path, forms: dict[str, Any]) -> ExportSpec:
+    """An export of the model folder `source` (resolved from --model) in the export form `forms` (the form options'
+    values, by dest): --out, else MODEL_DIR-onnx beside the folder ("original" for the default model), -FORM and
+    -SCHEME added for a form other than the default and a scheme; the schemes and texts checked as they are made."""
+    stem = (source.parent / source.name) if values.get("model") else Path("original")
+    suffix = f"-{values['quantize']}" if values.get("quantize") else ""
+    (form, _), *_ = export_form_rows(forms)
+    out = values.get("out") or stem.with_name(f"{stem.name}{form}{suffix}-onnx")
+    return ExportSpec(
+        source,
+        out,
+        quantize_spec(values),
+        text_spec(values),
+        export_forms=forms,
+        opset=values["opset"],
+        freq_prior=_get(values, "freq_prior", PRIORS[0]),
+        prior_weight=_get(values, "prior_weight", PRIOR_WEIGHT),
+        kv_cache=_get(values, "kv_cache", "fp32"),
+        shortlist=values.get("shortlist"),
+        shortlist_rank=values.get("shortlist_rank"),
     )

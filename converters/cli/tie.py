@@ -9,9 +9,9 @@ from converters.cli.options import MODEL_HELP, finetune_options
 from converters.cli.specs import finetune_config, kind_options
 from converters.finetune.config import FinetuneConfig
 from converters.kinds import kind_of
+from converters.pipeline.checks import check_kind_options
 from converters.pipeline.say import say
 from converters.pipeline.steps import (
-    check_kind_options,
     compress_and_say,
     finetune_and_say,
     finetune_texts,

@@ -6,18 +6,15 @@ a sweep of one variant; `sweep` one variant per recipe."""
 import functools
 import sys
 
-from compressor.errors import CompressorError
 from converters.export import check_export_forms
-from converters.kinds import ModelKind, kind_for_config
+from converters.kinds import kind_for_config
 from converters.loading import DEFAULT_MODEL_NAME, resolve_model_dir, stored_parameters
 from converters.pipeline.calibrating import head_frequencies, quantize_calibration, token_frequencies
+from converters.pipeline.checks import check_run, check_spec
 from converters.pipeline.rows_manifest import Pending, write_manifest
 from converters.pipeline.say import say
 from converters.pipeline.steps import (
-    check_kind_options,
-    check_method_options,
     check_plans,
-    check_schemes,
     correction_fit,
     eval_texts,
     finetune_texts,
@@ -26,37 +23,11 @@ from converters.pipeline.steps import (
 )
 from converters.pipeline.torch_free import round_and_bench
 from converters.pipeline.variants import Variants, output_folder
-from converters.spec import QuantizeSpec, RunSpec, VariantSpec
+from converters.spec import QuantizeSpec, RunSpec
 from eval.benchmark import bench_inputs
 from eval.environment import batches_sha256, texts_sha256
-from texts.prior import check_prior
 
-__all__ = ["check_run", "check_spec", "measure"]
-
-
-def check_run(run: RunSpec) -> None:
-    """What can be checked before the model loads: each variant's method options, plan file, budget,
-    calibration text and cache folder; the run's prior where a table head asks for it."""
-    for variant in run.variants:
-        if variant.method is not None:
-            check_method_options(variant.method, run.texts)
-    if any(config.head_rows for variant in run.variants for config in variant.quantize.schemes):
-        check_prior(run.freq_prior, run.prior_weight)
-
-
-def check_quantize_only(variant: VariantSpec) -> None:
-    """A variant of no method (the original, only quantized) asks no fine-tune, export form or planned width."""
-    planned = [c.scheme for c in variant.quantize.schemes if c.planned]
-    if planned:
-        raise CompressorError(
-            f"{variant.name!r} is the original, only quantized: --quantize {planned[0]} takes each layer's width from "
-            "a compressed variant's budget (give --budget SIZE with a method)"
-        )
-    if variant.finetune is not None or any(v for _, v in variant.export_forms):
-        raise CompressorError(
-            f"{variant.name!r} is the original, only quantized, with nothing to fine-tune or export in another "
-            "form: give a method option (--method, --rank, …) to make a compressed variant"
-        )
+__all__ = ["original_rows", "measure"]
 
 
 def original_rows(run: RunSpec, baselines) -> QuantizeSpec:
@@ -68,24 +39,6 @@ def original_rows(run: RunSpec, baselines) -> QuantizeSpec:
     names = [*baselines, *(c.scheme for v in compressed for c in v.quantize.schemes)]
     first = compressed[0].quantize if compressed else QuantizeSpec()
     return first.with_schemes([name for name in dict.fromkeys(names) if name not in own])
-
-
-def check_spec(run: RunSpec, kind: ModelKind) -> QuantizeSpec:
-    """The whole spec against the model's kind, once, before any work: each variant's options that only another
-    kind takes, what a variant of no method asks, every row's scheme (the original's rows too) against the kind's
-    graph (check_schemes), and the rows' names; the original's rows."""
-    for variant in run.variants:
-        check_kind_options(variant.kind_options, kind)
-        if variant.method is None:
-            check_quantize_only(variant)
-    original = original_rows(run, kind.baselines)
-    check_schemes([original, *(variant.quantize for variant in run.variants)], kind.graph)
-    rounded = [f"original-{c.scheme}" for c in original.schemes]
-    rounded += [f"{v.name}-{c.scheme}" for v in run.variants if v.method is None for c in v.quantize.schemes]
-    twice = sorted({row for row in rounded if rounded.count(row) > 1})
-    if twice:
-        raise CompressorError(f"two rows are named {twice[0]!r}; give the variants of no method different names")
-    return original
 
 
 def _torch_free(made: Variants, held: list, quantize: QuantizeSpec, frequencies, bench: dict) -> None:
@@ -106,7 +59,8 @@ def measure(run: RunSpec) -> None:
     check_run(run)
     source = resolve_model_dir(run.model)
     kind = kind_for_config(source)
-    original_quantize = check_spec(run, kind)
+    original_quantize = original_rows(run, kind.baselines)
+    check_spec(run, kind, original_quantize)
     parameters = stored_parameters(source)  # an LM's quality reads fewer passages the bigger it is
     texts, second = eval_texts(run.texts, kind.graph, parameters), second_texts(run.texts, kind.graph, parameters)
     schemes = [*original_quantize.schemes, *(s for variant in run.variants for s in variant.quantize.schemes)]

@@ -1,8 +1,7 @@
-"""The steps a run takes, read from its spec (converters.spec): plans from the method options,
-calibration, compression, the fine-tune and the texts, each saying on stderr what it did."""
+"""The steps a run takes, read from its spec (converters.spec): plans checked against the model, calibration,
+compression, the fine-tune and the texts, each saying on stderr what it did; their refusals before any work are
+checks.py's."""
 
-import functools
-import itertools
 import time
 import warnings
 from pathlib import Path
@@ -10,89 +9,39 @@ from pathlib import Path
 from torch import nn
 
 from compressor.errors import CompressorError
-from converters.budget import check_budget_fits, parse_budget, plan_for_budget
-from converters.calibration import Calibration, default_cache_dir, statistics_bytes
+from converters.budget import check_budget_fits, plan_for_budget
+from converters.calibration import Calibration, statistics_bytes
 from converters.checkpoint import is_compressed_dir, load_model, save_compressed
 from converters.compress import CompressionReport, compress_
 from converters.finetune import Distillation, FinetuneRun, finetune_
 from converters.finetune.config import FinetuneConfig
-from converters.kinds import KINDS, ModelKind, kind_of
+from converters.kinds import ModelKind, kind_of
 from converters.loading import available_memory
 from converters.pipeline.calibrating import calibration
+from converters.pipeline.checks import check_budget, check_method_options
+from converters.pipeline.plans import config_sets, plans_of
 from converters.pipeline.say import say
 from converters.plan import WIDTHS, Plan, match_plan
 from converters.quantization.corrections.training import TRAINED_MODULES
 from converters.quantization.rounding.int4 import INT4_BLOCK
-from converters.registry import compact_modules, handler_for, method_named, method_of, methods
+from converters.registry import compact_modules, handler_for, method_of
 from converters.spec import MethodSpec, TextSpec
-from files.atomic import check_writable
-from texts.corpus import SECOND, read_passages
-from texts.prior import check_prior, token_prior
+from texts.corpus import SECOND
+from texts.prior import token_prior
 from texts.tokens import load_tokenizer
 
 __all__ = [
-    "plans_of",
     "compress_checkpoint",
-    "check_method_options",
     "check_plans",
     "plans_and_calibration",
     "compress_and_say",
     "load_original",
     "eval_texts",
     "second_texts",
-    "check_kind_options",
-    "check_schemes",
     "finetune_texts",
     "finetune_and_say",
     "correction_fit",
 ]
-
-
-def _config_sets(spec: MethodSpec, default_fit: str | None = None) -> list[tuple]:
-    """One config per method of the spec, for each combination of the values given to their options
-    (in their order); a flag the methods share gives each of them the same value. `default_fit`: the
-    fit where none was given (else each method's own default)."""
-    chosen = [method_named(name) for name in spec.methods]
-    own = {o.dest for m in chosen for o in m.options}
-    for name, other in methods().items():
-        for option in other.options:
-            if option.dest not in own and spec.given.get(option.dest) is not None:
-                names = " or ".join(m.name for m in chosen)
-                raise CompressorError(f"{option.flag} is an option of --method {name}, not of {names}")
-    dests = list(dict.fromkeys(o.dest for m in chosen for o in m.options))
-    given = {d: spec.given.get(d) for d in dests}
-    if default_fit is not None and given.get("fit") is None:
-        given["fit"] = default_fit
-    lists = [v if isinstance(v, list | tuple) else [v] for v in given.values()]
-    sets = []
-    for combo in itertools.product(*lists):
-        values = dict(zip(dests, combo))
-        sets.append(tuple(m.from_options({o.dest: values[o.dest] for o in m.options}) for m in chosen))
-    return sets
-
-
-@functools.cache
-def plans_of(spec: MethodSpec, default_fit: str | None = None) -> tuple[Plan, ...]:
-    """One plan from the plan file, else one per combination of the method's option values (a budget
-    plan needs the model and is made by plans_and_calibration); `default_fit` as _config_sets. Made
-    once per spec: every later step reuses them."""
-    if spec.plan is not None:
-        if not spec.plan.is_file():
-            raise CompressorError(f"plan file {str(spec.plan)!r} does not exist")
-        plan = Plan.from_json(spec.plan.read_text())
-        if plan.widths:
-            raise CompressorError(
-                f"plan file {str(spec.plan)!r} gives widths, which run's byte budget chooses (--budget SIZE --quantize "
-                "mixed); leave them out of a plan file"
-            )
-        return (plan,)
-    if len(spec.methods) > 1 and spec.budget is None:
-        raise CompressorError(
-            f"--method {' '.join(spec.methods)} needs --budget, which chooses among them layer by layer; without "
-            "it name one method, or map targets to methods in a --plan"
-        )
-    sets = _config_sets(spec, default_fit)
-    return tuple(Plan(tuple((t, cfg) for t in spec.targets for cfg in configs)) for configs in sets)
 
 
 def _linear_names(model: nn.Module, plans) -> list[str]:
@@ -103,59 +52,10 @@ def _linear_names(model: nn.Module, plans) -> list[str]:
     return sorted(names)
 
 
-def _check_budget(spec: MethodSpec) -> None:
-    budgeted = [name for name, m in methods().items() if m.budget is not None]
-    chosen = [method_named(name) for name in spec.methods]
-    unruled = [m.name for m in chosen if m.budget is None]
-    if unruled or spec.plan is not None:
-        why = f"; {unruled[0]} has no budget rule" if unruled else ""
-        raise CompressorError(
-            f"--budget chooses sizes under one budget: use it with --method {' or '.join(budgeted)} (or several of "
-            f"them) and without --plan{why}"
-        )
-    for method in chosen:
-        for dest in method.budget.sets:
-            if spec.given.get(dest) is not None:
-                what = method.budget.size if method.budget.size.endswith("s") else f"{method.budget.size}s"
-                raise CompressorError(f"--budget chooses the {what}: leave out --{dest.replace('_', '-')}")
-    parse_budget(spec.budget)
-
-
 def _widths(spec: MethodSpec) -> tuple[tuple[str, ...], int]:
     """(the widths a budget chooses among, the block of their 4 bits): all of them with a planned scheme (mixed),
     in its blocks, else none (sizes only)."""
     return (WIDTHS, spec.planned.block_size) if spec.planned else ((), INT4_BLOCK)
-
-
-def _check_mixed(spec: MethodSpec) -> None:
-    """A planned scheme (--quantize mixed) needs a byte budget to choose widths in."""
-    if not spec.planned:
-        return
-    if spec.budget is None or parse_budget(spec.budget)[0] != "bytes":
-        raise CompressorError(
-            f"--quantize {spec.planned.scheme} chooses each layer's rank and width under one budget in bytes: give "
-            f"--budget SIZE (such as 12MB), got {'no --budget' if spec.budget is None else repr(spec.budget)}"
-        )
-
-
-def check_method_options(spec: MethodSpec, texts: TextSpec) -> None:
-    """The method options, the plan file and the budget, checked before any model is loaded; and
-    when the plans will calibrate, the calibration text given and the cache folder (unless no_cache)."""
-    _check_mixed(spec)
-    check_prior(spec.freq_prior, spec.prior_weight)
-    if spec.budget is not None:
-        _check_budget(spec)
-    plans = plans_of(spec)
-    calibrates = spec.budget is not None or any(
-        method_of(cfg).needs_calibration(cfg) for plan in plans for _, cfg in plan.entries
-    )
-    if calibrates and texts.calib is not None:
-        read_passages(texts.calib)  # a missing or unreadable text fails now, not after the original's export
-    if calibrates and not texts.no_cache:
-        try:
-            check_writable(default_cache_dir(), "calibration cache folder")
-        except CompressorError as e:
-            raise CompressorError(f"{e}; pass --no-cache to calibrate without one") from None
 
 
 def check_plans(spec: MethodSpec, model: nn.Module) -> tuple[Plan, ...] | None:
@@ -165,8 +65,8 @@ def check_plans(spec: MethodSpec, model: nn.Module) -> tuple[Plan, ...] | None:
     with a budget, every config set by check_budget_fits (the same checks, and a budget that can
     hold every module at its smallest size). The plans; None with a budget (they need calibration)."""
     if spec.budget is not None:
-        _check_budget(spec)
-        for configs in _config_sets(spec):
+        check_budget(spec)
+        for configs in config_sets(spec):
             check_budget_fits(model, spec.targets, spec.budget, configs, *_widths(spec))
         return None
     plans = plans_of(spec)
@@ -198,12 +98,12 @@ def plans_and_calibration(
     the default fit lighter where its statistics would not fit (_lighter_fit)."""
     plans = check_plans(spec, model)
     if spec.budget is not None:
-        sets = _config_sets(spec)
+        sets = config_sets(spec)
         probes = [Plan(tuple((t, cfg) for t in spec.targets)) for configs in sets for cfg in configs]
         linear = _linear_names(model, probes)
         sensitivity = any(method_of(cfg).needs_sensitivity(cfg) for configs in sets for cfg in configs)
         if fit := _lighter_fit(spec, model, linear, sensitivity):
-            sets, sensitivity = _config_sets(spec, fit), False
+            sets, sensitivity = config_sets(spec, fit), False
         calib = calibration(texts, spec, model, source, linear, sensitivity)
         widths = _widths(spec)
         plans = tuple(plan_for_budget(model, spec.targets, spec.budget, calib, c, *widths) for c in sets)
@@ -285,24 +185,6 @@ def second_texts(texts: TextSpec, kind_graph, parameters: int | None = None) -> 
     if texts.second_text == "none":
         return None, None
     return _held_out(texts, kind_graph, texts.second_text, SECOND, parameters)
-
-
-def check_schemes(quantizes, kind_graph) -> None:
-    """Every scheme of the QuantizeSpecs `quantizes` against the graph kind it will quantize (SchemeConfig.check: an
-    LM's graph refuses int8 products, a 3-bit table or linear layers), before any work."""
-    for quantize in quantizes:
-        for config in quantize.schemes:
-            config.check(kind_graph)
-
-
-def check_kind_options(given: tuple[str, ...], kind: ModelKind) -> None:
-    """No option given (`given`: their dests) that only another model kind takes (a language model's
-    --temperature on an encoder)."""
-    for other in KINDS:
-        for dest in other.options:
-            if dest not in kind.options and dest in given:
-                flag = "--" + dest.replace("_", "-")
-                raise CompressorError(f"{flag} is an option of {other.name} models; this model is an {kind.name}")
 
 
 def finetune_texts(data: Path | None, kind: ModelKind) -> tuple[list[str], list[str], str]:

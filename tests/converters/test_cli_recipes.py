@@ -13,7 +13,7 @@ from converters.cli.recipes import (
     parse_recipes,
     quantize_choices,
 )
-from converters.pipeline.steps import plans_of
+from converters.pipeline.plans import plans_of
 from converters.quantization.registry import schemes
 
 

@@ -10,7 +10,7 @@ from compressor.errors import CompressorError
 from converters.cli import build_parser
 from converters.cli.recipes import parse_recipes
 from converters.cli.specs import run_spec, variant_spec
-from converters.pipeline.steps import plans_of
+from converters.pipeline.plans import plans_of
 from texts.tokens import load_tokenizer
 
 

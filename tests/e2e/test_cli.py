@@ -291,7 +291,7 @@ def test_export_quantized_and_an_unknown_scheme(tiny_bert_dir, tmp_path, capsys)
 
 
 def test_export_int4_aware_and_a_bad_block_size(tiny_bert_dir, tmp_path, capsys, monkeypatch):
-    import converters.cli.export as export_command
+    import converters.pipeline.exporting as export_command
     from converters.quantization.quantize import is_quantized
 
     out = tmp_path / "q.onnx"
@@ -311,7 +311,7 @@ def test_export_int4_aware_and_a_bad_block_size(tiny_bert_dir, tmp_path, capsys,
 def test_a_correction_share_outside_0_1_is_refused_before_the_work(
     command, tiny_bert_dir, tmp_path, capsys, monkeypatch
 ):
-    import converters.cli.export as export_command
+    import converters.pipeline.exporting as export_command
     import converters.pipeline.measuring as pipeline
 
     monkeypatch.setattr(export_command, "load_model", lambda *a: pytest.fail("loaded a model for a bad share"))
@@ -332,7 +332,7 @@ def test_a_correction_share_outside_0_1_is_refused_before_the_work(
     ],
 )
 def test_an_encoder_scheme_on_an_lm_is_refused_before_the_work(command, asked, message, tmp_path, capsys, monkeypatch):
-    import converters.cli.export as export_command
+    import converters.pipeline.exporting as export_command
     import converters.pipeline.measuring as pipeline
 
     lm = write_tiny_lm(tmp_path / "llama")
@@ -364,7 +364,7 @@ def test_run_int4_corrected_reports_each_correction(tmp_path, eval_text_file, ca
 
 
 def test_export_int4_trained_and_a_bad_correction_time(tmp_path, eval_text_file, capsys, monkeypatch):
-    import converters.cli.export as export_command
+    import converters.pipeline.exporting as export_command
     from converters.quantization.quantize import is_quantized
 
     wide = write_tiny_bert(tmp_path / "bert", hidden=128, intermediate=256)

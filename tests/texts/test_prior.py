@@ -10,7 +10,7 @@ from converters.calibration import Calibration
 from converters.checkpoint import load_model
 from converters.cli import build_parser
 from converters.cli.specs import finetune_config, method_spec, text_spec
-from converters.pipeline.steps import check_method_options
+from converters.pipeline.checks import check_method_options
 from texts.prior import check_prior, prior_for, save_prior, token_prior
 from texts.tokens import load_tokenizer
 
