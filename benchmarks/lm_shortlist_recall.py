@@ -29,6 +29,7 @@ from texts.tokens import load_tokenizer
 
 PASSAGES = {"calib": 200, "eval": 60, "second": 60}
 MAX_TOKENS = 128
+CHUNK = 256  # tokens scored at once: a 262k-token vocabulary's scores are 2 GB a thousand tokens in float64
 
 
 @torch.no_grad()
@@ -84,14 +85,19 @@ def main() -> None:
     table = model.get_input_embeddings().weight.detach().double()
     calib = hiddens(model, tokenizer, "calib")
     texts = {split: hiddens(model, tokenizer, split) for split in ("eval", "second")}
-    exact = {split: (h @ table.T).argmax(1) for split, h in texts.items()}
+    exact = {split: torch.cat([(c @ table.T).argmax(1) for c in h.split(CHUNK)]) for split, h in texts.items()}
     result = {"run": run_record(), "environment": machine(), "recall": {}}
     for rank in args.ranks:
         factors = whitened_factors(table, calib.T @ calib, rank)  # table ≈ up @ down
         for split, h in texts.items():
-            scores = (h @ factors.down.T) @ factors.up.T
             for k in args.shortlists:
-                held = (scores.topk(k, dim=1).indices == exact[split][:, None]).any(1).double().mean().item()
+                held = torch.cat(
+                    [
+                        ((c @ factors.down.T) @ factors.up.T).topk(k, dim=1).indices == e[:, None]
+                        for c, e in zip(h.split(CHUNK), exact[split].split(CHUNK), strict=True)
+                    ]
+                )
+                held = held.any(1).double().mean().item()
                 result["recall"][f"r{rank}-k{k}-{split}"] = round(held, 4)
                 print(f"rank {rank}, shortlist {k}, {split} ({len(h)} tokens): argmax held {held:.4f}", flush=True)
     if args.json:

@@ -19,6 +19,7 @@ from converters.loading import available_memory, stored_parameters
 from converters.pipeline.say import say
 from converters.quantization.shortlist_head import check_shortlist
 from converters.spec import QUANTIZE_ONLY
+from eval.environment import integer_path
 from eval.goals import DEFAULT_GOAL, GOALS
 from eval.pace import cpu_pace
 
@@ -67,8 +68,10 @@ def goal_said(goal: str) -> str:
 
 @cache
 def _records(records: tuple[Path, str], paced: bool = True) -> list[dict]:
-    """The finished runs of the records (folder, pattern), `paced`: those timed with the CPU's pace beside them, each
-    with its "name", in the files' order; refused in a sentence where the checkout holds none."""
+    """The finished runs of the records (folder, pattern), `paced`: those timed with the CPU's pace beside them, and
+    of those the runs on this CPU's integer path where there are any (the pace, a float and Python piece, does not see
+    how much slower integer kernels without VNNI round and run); each with its "name", in the files' order; refused in
+    a sentence where the checkout holds none."""
     folder, pattern = records
     runs = [
         {**run, "name": name}
@@ -78,7 +81,8 @@ def _records(records: tuple[Path, str], paced: bool = True) -> list[dict]:
     ]
     if not runs:
         raise CompressorError(f"no record of runs in {folder / pattern}, which the time said before a run is read from")
-    return runs
+    here = [run for run in runs if run.get("environment", {}).get("integer_path") == integer_path()]
+    return here if paced and here else runs
 
 
 def _lm_runs(paced: bool = True) -> list[dict]:
