@@ -63,7 +63,7 @@ def add_arguments(p) -> None:
         default=None,
         metavar="K",
         help="a causal LM's decoding steps score the vocabulary by a low-rank fit of the head and only its K best "
-        "exactly, every other logit −∞ (a prompt's pass keeps the whole head); the fused decoder's graph, in fp32, "
+        "exactly, every other logit −∞ (a prompt's pass keeps the whole head); the fused decoder's graph, in fp32, w8, "
         "int4 or int4-aware (default: the whole head)",
     )
     p.add_argument(

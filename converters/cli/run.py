@@ -102,8 +102,9 @@ def add_arguments(p) -> None:
         default=None,
         metavar="K",
         help=f"a causal LM's w8 and int4 rows also measured with a shortlist head, their decoding steps scoring "
-        f"exactly the K best of a rank-{LM_SHORTLIST[1]} fit of the head (default: {LM_SHORTLIST[0]} where the tied "
-        f"head is {HEAD_SHARE:.0%} of the weights or more, else none; 0: none)",
+        f"exactly the K best of a rank-{LM_SHORTLIST[1]} fit of the head (default: {LM_SHORTLIST[0]}, at most a "
+        f"quarter of the vocabulary, where the tied head is {HEAD_SHARE:.0%} of the weights or more, "
+        "else none; 0: none)",
     )
     bench_options(p)
     shown_alone(p, SHOWN)
