@@ -82,9 +82,9 @@ def genai_run(model, context: np.ndarray, new_tokens: int) -> tuple[DecodeTimes,
 class LlamaCpp:
     """llama.cpp's decoding of `gguf`, in the interpreter `python` (benchmarks/llamacpp_decode.py)."""
 
-    def __init__(self, python: Path, gguf: Path):
+    def __init__(self, python: Path, gguf: Path, context: int):
         worker = Path(__file__).with_name("llamacpp_decode.py")
-        command = [str(python), str(worker), str(gguf), "--threads", str(THREADS)]
+        command = [str(python), str(worker), str(gguf), "--threads", str(THREADS), "--context", str(context)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         json.loads(self.process.stdout.readline())  # {"ready": true} once the model is loaded
 
@@ -141,7 +141,9 @@ def main() -> None:
     stream = np.array([i for t in passages for i in tokenizer(t)["input_ids"]], dtype=np.int64)
     sessions = {str(f): make_session(graph_in(f), threads=THREADS) for f in args.ours}
     models = {f"genai:{f}": genai_model(f) for f in args.genai}
-    llamas = {f"llama.cpp:{f.name}": LlamaCpp(args.llama_python, f) for f in args.gguf}
+    llamas = {
+        f"llama.cpp:{f.name}": LlamaCpp(args.llama_python, f, max(args.contexts) + DECODE_TOKENS + 1) for f in args.gguf
+    }
     names = [*sessions, *drafts, *models, *llamas]
 
     prompts = [ids[:PROMPT_TOKENS] for t in passages if len(ids := tokenizer(t)["input_ids"]) >= PROMPT_TOKENS]
