@@ -71,9 +71,9 @@ def goal_said(goal: str) -> str:
 @cache
 def _records(records: tuple[Path, str], paced: bool = True) -> list[dict]:
     """The finished runs of the records (folder, pattern), `paced`: those timed with the CPU's pace beside them, and
-    of those the runs on this CPU's integer path where there are any (the pace, a float and Python piece, does not see
-    how much slower integer kernels without VNNI round and run); each with its "name", in the files' order; refused in
-    a sentence where the checkout holds none."""
+    of those the runs on this CPU's integer path where there are any (the pace, a float and Python piece, need not
+    follow integer kernels with and without VNNI); each with its "name", in the files' order; refused in a sentence
+    where the checkout holds none."""
     folder, pattern = records
     runs = [
         {**run, "name": name}
