@@ -114,8 +114,8 @@ def check_vocabulary(path: Path) -> None:
     except (OSError, ValueError) as e:
         raise CompressorError(f"the tokenizer in {str(path)!r} does not load: {e}") from None
     beyond = sorted((i, token) for token, i in vocabulary.items() if i >= rows)
-    if beyond and str(path) not in _SAID:
-        _SAID.add(str(path))
+    if beyond and str(Path(path).resolve()) not in _SAID:
+        _SAID.add(str(Path(path).resolve()))  # one folder, however its path is written
         named = ", ".join(f"{token} (id {i:,})" for i, token in beyond[:3]) + (" …" if len(beyond) > 3 else "")
         entries = f"{len(beyond):,} {'entry' if len(beyond) == 1 else 'entries'}"
         print(

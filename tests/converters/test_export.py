@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -105,3 +106,20 @@ def test_a_cached_lm_s_presents_are_checked_against_pytorch_s(fused, tiny_llama_
     with pytest.raises(ExportParityError, match=r"differ by 1 on present\S*0"):
         export_onnx(model, tmp_path / "m.onnx")
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_the_parity_tolerance_follows_the_outputs_magnitude(tmp_path):
+    """fp32's summation order errs in proportion to the values: atol of the output's largest |value| (at least atol)."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    big = np.full((2, 3), 500.0, dtype=np.float32)
+    assert export.parity_of([({"x": big}, [big + 0.04])], tmp_path / "m.onnx", "y", 1e-4) < 0.05  # within 0.05
+    with pytest.raises(ExportParityError, match="tolerance 0.05"):
+        export.parity_of([({"x": big}, [big + 0.06])], tmp_path / "m.onnx", "y", 1e-4)
+    small = np.full((2, 3), 0.5, dtype=np.float32)
+    with pytest.raises(ExportParityError, match="tolerance 0.0001"):  # at least atol: not below it
+        export.parity_of([({"x": small}, [small + 2e-4])], tmp_path / "m.onnx", "y", 1e-4)

@@ -3,8 +3,10 @@
 import hashlib
 import importlib.util
 import itertools
+import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,9 @@ from texts.corpus import FIT, SECOND, SPLITS, default_passages, passages
 from texts.docstrings import Source, docstring_sources
 from texts.news import PASSAGE_WORDS, SECOND_PASSAGES, all_news_passages, news_passages
 from texts.wiki import WIKI_FILE, wiki_name, wiki_passages
+
+# One small package's docstrings: what the cache's handling is checked on (the whole fit text takes ~25 s to build)
+SMALL = (Source("the json package", Path(json.__file__).parent),)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +120,7 @@ def test_a_cache_hit_equals_a_fresh_build(tmp_path):
     "content", [b"{not json", b"\xff\xfe\x00", b'{"calib": [1], "finetune": ["a"]}', b'{"calib": [], "finetune": []}']
 )
 def test_a_damaged_cache_file_is_built_again(tmp_path, capsys, content):
-    sources = tuple(docstring_sources())
+    sources = SMALL
     path = tmp_path / "fit.json"
     path.write_bytes(content)
     assert corpus._cached_fit_text(path, sources) == corpus._build(sources) == corpus._load(path)
@@ -123,7 +128,7 @@ def test_a_damaged_cache_file_is_built_again(tmp_path, capsys, content):
 
 
 def test_an_unwritable_cache_is_a_warning(tmp_path, capsys):
-    sources = tuple(docstring_sources())
+    sources = SMALL
     (tmp_path / "file").write_text("not a folder")
     assert corpus._cached_fit_text(tmp_path / "file" / "fit.json", sources) == corpus._build(sources)
     assert "warning: cannot cache the default text" in capsys.readouterr().err
