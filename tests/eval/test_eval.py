@@ -127,6 +127,7 @@ def test_latency_runs_on_the_token_stream_it_is_given(tiny_onnx):
         measure_latency([tiny_onnx], **settings, stream=np.array([10**6]))
 
 
+@pytest.mark.memory
 def test_peak_rss_counts_the_model(tiny_onnx):
     rss = peak_rss(tiny_onnx, vocab=100, batch=2, seq=16)
     assert rss["peak_rss_bytes"] > rss["baseline_rss_bytes"] > 10 * 2**20
