@@ -70,9 +70,10 @@ class Calibration:
         return dataclasses.replace(self, counts=(1 - weight) * counts + weight * counts.sum() * prior)
 
     def head_tokens(self, k: int) -> Tensor:
-        """The k most frequent token ids, special tokens always among them."""
+        """The k most frequent token ids, special tokens always among them (those the table has: a tokenizer's
+        entries beyond it, EmbeddingGemma's image token, no text produces)."""
         counts = self.counts.clone().to(torch.float64)
-        counts[list(self.special_ids)] = float("inf")
+        counts[[i for i in self.special_ids if i < len(counts)]] = float("inf")
         return torch.argsort(counts, descending=True, stable=True)[:k]
 
 

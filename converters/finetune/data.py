@@ -57,7 +57,7 @@ def synthetic_windows(tokenizer, prior: Tensor, count: int, length: int, generat
     """`count` windows of `length` tokens, the tokenizer's special tokens at their ends, whose other
     tokens are drawn independently from prior^½ (flattened towards the rare tokens), special tokens left out."""
     weights = prior.clone().sqrt()
-    weights[list(tokenizer.all_special_ids)] = 0
+    weights[[i for i in tokenizer.all_special_ids if i < len(weights)]] = 0  # (none beyond the table is drawn)
     before, after = _special_ends(tokenizer)
     inner = length - len(before) - len(after)
     draws = torch.multinomial(weights, count * inner, replacement=True, generator=generator).view(count, inner)

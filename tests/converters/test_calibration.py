@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -162,6 +164,12 @@ def test_head_tokens_are_the_most_frequent_and_the_special_ones(calib):
     rest = torch.ones_like(calib.counts, dtype=torch.bool)
     rest[head] = False
     assert calib.counts[head[len(calib.special_ids) :]].min() >= calib.counts[rest].max()
+
+
+def test_a_special_token_beyond_the_table_is_not_in_the_head(calib):
+    """EmbeddingGemma's tokenizer has a special image token one past its table: no text produces it."""
+    beyond = dataclasses.replace(calib, special_ids=(*calib.special_ids, len(calib.counts)))
+    assert beyond.head_tokens(8).tolist() == calib.head_tokens(8).tolist()
 
 
 def test_data_aware_plans_need_calibration(tiny_bert_dir):
