@@ -109,7 +109,7 @@ def test_a_cached_lm_s_presents_are_checked_against_pytorch_s(fused, tiny_llama_
 
 
 def test_the_parity_tolerance_follows_the_outputs_magnitude(tmp_path):
-    """fp32's summation order errs in proportion to the values: atol of the output's largest |value| (at least atol)."""
+    """Relative (an encoder's): atol of the output's largest |value|, at least atol; else atol itself."""
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
@@ -117,9 +117,12 @@ def test_the_parity_tolerance_follows_the_outputs_magnitude(tmp_path):
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
     big = np.full((2, 3), 500.0, dtype=np.float32)
-    assert export.parity_of([({"x": big}, [big + 0.04])], tmp_path / "m.onnx", "y", 1e-4) < 0.05  # within 0.05
+    path = tmp_path / "m.onnx"
+    assert export.parity_of([({"x": big}, [big + 0.04])], path, "y", 1e-4, relative=True) < 0.05  # within 0.05
     with pytest.raises(ExportParityError, match="tolerance 0.05"):
-        export.parity_of([({"x": big}, [big + 0.06])], tmp_path / "m.onnx", "y", 1e-4)
+        export.parity_of([({"x": big}, [big + 0.06])], path, "y", 1e-4, relative=True)
+    with pytest.raises(ExportParityError, match="tolerance 0.0001$"):  # absolute (an LM's logits): atol itself
+        export.parity_of([({"x": big}, [big + 0.04])], path, "y", 1e-4)
     small = np.full((2, 3), 0.5, dtype=np.float32)
     with pytest.raises(ExportParityError, match="tolerance 0.0001"):  # at least atol: not below it
-        export.parity_of([({"x": small}, [small + 2e-4])], tmp_path / "m.onnx", "y", 1e-4)
+        export.parity_of([({"x": small}, [small + 2e-4])], path, "y", 1e-4, relative=True)
