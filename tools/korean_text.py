@@ -51,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             found = articles(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
-            raise CompressorError(f"{info.filename} in {wheel} is not UTF-8 text (byte {e.start}): not konlpy 0.6.0's file")
+            raise CompressorError(
+                f"{info.filename} in {wheel} is not UTF-8 text (byte {e.start}): not konlpy 0.6.0's file"
+            ) from e
         if len(found) < 100:
             raise CompressorError(f"{info.filename} in {wheel} holds {len(found)} articles, not the constitution's 130")
         args.out.parent.mkdir(parents=True, exist_ok=True)
