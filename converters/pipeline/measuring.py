@@ -61,6 +61,10 @@ def measure(run: RunSpec) -> None:
     kind = kind_for_config(source)
     original_quantize = original_rows(run, kind.baselines)
     check_spec(run, kind, original_quantize)
+    original, source = load_original(run.model)
+    for variant in run.variants:  # every plan against the model's modules, before the texts are read
+        if variant.method is not None:
+            check_export_forms(dict(variant.export_forms), original, check_plans(variant.method, original))
     parameters = stored_parameters(source)  # an LM's quality reads fewer passages the bigger it is
     texts, second = eval_texts(run.texts, kind.graph, parameters), second_texts(run.texts, kind.graph, parameters)
     schemes = [*original_quantize.schemes, *(s for variant in run.variants for s in variant.quantize.schemes)]
@@ -73,11 +77,6 @@ def measure(run: RunSpec) -> None:
     if ft_texts is not None:
         hashes["fit"] = texts_sha256([*ft_texts[0], *ft_texts[1]])
     with output_folder(run.out):
-        original, source = load_original(run.model)
-        for variant in run.variants:  # every plan against the model's modules, before the original is exported
-            if variant.method is not None:
-                plans = check_plans(variant.method, original)
-                check_export_forms(dict(variant.export_forms), original, plans)
         vocab = original.get_input_embeddings().num_embeddings
         frequencies = functools.cache(
             lambda: token_frequencies(run.texts.calib, run.freq_prior, run.prior_weight, source, vocab)
