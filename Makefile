@@ -23,12 +23,14 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(BIN)/compressor run --out runs/demo --runs 20
 
+# The suite in two processes (pytest-xdist), a test file to each at a time: alone, one process leaves a core idle a
+# third of the time.
 test: install
 	$(BIN)/ruff check .
 	@test -d $(NODE_MODULES)/@huggingface/transformers || ! command -v npm >/dev/null || \
 		timeout 180 npm install --silent --ignore-scripts --prefix $(VENV)/node $(TRANSFORMERS_JS) || \
 		echo "npm could not install $(TRANSFORMERS_JS): the transformers.js tests will be skipped"
-	NODE_PATH=$(abspath $(NODE_MODULES)) $(BIN)/python -m pytest -q
+	NODE_PATH=$(abspath $(NODE_MODULES)) $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Everything but the tests marked slow (those that run the real default model): under a minute.
 test-fast: install
