@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(BIN)/compressor run --out runs/demo --runs 20
 
-# The suite in two processes (pytest-xdist), a test file to each at a time: alone, one process leaves a core idle a
-# third of the time.
+# The suite in two processes (pytest-xdist), a test file to each at a time: in one process it kept 133 % of two cores
+# busy (docs/lab-notes/2026-12-03-suite.md).
 test: install
 	$(BIN)/ruff check .
 	@test -d $(NODE_MODULES)/@huggingface/transformers || ! command -v npm >/dev/null || \

@@ -233,7 +233,11 @@ def test_bad_input_is_one_sentence_and_writes_nothing(
     def no_calibration(*args, **kwargs):
         raise AssertionError("calibrated before the input was checked")
 
+    def no_texts(*args, **kwargs):  # a run's plans and export forms are checked before its texts are read
+        raise AssertionError("read the texts before the input was checked")
+
     monkeypatch.setattr("converters.pipeline.calibrating.cached_calibration", no_calibration)
+    monkeypatch.setattr("converters.pipeline.measuring.eval_texts", no_texts)
     out = tmp_path / ("o.onnx" if command == "export" else "o")
     code, err = run_cli([command, tiny_bert_dir, *options, "--out", out], capsys)
     lines = [line for line in err.splitlines() if line.startswith("compressor: error:")]
