@@ -24,13 +24,14 @@ demo: install
 	$(BIN)/compressor run --out runs/demo --runs 20
 
 # The suite in two processes (pytest-xdist), a test file to each at a time: in one process it kept 133 % of two cores
-# busy (docs/lab-notes/2026-12-03-suite.md).
+# busy. Each process's torch on one thread (OMP_NUM_THREADS=1): two processes of two OpenMP threads each on two cores
+# wait on each other's spinning threads, five times slower (docs/lab-notes/2026-12-03-suite.md).
 test: install
 	$(BIN)/ruff check .
 	@test -d $(NODE_MODULES)/@huggingface/transformers || ! command -v npm >/dev/null || \
 		timeout 180 npm install --silent --ignore-scripts --prefix $(VENV)/node $(TRANSFORMERS_JS) || \
 		echo "npm could not install $(TRANSFORMERS_JS): the transformers.js tests will be skipped"
-	NODE_PATH=$(abspath $(NODE_MODULES)) $(BIN)/python -m pytest -q -n 2 --dist loadfile
+	NODE_PATH=$(abspath $(NODE_MODULES)) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Everything but the tests marked slow (those that run the real default model): under a minute.
 test-fast: install

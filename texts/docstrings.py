@@ -22,6 +22,7 @@ PACKAGES = ("numpy", "scipy", "matplotlib")  # read when installed, besides the 
 STDLIB_SKIP = ("idlelib", "lib2to3", "tkinter", "turtledemo", "ensurepip", "site-packages", "pydoc_data")
 ALWAYS_SKIP = ("test", "tests", "__pycache__")
 DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+BODIES = ("body", "orelse", "handlers", "finalbody", "cases")  # the fields of a node that hold statements
 
 
 @dataclass(frozen=True)
@@ -62,16 +63,20 @@ def _files(source: Source) -> Iterator[Path]:
 
 
 def _docstrings(path: Path) -> Iterator[str]:
-    """The docstrings of the module, classes and functions of one file; none when it does not parse."""
+    """The docstrings of the module, classes and functions of one file, in the file's order; none when it does not
+    parse."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # SyntaxWarning: invalid escape sequences in old code
             tree = ast.parse(path.read_bytes(), str(path))
     except (OSError, SyntaxError, ValueError, RecursionError):  # ValueError: undecodable bytes, NUL bytes
         return
-    for node in ast.walk(tree):
+    stack = [tree]  # the statements alone: a docstring is never inside an expression (ast.walk visits every node)
+    while stack:
+        node = stack.pop()
         if isinstance(node, DOCUMENTED) and (doc := ast.get_docstring(node)):
             yield doc
+        stack.extend(reversed([s for field in BODIES for s in getattr(node, field, ())]))
 
 
 def paragraphs(text: str) -> Iterator[str]:

@@ -65,15 +65,24 @@ def token_prior(tokenizer, vocab: int, words: int = PRIOR_WORDS) -> Tensor:
     import wordfreq
 
     listed = wordfreq.top_n_list("en", words)
-    ids = tokenizer([f" {w}" for w in listed], add_special_tokens=False)["input_ids"]
-    prior = torch.zeros(vocab, dtype=torch.float64)
-    for word, pieces in zip(listed, ids):
-        pieces = torch.as_tensor([i for i in pieces if i < vocab], dtype=torch.long)
-        frequency = wordfreq.word_frequency(word, "en")
-        prior.index_add_(0, pieces, torch.full((len(pieces),), frequency, dtype=torch.float64))
+    ids = _word_ids(tokenizer, [f" {w}" for w in listed])
+    pieces = torch.as_tensor([i for word in ids for i in word], dtype=torch.long)
+    frequency = torch.as_tensor([wordfreq.word_frequency(w, "en") for w in listed], dtype=torch.float64)
+    frequency = frequency.repeat_interleave(torch.as_tensor([len(word) for word in ids]))
+    inside = pieces < vocab
+    prior = torch.zeros(vocab, dtype=torch.float64).index_add_(0, pieces[inside], frequency[inside])
     if not prior.sum() > 0:
         raise CompressorError("the tokenizer maps no English word into the model's vocabulary: no prior to blend")
     return prior / prior.sum()
+
+
+def _word_ids(tokenizer, words: list[str]) -> list[list[int]]:
+    """Each word's token ids, no special tokens: through the Rust tokenizer itself where there is one (the same ids,
+    without transformers' per-word Python: 0.4 s for 50,000 words against 1.7)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return tokenizer(words, add_special_tokens=False)["input_ids"]
+    return [e.ids for e in backend.encode_batch(words, add_special_tokens=False)]
 
 
 def save_prior(path: Path, prior: Tensor) -> None:
