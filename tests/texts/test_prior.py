@@ -37,6 +37,21 @@ def test_the_prior_is_a_distribution_led_by_the_commonest_english_words(tokenize
     assert prior[the] > prior[of] > prior[loop] > 0
 
 
+class _Wrapped:
+    """The tokenizer as transformers calls it, its Rust tokenizer out of reach: the prior takes its other road."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+
+    def __call__(self, *args, **kwargs):
+        return self._tokenizer(*args, **kwargs)
+
+
+def test_the_rust_tokenizer_s_road_gives_transformers_prior(tokenizer):
+    fast, called = (token_prior(t, tokenizer.vocab_size) for t in (tokenizer, _Wrapped(tokenizer)))
+    assert torch.allclose(fast, called, rtol=1e-12, atol=0)
+
+
 def test_the_blend_keeps_the_total_and_weighs_unseen_tokens(tokenizer):
     calib = code_only_calibration(tokenizer)
     prior = token_prior(tokenizer, tokenizer.vocab_size)
