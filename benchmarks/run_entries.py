@@ -1,12 +1,16 @@
 """How often one `compressor run` enters each module of converters/ from another: a call of a function defined in the
-module (not a comprehension, lambda or generator expression) whose caller's code stands in another file, counted
-with sys.setprofile over `compressor run` on a tiny random BERT (tests/conftest.py's), the default goal, called
-in-process as `main([...])`. The larger a module's count, the more often a run's way comes back to it.
+module (not a comprehension, lambda or generator expression; a generator's resumption is the same entry, counted
+once, at its start) whose caller's code stands in another file, counted with sys.setprofile over `compressor run` on
+a tiny random BERT (tests/conftest.py's), the default goal, called in-process as `main([...])`. The larger a
+module's count, the more often a run's way comes back to it.
 
     python benchmarks/run_entries.py [--json OUT]
 """
 
 import argparse
+import dis
+import functools
+import inspect
 import json
 import sys
 import tempfile
@@ -15,6 +19,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = str(ROOT / "converters")
+
+
+@functools.cache
+def _start(code) -> int:
+    """The offset at which a generator's code first runs (its first RESUME): a call event there is its start, any
+    later one a resumption after a yield."""
+    return min(i.offset for i in dis.get_instructions(code) if i.opname == "RESUME")
 
 
 def entries(argv: list[str]) -> tuple[Counter, int]:
@@ -27,6 +38,8 @@ def entries(argv: list[str]) -> tuple[Counter, int]:
     def profile(frame, event, arg):
         code = frame.f_code
         if event != "call" or not code.co_filename.startswith(PACKAGE) or code.co_name.startswith("<"):
+            return
+        if code.co_flags & inspect.CO_GENERATOR and frame.f_lasti != _start(code):
             return
         caller = frame.f_back
         if caller is not None and caller.f_code.co_filename != code.co_filename:

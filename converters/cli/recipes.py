@@ -20,7 +20,7 @@ from typing import Any
 
 from compressor.errors import CompressorError
 from converters.cli.builtin_recipes import DEFAULT_RECIPES
-from converters.cli.options import finetune_options, method_options, quantize_option
+from converters.cli.options import actions_of, finetune_options, method_options, quantize_option
 from converters.cli.specs import variant_spec
 from converters.kinds import ModelKind
 from converters.pipeline.checks import check_method_options
@@ -40,19 +40,6 @@ SWEEP_WIDE = ("calib", "calib_passages", "no_cache", "data")  # options of the s
 PRIOR_DESTS = ("freq_prior", "prior_weight")  # a recipe may set them; alone they do not replace the default recipe
 
 
-class _Recorder:
-    """Stands in for a parser: keeps each action an option group adds."""
-
-    def __init__(self) -> None:
-        self.parser = argparse.ArgumentParser(add_help=False)
-        self.actions: list[argparse.Action] = []
-
-    def add_argument(self, *args, **kwargs) -> argparse.Action:
-        action = self.parser.add_argument(*args, **kwargs)
-        self.actions.append(action)
-        return action
-
-
 def _keys(action: argparse.Action) -> list[str]:
     """The recipe keys of an option: its flag's, then its older spellings'."""
     return [f[2:].replace("-", "_") for f in action.option_strings if f.startswith("--")]
@@ -63,20 +50,20 @@ def _variant_options() -> dict[str, argparse.Action]:
     """Recipe key → the action of `compressor run` it sets: the method and fine-tune options, one
     value each (--targets: a list), less --method, --plan (a recipe is the plan) and the options of
     the whole sweep."""
-    recorder = _Recorder()
-    method_options(recorder, many=False)
-    finetune_options(recorder, run=True)
-    quantize_option(recorder, "", recipe=True)
+    actions = actions_of(
+        functools.partial(method_options, many=False),
+        functools.partial(finetune_options, run=True),
+        functools.partial(quantize_option, help="", recipe=True),
+    )
     left_out = ("method", "plan", "quantize", *SWEEP_WIDE)  # a recipe's "quantize" is its own key
-    return {key: a for a in recorder.actions if _keys(a)[0] not in left_out for key in _keys(a)}
+    return {key: a for a in actions if _keys(a)[0] not in left_out for key in _keys(a)}
 
 
 @functools.cache
 def _quantize_keys() -> frozenset[str]:
     """The recipe keys of the quantization settings (block_size, table_bits, …): all a recipe of no method takes."""
-    recorder = _Recorder()
-    quantize_option(recorder, "", recipe=True)
-    return frozenset(key for a in recorder.actions for key in _keys(a) if key != "quantize")
+    actions = actions_of(functools.partial(quantize_option, help="", recipe=True))
+    return frozenset(key for a in actions for key in _keys(a) if key != "quantize")
 
 
 @dataclass(frozen=True)
@@ -262,9 +249,8 @@ def load_recipes(path: str | Path | None = None) -> list[Recipe]:
 @functools.cache
 def _method_dests() -> frozenset[str]:
     """The dests of `compressor run`'s method options (--method, its options, --targets, --budget, --plan)."""
-    recorder = _Recorder()
-    method_options(recorder, many=False)
-    return frozenset(a.dest for a in recorder.actions) - {*SWEEP_WIDE, *PRIOR_DESTS}
+    actions = actions_of(functools.partial(method_options, many=False))
+    return frozenset(a.dest for a in actions) - {*SWEEP_WIDE, *PRIOR_DESTS}
 
 
 # The options that say which machine the graphs are for, not how a recipe rounds: every row takes them, the
