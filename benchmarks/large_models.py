@@ -134,23 +134,48 @@ def _lms(out: Path) -> dict[str, str]:
     return {"Qwen2.5-0.5B shape (random)": str(qwen), "Llama-3.2-1B shape (random)": str(llama)}
 
 
+def _tree_rss(root: int) -> int:
+    """The resident bytes of process `root` and its descendants together, now (Linux's /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" (", 1)
+            children.setdefault(int(rest.rsplit(")", 1)[1].split()[1]), []).append(int(pid))
+        except (OSError, ValueError, IndexError):  # gone since the listing
+            continue
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
 def measure_run(model: Path, out: Path) -> dict:
     """One `compressor run MODEL` (an LM: its original's rows) in a process of its own: its exit status, wall
     seconds, the CPU's pace just before it (eval.pace: what the time said before a run is scaled by), the model's
     parameters, the estimate it said before the work, each stage's time and peak RSS from its report (or the
-    sentence it refused the model with); its folder removed after."""
+    sentence it refused the model with), and the peak of its processes' resident memory together (`tree_peak_gib`,
+    sampled every 0.2 s: the run's process and the torch-free stage's beside it); its folder removed after."""
     argv = [sys.executable, "-m", "converters.cli", "run", str(model), "--out", str(out)]
     pace = cpu_pace()
     log = out.with_name(f"{model.name}.log")  # what it says as it goes, to follow it
     start = time.perf_counter()
-    with open(log, "w") as stderr:
-        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+    tree_peak = 0
+    with open(log, "w") as stderr, subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=stderr) as done:
+        while done.poll() is None:
+            tree_peak = max(tree_peak, _tree_rss(done.pid))
+            time.sleep(0.2)
     seconds = time.perf_counter() - start
     err = log.read_text()
     said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
     _, minutes, peak = lm_run_needs(model)  # what it says before its work (or refuses the model with)
     estimate = {"minutes": minutes, "peak_gib": round(peak / 2**30, 1)}
     result = {"exit": done.returncode, "seconds": round(seconds, 1), "pace_s": pace, "params": stored_parameters(model)}
+    result["tree_peak_gib"] = round(tree_peak / 2**30, 3)
     result.update({"said": said, "estimate": estimate, **_provenance()})
     if done.returncode == 0:
         report = json.loads((out / "report.json").read_text())
@@ -302,7 +327,8 @@ def _run_lms(models: dict[str, Path], out: Path, again: bool, what: str, scheme:
             result = measure_run(model, out / "run")
             command, peak = f"compressor run {model}", result.get("stages", {}).get("peak_rss_bytes", 0) / 2**30
         results[key] = {"model": str(model), "command": command, **result}
-        print(f"{key:35s} {result['seconds']:7.1f} s  {peak:5.2f} GiB peak", flush=True)
+        tree = f", {result['tree_peak_gib']:5.2f} GiB its processes together" if "tree_peak_gib" in result else ""
+        print(f"{key:35s} {result['seconds']:7.1f} s  {peak:5.2f} GiB peak{tree}", flush=True)
         results_path.write_text(json.dumps(results, indent=2))
 
 
