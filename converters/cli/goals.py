@@ -5,7 +5,8 @@ eval.pace: GOAL_RECORDS, each goal's run on MiniLM; LM_RECORDS, the LMs' runs, `
 one file for each CPU they were timed on) and
 scaled by what this CPU measures in its first second (its pace now over the record's) and by the model's size: an
 encoder goal's time by its weights' bytes over MiniLM's, an LM run's time and peak by the line through the record's
-LM runs (parameters against seconds at the record's pace, and against the peak)."""
+LM runs (parameters against seconds at the record's pace, and against the peak), the peak with what the run's process
+holds while it waits for its torch-free stage (WAITING_RECORD)."""
 
 import json
 from functools import cache
@@ -36,10 +37,14 @@ __all__ = [
     "lm_shortlist",
     "lm_run_needs",
     "check_lm_run_fits",
+    "waiting_bytes",
 ]
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 GOAL_RECORDS = RESULTS / "goals", "minilm-*.json"  # (folder, the files' pattern)
+# An LM run's processes together, measured beside its stages' peak: the process that exported the original holds the
+# libraries and the modules that loading the model imported while its torch-free stage runs (pipeline/torch_free.py)
+WAITING_RECORD = RESULTS / "house" / "lm-run-peak.json"
 LM_RECORDS = RESULTS / "scale", "lms-*.json"
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
 # An LM whose tied head is this share of its weights or more has its w8 and int4 rows measured with a shortlist head
@@ -160,12 +165,22 @@ def _lm_lines() -> tuple[np.ndarray, np.ndarray]:
     return time, np.array([slope, max(peaks - slope * sizes)])
 
 
+@cache
+def waiting_bytes() -> int:
+    """What an LM run's process holds beside its torch-free stage's peak: the record's run's processes together less
+    its stages' peak (WAITING_RECORD)."""
+    run = json.loads(WAITING_RECORD.read_text(encoding="utf-8"))["child_process"]
+    return round((run["tree_peak_gib"] - run["stage_peak_gib"]) * 2**30)
+
+
 def lm_run_needs(model_dir: Path) -> tuple[int, int, int]:
     """(parameters, about how many minutes here at this CPU's pace now, the peak resident bytes at most) of the LM
-    run of the model in `model_dir`, from the parameters its safetensors headers hold."""
+    run of the model in `model_dir`, from the parameters its safetensors headers hold: its stages' peak on the records'
+    line and what the run's process holds beside them (waiting_bytes)."""
     params = stored_parameters(Path(model_dir))
     seconds, peak = _lm_lines()
-    return params, max(1, round(np.polyval(seconds, params) * _pace() / 60)), round(np.polyval(peak, params))
+    minutes = max(1, round(np.polyval(seconds, params) * _pace() / 60))
+    return params, minutes, round(np.polyval(peak, params)) + waiting_bytes()
 
 
 def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
@@ -182,7 +197,8 @@ def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
             f"the original's rows of this LM ({', '.join(rows)}; {params / 1e9:.2f}B parameters, "
             f"{params * 4 / 2**30:.1f} GiB in float32) need about {peak / 2**30:.1f} GiB at their peak (the line "
             f"through {models}'s runs) and this machine has {free / 2**30:.1f} GiB available: a model of up to "
-            f"{max((free - base) / slope, 0) / 1e9:.2f}B parameters fits here"
+            f"{max((free - base - waiting_bytes()) / slope, 0) / 1e9:.2f}B parameters fits here"
         )
-    said = f"about {minutes} minutes here and a peak of at most {peak / 2**30:.1f} GiB"
+    waiting = f"{waiting_bytes() / 2**30:.1f} of it its waiting process"
+    said = f"about {minutes} minutes here and a peak of at most {peak / 2**30:.1f} GiB, {waiting}"
     return f"{said} for {params / 1e9:.2f}B parameters (the line through {models}'s runs; {_pace_said(ratio)})"

@@ -125,3 +125,27 @@ def test_the_time_said_reads_the_runs_of_this_cpus_integer_path_where_there_are_
         assert {r["environment"]["integer_path"] for r in records(goals.GOAL_RECORDS, paced=False)} == paths
     monkeypatch.setattr(goals, "integer_path", lambda: "a CPU no record was timed on")
     assert len(records(goals.GOAL_RECORDS)) == len(every)
+
+
+def test_the_largest_lm_said_to_fit_is_not_refused(monkeypatch, tmp_path):
+    """The peak an LM run is refused by holds what its process holds beside its stages (the record's processes
+    together less its stages' peak), and the largest model the refusal says fits is not refused: the sentence and
+    the check read one bound."""
+    import re
+
+    from compressor.errors import CompressorError
+    from converters.cli import goals
+
+    record = json.loads(goals.WAITING_RECORD.read_text(encoding="utf-8"))["child_process"]
+    assert goals.waiting_bytes() == round((record["tree_peak_gib"] - record["stage_peak_gib"]) * 2**30) > 0
+    monkeypatch.setattr(goals, "_pace", lambda: 0.1)
+    monkeypatch.setattr(goals, "available_memory", lambda: 20 * 2**30)
+    monkeypatch.setattr(goals, "stored_parameters", lambda _: 50 * 10**9)
+    with pytest.raises(CompressorError) as refused:
+        goals.check_lm_run_fits(tmp_path, ("int8",))
+    fits = float(re.search(r"up to ([0-9.]+)B parameters fits here", str(refused.value)).group(1)) * 1e9
+    monkeypatch.setattr(goals, "stored_parameters", lambda _: int(0.98 * fits))
+    assert "peak of at most" in goals.check_lm_run_fits(tmp_path, ("int8",))
+    monkeypatch.setattr(goals, "stored_parameters", lambda _: int(1.02 * fits))
+    with pytest.raises(CompressorError):
+        goals.check_lm_run_fits(tmp_path, ("int8",))
