@@ -22,7 +22,7 @@ from eval.graph import (
 )
 from eval.kinds import graph_kind
 from eval.latency import SETTINGS, measure_latency
-from eval.memory import peak_rss
+from eval.memory import peak_rss, trim_heap
 from eval.pareto import mark_pareto_
 from texts.tokens import encode_passages, load_tokenizer
 
@@ -121,6 +121,7 @@ def bench(
                 represented = kind.represent(session, encoded, references.get(key))
                 quality[key] = kind.quality(references.setdefault(key, represented), represented)
             del session  # one graph held at a time: an LM's fp32 graph is most of the memory
+            trim_heap()  # what the quality freed given back while the probe's own process runs beside this one
             rss = peak_rss(path, vocab, *rss_shape, repeats=rss_repeats)
         except runtime_errors() as error:
             failed.append(_failed(name, path, f"ONNX Runtime could not run it: {str(error).strip().splitlines()[0]}"))
