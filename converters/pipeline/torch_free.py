@@ -12,7 +12,7 @@ freed and its heap given back (eval.memory.trim_heap): a tiny LM's run's parent 
 rest the libraries' mapped files), the share of the libraries in the 0.48–0.51 GiB a run in one process held at each
 stage's start. The child's stages, each measured in its own process (stages.py, the report's `run.stages`), hold
 what a fresh process without the libraries holds; the machine holds the parent's idle libraries beside them, the
-price of a road that returns to its caller (SmolLM2-135M's run: 1.89 GiB in its two processes together against
+price of a road that returns to its caller (SmolLM2-135M's run: 1.74 GiB in its processes together against
 1.20 in one process id, the parent holding the modules the export imported: docs/models.md). The child's report
 says which of the libraries it imported (`run.torch_free`)."""
 
