@@ -169,6 +169,8 @@ def _lm_lines() -> tuple[np.ndarray, np.ndarray]:
 def waiting_bytes() -> int:
     """What an LM run's process holds beside its torch-free stage's peak: the record's run's processes together less
     its stages' peak (WAITING_RECORD)."""
+    if not WAITING_RECORD.is_file():
+        raise CompressorError(f"no record {WAITING_RECORD}, which the peak said before an LM run is read from")
     run = json.loads(WAITING_RECORD.read_text(encoding="utf-8"))["child_process"]
     return round((run["tree_peak_gib"] - run["stage_peak_gib"]) * 2**30)
 
