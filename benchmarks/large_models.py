@@ -155,12 +155,12 @@ def _tree_rss(root: int) -> int:
 
 
 def measure_run(model: Path, out: Path) -> dict:
-    """One `compressor run MODEL` (an LM: its original's rows) in a process of its own: its exit status, wall
+    """One `compressor run MODEL` (an LM: its original's rows) as the shell runs it: its exit status, wall
     seconds, the CPU's pace just before it (eval.pace: what the time said before a run is scaled by), the model's
     parameters, the estimate it said before the work, each stage's time and peak RSS from its report (or the
     sentence it refused the model with), and the peak of its processes' resident memory together (`tree_peak_gib`,
-    sampled every 0.2 s: the run's process and the torch-free stage's beside it); its folder removed after."""
-    argv = [sys.executable, "-m", "converters.cli", "run", str(model), "--out", str(out)]
+    sampled every 0.2 s: the command's process and its children); its folder removed after."""
+    argv = [str(Path(sys.executable).parent / "compressor"), "run", str(model), "--out", str(out)]
     pace = cpu_pace()
     log = out.with_name(f"{model.name}.log")  # what it says as it goes, to follow it
     start = time.perf_counter()
@@ -172,7 +172,7 @@ def measure_run(model: Path, out: Path) -> dict:
     seconds = time.perf_counter() - start
     err = log.read_text()
     said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
-    _, minutes, peak = lm_run_needs(model)  # what it says before its work (or refuses the model with)
+    _, minutes, peak = lm_run_needs(model, handed_over=True)  # what it says before its work, from the shell
     estimate = {"minutes": minutes, "peak_gib": round(peak / 2**30, 1)}
     result = {"exit": done.returncode, "seconds": round(seconds, 1), "pace_s": pace, "params": stored_parameters(model)}
     result["tree_peak_gib"] = round(tree_peak / 2**30, 3)

@@ -89,6 +89,7 @@ def measure_decode(
         disable=not progress,
     )
     for run in runs:  # a run's sessions go with its call, before the next run's are made
+        trim_heap()  # what the sessions before freed given back first
         sessions = {i: make_session(paths[i], threads=threads) for i in run if i not in failed}
         _take_turns(sessions, stream, new_tokens, rounds, kept, bar, failed)
         del sessions

@@ -9,6 +9,7 @@ LM runs (parameters against seconds at the record's pace, and against the peak),
 holds while it waits for its torch-free stage (WAITING_RECORD)."""
 
 import json
+import os
 from functools import cache
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from compressor.errors import CompressorError
 from converters.cli.builtin_recipes import builtin_recipes
 from converters.loading import available_memory, stored_parameters
 from converters.pipeline.say import say
+from converters.pipeline.torch_free import HAND_OVER
 from converters.quantization.shortlist_head import check_shortlist
 from converters.spec import QUANTIZE_ONLY
 from eval.environment import integer_path
@@ -42,8 +44,10 @@ __all__ = [
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 GOAL_RECORDS = RESULTS / "goals", "minilm-*.json"  # (folder, the files' pattern)
-# An LM run's processes together, measured beside its stages' peak: the process that exported the original holds the
-# libraries and the modules that loading the model imported while its torch-free stage runs (pipeline/torch_free.py)
+# An LM run's processes together, measured beside its stages' peak, on each road (pipeline/torch_free.py): from
+# Python ("child_process") the caller, which exported the original, waits holding the libraries and the modules that
+# loading the model imported while the torch-free stage runs; from the shell ("handed_over") the command's process,
+# which never loads PyTorch, waits for the export and runs the stage itself
 WAITING_RECORD = RESULTS / "house" / "lm-run-peak.json"
 LM_RECORDS = RESULTS / "scale", "lms-*.json"
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt")
@@ -165,24 +169,33 @@ def _lm_lines() -> tuple[np.ndarray, np.ndarray]:
     return time, np.array([slope, max(peaks - slope * sizes)])
 
 
+def waiting_bytes(handed_over: bool | None = None) -> int:
+    """What an LM run's processes hold beside its stages' peak on its road (`handed_over`: from the shell, the torch
+    part a child that hands the rest over; else from Python; None: this process's road, torch_free.HAND_OVER): the
+    record's run on that road, its processes together less its stages' peak, none below it (WAITING_RECORD)."""
+    handed_over = bool(os.environ.get(HAND_OVER)) if handed_over is None else handed_over
+    return _waiting("handed_over" if handed_over else "child_process")
+
+
 @cache
-def waiting_bytes() -> int:
-    """What an LM run's process holds beside its torch-free stage's peak: the record's run's processes together less
-    its stages' peak (WAITING_RECORD)."""
-    if not WAITING_RECORD.is_file():
-        raise CompressorError(f"no record {WAITING_RECORD}, which the peak said before an LM run is read from")
-    run = json.loads(WAITING_RECORD.read_text(encoding="utf-8"))["child_process"]
-    return round((run["tree_peak_gib"] - run["stage_peak_gib"]) * 2**30)
+def _waiting(road: str) -> int:
+    record = json.loads(WAITING_RECORD.read_text(encoding="utf-8")) if WAITING_RECORD.is_file() else {}
+    if road not in record:
+        raise CompressorError(
+            f"no record of a run's {road} road in {WAITING_RECORD}, which the peak said before an LM run is read from"
+        )
+    run = record[road]
+    return max(round((run["tree_peak_gib"] - run["stage_peak_gib"]) * 2**30), 0)
 
 
-def lm_run_needs(model_dir: Path) -> tuple[int, int, int]:
+def lm_run_needs(model_dir: Path, handed_over: bool | None = None) -> tuple[int, int, int]:
     """(parameters, about how many minutes here at this CPU's pace now, the peak resident bytes at most) of the LM
     run of the model in `model_dir`, from the parameters its safetensors headers hold: its stages' peak on the records'
-    line and what the run's process holds beside them (waiting_bytes)."""
+    line and what the run's processes hold beside them on its road (waiting_bytes(`handed_over`))."""
     params = stored_parameters(Path(model_dir))
     seconds, peak = _lm_lines()
     minutes = max(1, round(np.polyval(seconds, params) * _pace() / 60))
-    return params, minutes, round(np.polyval(peak, params)) + waiting_bytes()
+    return params, minutes, round(np.polyval(peak, params)) + waiting_bytes(handed_over)
 
 
 def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
@@ -201,6 +214,7 @@ def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
             f"through {models}'s runs) and this machine has {free / 2**30:.1f} GiB available: a model of up to "
             f"{max((free - base - waiting_bytes()) / slope, 0) / 1e9:.2f}B parameters fits here"
         )
-    waiting = f"{waiting_bytes() / 2**30:.1f} of it its waiting process"
-    said = f"about {minutes} minutes here and a peak of at most {peak / 2**30:.1f} GiB, {waiting}"
+    waiting = waiting_bytes() / 2**30
+    waiting = f", {waiting:.1f} of it its waiting process" if waiting >= 0.05 else ""
+    said = f"about {minutes} minutes here and a peak of at most {peak / 2**30:.1f} GiB{waiting}"
     return f"{said} for {params / 1e9:.2f}B parameters (the line through {models}'s runs; {_pace_said(ratio)})"

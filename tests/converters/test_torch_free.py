@@ -1,9 +1,9 @@
 """A run's torch-free stage (converters/pipeline/torch_free.py, rows_manifest.py, rows.py): a run of an LM's
 original rows alone writes its rows manifest once the original is exported and rounds the rows and benches them in
-a child process that imports neither PyTorch nor transformers, the same road from `main([...])` in Python and from
-the shell; the manifest round-trips, a bad one gets one sentence and exit status 2, and the child's status and
-output are the caller's. The scheme registry still lists every scheme, and the package faces load their names on
-first use."""
+a process that imports neither PyTorch nor transformers: a child of `main([...])` in Python, the shell command's own
+process (converters/shell.py) from the shell, the same stage from the same manifest; the manifest round-trips, a bad
+one gets one sentence and exit status 2, and the child's status and output are the caller's. The scheme registry
+still lists every scheme, and the package faces load their names on first use."""
 
 import json
 import os
@@ -19,13 +19,14 @@ import compressor
 from converters.pipeline.ending import StageEnded, ended
 from converters.pipeline.rows import LEFT_BEHIND, Rows
 from converters.pipeline.rows_manifest import MANIFEST, Pending, read_manifest, write_manifest
-from converters.pipeline.torch_free import round_and_bench
+from converters.pipeline.torch_free import HAND_OVER, round_and_bench
 from converters.quantization.registry import SchemeConfig, schemes
 from eval.benchmark import BenchInputs
 from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT = (
+    "converters.shell",
     "converters.pipeline.torch_free",
     "converters.pipeline.rows_manifest",
     "converters.quantization.schemes.int8",
@@ -127,6 +128,30 @@ def test_a_bad_manifest_gets_one_sentence_and_exit_status_2(given, tmp_path):
     done = _stage(path, path) if given == "two-arguments" else _stage(path)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stderr.startswith("compressor: error: ") and not done.stdout
+
+
+def test_a_run_told_to_hand_over_names_its_manifest_and_starts_no_child(tmp_path, monkeypatch):
+    handed = tmp_path / "handed"
+    monkeypatch.setenv(HAND_OVER, str(handed))
+    round_and_bench(tmp_path / "nothing.json")  # no manifest there: a child would end with status 2
+    assert handed.read_text(encoding="utf-8") == str(tmp_path / "nothing.json")
+
+
+def test_the_shell_command_runs_the_stage_its_child_hands_over_and_nothing_more(tmp_path, monkeypatch):
+    from converters import shell
+
+    started, staged = [], []
+
+    def child(argv, stage, env):  # the torch part of the run, handing over (or not) as round_and_bench does
+        started.append(argv[2:])
+        if "--hand" in argv:
+            Path(env[HAND_OVER]).write_text(str(tmp_path / MANIFEST), encoding="utf-8")
+
+    monkeypatch.setattr(shell, "run_child", child)
+    monkeypatch.setattr(shell, "stage", staged.append)
+    shell._run(["run", "m", "--hand"])
+    shell._run(["run", "m"])
+    assert started == [["run", "m", "--hand"], ["run", "m"]] and staged == [tmp_path / MANIFEST]
 
 
 def test_the_child_s_exit_status_and_output_are_the_caller_s(tmp_path, capsys):

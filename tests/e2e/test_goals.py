@@ -127,6 +127,23 @@ def test_the_time_said_reads_the_runs_of_this_cpus_integer_path_where_there_are_
     assert len(records(goals.GOAL_RECORDS)) == len(every)
 
 
+def test_the_peak_said_before_an_lm_run_counts_the_waiting_process_of_its_own_road(monkeypatch):
+    """From the shell the command's process waits without PyTorch (converters/shell.py); from Python the caller waits
+    holding it: each road's share read from its own record."""
+    from converters.cli import goals
+    from converters.pipeline.torch_free import HAND_OVER
+
+    record = json.loads(goals.WAITING_RECORD.read_text(encoding="utf-8"))
+    for road, handed_over in (("child_process", False), ("handed_over", True)):
+        run = record[road]
+        assert goals.waiting_bytes(handed_over) == max(round((run["tree_peak_gib"] - run["stage_peak_gib"]) * 2**30), 0)
+    assert goals.waiting_bytes(False) > goals.waiting_bytes(True)
+    monkeypatch.setenv(HAND_OVER, "somewhere")
+    assert goals.waiting_bytes() == goals.waiting_bytes(True)
+    monkeypatch.delenv(HAND_OVER)
+    assert goals.waiting_bytes() == goals.waiting_bytes(False)
+
+
 def test_the_largest_lm_said_to_fit_is_not_refused(monkeypatch, tmp_path):
     """The peak an LM run is refused by holds what its process holds beside its stages (the record's processes
     together less its stages' peak), and the largest model the refusal says fits is not refused: the sentence and
