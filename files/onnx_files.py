@@ -2,7 +2,7 @@
 a graph imports. Each part stands in its own module:
 
 - files.onnx_save: a graph written a weight at a time (`save_onnx`), its weights in a file beside it past
-  protobuf's 2 GB limit or from 256 MB, which ONNX Runtime maps (`save_external`);
+  protobuf's 2 GB limit or from 128 MiB, which ONNX Runtime maps (`save_external`);
 - files.onnx_load: a graph read a weight at a time (`load_onnx`), or with its weights left in their file
   (`load_lazy`);
 - files.lazy_weights: such a weight, read as a writer takes it (`is_lazy`, `resolved`, `weight_array`, `Weights`,

@@ -23,8 +23,9 @@ TWO_GB = 2**31  # protobuf's most bytes of one message
 GRAPH_ROOM = 2**26  # what a graph holds beside its weights (nodes, names, metadata), at most
 # A graph whose weights reach this keeps them in a file beside it, as past protobuf's limit: ONNX Runtime maps that file
 # rather than parsing the weights and copying them (SmolLM2's fp32 graph, 0.54 GB: a session of 0.62 GiB with its
-# packed weights, 0.83 from one file, which also held 0.59 GiB more while the session was made)
-MAPPED_FROM = 2**28
+# packed weights, 0.83 from one file, which also held 0.59 GiB more while the session was made; its w8 row, 0.15 GB:
+# 0.27 GiB mapped, 0.35 from one file)
+MAPPED_FROM = 2**27
 
 
 def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:
