@@ -18,8 +18,8 @@ import numpy as np
 from compressor.errors import CompressorError
 from converters.cli.builtin_recipes import builtin_recipes
 from converters.loading import available_memory, stored_parameters
+from converters.pipeline.child import HAND_OVER
 from converters.pipeline.say import say
-from converters.pipeline.torch_free import HAND_OVER
 from converters.quantization.shortlist_head import check_shortlist
 from converters.spec import QUANTIZE_ONLY
 from eval.environment import integer_path
@@ -171,7 +171,7 @@ def _lm_lines() -> tuple[np.ndarray, np.ndarray]:
 
 def waiting_bytes(handed_over: bool | None = None) -> int:
     """What an LM run's processes hold beside its stages' peak on its road (`handed_over`: from the shell, the torch
-    part a child that hands the rest over; else from Python; None: this process's road, torch_free.HAND_OVER): the
+    part a child that hands the rest over; else from Python; None: this process's road, child.HAND_OVER): the
     record's run on that road, its processes together less its stages' peak, none below it (WAITING_RECORD)."""
     handed_over = bool(os.environ.get(HAND_OVER)) if handed_over is None else handed_over
     return _waiting("handed_over" if handed_over else "child_process")

@@ -1,7 +1,8 @@
 """A stage of a command run as a child process of this Python, waited for: its output relayed to this process's
 sys.stdout and sys.stderr as it comes (a caller that captures them, a test's or a notebook's, reads it), its exit
 status other than 0 raised as ending.StageEnded, and an interruption (Ctrl-C, SIGTERM) handed on to it as SIGTERM,
-which it unwinds as Ctrl-C. The child imports `converters` from where this process did."""
+which it unwinds as Ctrl-C. The child imports `converters` from where this process did. A child started with
+HAND_OVER in its environment hands the rest of its work back to the process that started it (torch_free.py)."""
 
 import codecs
 import os
@@ -14,8 +15,11 @@ from typing import IO
 
 from converters.pipeline.ending import StageEnded
 
-__all__ = ["run_child"]
+__all__ = ["HAND_OVER", "run_child"]
 
+# Set by the shell's command for the torch part of a run it runs as its child: the file the child names its rows
+# manifest in, for the command's own process to run the torch-free stage (converters/shell.py)
+HAND_OVER = "COMPRESSOR_HAND_OVER_TO"
 PACKAGES = Path(__file__).resolve().parents[2]  # where `converters` is imported from, for the child
 
 

@@ -20,16 +20,12 @@ import sys
 from pathlib import Path
 
 from compressor.errors import CompressorError
-from converters.pipeline.child import run_child
+from converters.pipeline.child import HAND_OVER, run_child
 from converters.pipeline.ending import ended
 from converters.pipeline.rows_manifest import MANIFEST, read_manifest
 from eval.memory import trim_heap
 
-__all__ = ["HAND_OVER", "round_and_bench", "stage"]
-
-# Set by the shell's command for the torch part of a run it runs as its child: the file the child names the
-# manifest in, for the command's own process to run the stage (converters/shell.py)
-HAND_OVER = "COMPRESSOR_HAND_OVER_TO"
+__all__ = ["round_and_bench", "stage"]
 
 
 def round_and_bench(manifest: Path) -> None:

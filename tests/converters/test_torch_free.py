@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 import compressor
+from converters.pipeline.child import HAND_OVER
 from converters.pipeline.ending import StageEnded, ended
 from converters.pipeline.rows import LEFT_BEHIND, Rows
 from converters.pipeline.rows_manifest import MANIFEST, Pending, read_manifest, write_manifest
-from converters.pipeline.torch_free import HAND_OVER, round_and_bench
+from converters.pipeline.torch_free import round_and_bench
 from converters.quantization.registry import SchemeConfig, schemes
 from eval.benchmark import BenchInputs
 from tests.conftest import run_cli
@@ -53,6 +54,12 @@ def _stage(*argv) -> subprocess.CompletedProcess:
 def test_the_rows_and_the_bench_import_no_torch_or_transformers():
     code = f"import sys\nfor m in {LIGHT!r}: __import__(m)\n"
     code += "print(*[m for m in ('torch', 'transformers') if m in sys.modules], 'checked')"
+    assert _imported(code) == ["checked"]
+
+
+def test_the_shell_s_command_waits_for_its_child_without_numpy_or_onnx_runtime():
+    code = "import sys\nimport converters.shell\n"
+    code += "print(*[m for m in ('numpy', 'onnxruntime', 'torch') if m in sys.modules], 'checked')"
     assert _imported(code) == ["checked"]
 
 
@@ -139,6 +146,7 @@ def test_a_run_told_to_hand_over_names_its_manifest_and_starts_no_child(tmp_path
 
 def test_the_shell_command_runs_the_stage_its_child_hands_over_and_nothing_more(tmp_path, monkeypatch):
     from converters import shell
+    from converters.pipeline import torch_free
 
     started, staged = [], []
 
@@ -148,7 +156,7 @@ def test_the_shell_command_runs_the_stage_its_child_hands_over_and_nothing_more(
             Path(env[HAND_OVER]).write_text(str(tmp_path / MANIFEST), encoding="utf-8")
 
     monkeypatch.setattr(shell, "run_child", child)
-    monkeypatch.setattr(shell, "stage", staged.append)
+    monkeypatch.setattr(torch_free, "stage", staged.append)
     shell._run(["run", "m", "--hand"])
     shell._run(["run", "m"])
     assert started == [["run", "m", "--hand"], ["run", "m"]] and staged == [tmp_path / MANIFEST]

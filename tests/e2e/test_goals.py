@@ -131,7 +131,7 @@ def test_the_peak_said_before_an_lm_run_counts_the_waiting_process_of_its_own_ro
     """From the shell the command's process waits without PyTorch (converters/shell.py); from Python the caller waits
     holding it: each road's share read from its own record."""
     from converters.cli import goals
-    from converters.pipeline.torch_free import HAND_OVER
+    from converters.pipeline.child import HAND_OVER
 
     record = json.loads(goals.WAITING_RECORD.read_text(encoding="utf-8"))
     for road, handed_over in (("child_process", False), ("handed_over", True)):
