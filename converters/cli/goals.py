@@ -5,8 +5,8 @@ eval.pace: GOAL_RECORDS, each goal's run on MiniLM; LM_RECORDS, the LMs' runs, `
 one file for each CPU they were timed on) and
 scaled by what this CPU measures in its first second (its pace now over the record's) and by the model's size: an
 encoder goal's time by its weights' bytes over MiniLM's, an LM run's time and peak by the line through the record's
-LM runs (parameters against seconds at the record's pace, and against the peak), the peak with what the run's process
-holds while it waits for its torch-free stage (WAITING_RECORD)."""
+LM runs (parameters against seconds at the record's pace, and against the peak), the peak with what the run's processes
+hold beside its stages on the road it takes, from the shell or from Python (WAITING_RECORD)."""
 
 import json
 import os
