@@ -1,55 +1,18 @@
 """The command line, one module per command: compress, tie, finetune, export, bench, generate, run, sweep, recipes
 (catalog.py). The only
 place that wires compressor, converters and eval together; it names no method and no model kind
-(it reads the method registry and the kind adapters)."""
+(it reads the method registry and the kind adapters).
 
-import argparse
-import os
+The names below load on first use (PEP 562), so that the `compressor` command's own process (shell.py) imports the
+parser, and PyTorch with it, only where it runs a command itself."""
 
-from compressor.errors import CompressorError
-from converters.cli import bench, catalog, compress, export, finetune, generate, pack, run, sweep, tie
-from converters.pipeline.ending import ended
-from converters.torchrun import world
+from compressor.lazy_names import lazy_names
 
-__all__ = ["main", "build_parser", "COMMANDS"]
-
-COMMANDS = {
-    "compress": compress,
-    "tie": tie,
-    "finetune": finetune,
-    "pack": pack,
-    "export": export,
-    "bench": bench,
-    "generate": generate,
-    "run": run,
-    "sweep": sweep,
-    "recipes": catalog,
-}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="compressor",
-        description="Post-training compression of trained NLP models: compress, export to ONNX, benchmark.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, command in COMMANDS.items():
-        command.add_arguments(sub.add_parser(name, help=command.HELP))
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The command `argv` (None: this process's own command line), its exit status."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    args = build_parser().parse_args(argv)
-
-    def work() -> None:
-        if world().size > 1 and args.command != "finetune":
-            raise CompressorError(
-                f"under torchrun only compressor finetune runs (one process per share of each batch); run "
-                f"{args.command} in one process"
-            )
-        COMMANDS[args.command].run(args)
-
-    return ended(work)
+__getattr__, __all__ = lazy_names(
+    __name__,
+    {
+        "main": "converters.cli.command_line",
+        "build_parser": "converters.cli.command_line",
+        "COMMANDS": "converters.cli.command_line",
+    },
+)

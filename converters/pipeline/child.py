@@ -18,7 +18,7 @@ from converters.pipeline.ending import StageEnded
 __all__ = ["HAND_OVER", "run_child"]
 
 # Set by the shell's command for the torch part of a run it runs as its child: the file the child names its rows
-# manifest in, for the command's own process to run the torch-free stage (converters/shell.py)
+# manifest in, for the command's own process to run the torch-free stage (converters/cli/shell.py)
 HAND_OVER = "COMPRESSOR_HAND_OVER_TO"
 PACKAGES = Path(__file__).resolve().parents[2]  # where `converters` is imported from, for the child
 

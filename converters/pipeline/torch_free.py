@@ -7,7 +7,7 @@ it runs is the caller's to say:
   caller's state, so the stage runs as its child, `python -m converters.pipeline.torch_free OUT/rows-manifest.json`,
   waited for (child.py: its output relayed, its exit status the run's, the caller's `finally` blocks run). The caller
   waits holding the libraries the export imported (SmolLM2-135M's run: 0.47 GiB beside the child's stages).
-- `compressor run` from the shell (converters/shell.py): the command's own process imports nothing heavy and runs
+- `compressor run` from the shell (converters/cli/shell.py): the command's own process imports nothing heavy and runs
   the torch part of the run as its child, with HAND_OVER set in its environment; that child writes the manifest's
   path into the file HAND_OVER names and ends, and the command's process runs the stage itself. Nothing waits
   holding PyTorch while the rows are rounded and benched (SmolLM2-135M: docs/models.md).

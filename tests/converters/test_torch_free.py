@@ -1,7 +1,7 @@
 """A run's torch-free stage (converters/pipeline/torch_free.py, rows_manifest.py, rows.py): a run of an LM's
 original rows alone writes its rows manifest once the original is exported and rounds the rows and benches them in
 a process that imports neither PyTorch nor transformers: a child of `main([...])` in Python, the shell command's own
-process (converters/shell.py) from the shell, the same stage from the same manifest; the manifest round-trips, a bad
+process (converters/cli/shell.py) from the shell, the same stage from the same manifest; the manifest round-trips, a bad
 one gets one sentence and exit status 2, and the child's status and output are the caller's. The scheme registry
 still lists every scheme, and the package faces load their names on first use."""
 
@@ -27,7 +27,7 @@ from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT = (
-    "converters.shell",
+    "converters.cli.shell",
     "converters.pipeline.torch_free",
     "converters.pipeline.rows_manifest",
     "converters.quantization.schemes.int8",
@@ -58,7 +58,7 @@ def test_the_rows_and_the_bench_import_no_torch_or_transformers():
 
 
 def test_the_shell_s_command_waits_for_its_child_without_numpy_or_onnx_runtime():
-    code = "import sys\nimport converters.shell\n"
+    code = "import sys\nimport converters.cli.shell\n"
     code += "print(*[m for m in ('numpy', 'onnxruntime', 'torch') if m in sys.modules], 'checked')"
     assert _imported(code) == ["checked"]
 
@@ -145,7 +145,7 @@ def test_a_run_told_to_hand_over_names_its_manifest_and_starts_no_child(tmp_path
 
 
 def test_the_shell_command_runs_the_stage_its_child_hands_over_and_nothing_more(tmp_path, monkeypatch):
-    from converters import shell
+    from converters.cli import shell
     from converters.pipeline import torch_free
 
     started, staged = [], []

@@ -128,8 +128,8 @@ def test_the_time_said_reads_the_runs_of_this_cpus_integer_path_where_there_are_
 
 
 def test_the_peak_said_before_an_lm_run_counts_the_waiting_process_of_its_own_road(monkeypatch):
-    """From the shell the command's process waits without PyTorch (converters/shell.py); from Python the caller waits
-    holding it: each road's share read from its own record."""
+    """From the shell the command's process waits without PyTorch (converters/cli/shell.py); from Python the caller
+    waits holding it: each road's share read from its own record."""
     from converters.cli import goals
     from converters.pipeline.child import HAND_OVER
 

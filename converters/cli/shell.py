@@ -36,6 +36,6 @@ def main() -> int:
     argv = sys.argv[1:]
     if argv[:1] and argv[0] in HANDED_TO_CHILD and HAND_OVER not in os.environ:
         return ended(lambda: _run(argv))
-    from converters.cli import main as command  # the command line, PyTorch with it
+    from converters.cli.command_line import main as command  # the command line, PyTorch with it
 
     return command(argv)
