@@ -192,6 +192,20 @@ def _memory_probe(request, monkeypatch):
         monkeypatch.setattr("eval.memory._probe", _probe_in_process)
 
 
+def _bare_png(report: dict, path: Path, x: str = "file_bytes", quality: str | None = None) -> Path:
+    """eval.plot.plot_front's file without its drawing (about 0.6 s a plot, three a run): the PNG signature alone."""
+    Path(path).write_bytes(b"\x89PNG\r\n\x1a\n")
+    return Path(path)
+
+
+@pytest.fixture(autouse=True)
+def _plots(request, monkeypatch):
+    """A run draws its fronts with matplotlib: the tests that check the drawing (marked `plots`, and eval.plot's own)
+    draw them; the others, which check what a run measures and writes, take _bare_png."""
+    if request.node.get_closest_marker("plots") is None:
+        monkeypatch.setattr("converters.pipeline.rows.plot_front", _bare_png)
+
+
 @pytest.fixture(scope="module")
 def tiny_bert_graph(tmp_path_factory) -> tuple[Path, int, list[dict]]:
     """A tiny BERT's fp32 graph, its vocabulary and four calibration batches of random ids (8 × 12)."""

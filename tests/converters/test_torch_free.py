@@ -5,6 +5,8 @@ process (converters/cli/shell.py) from the shell, the same stage from the same m
 one gets one sentence and exit status 2, and the child's status and output are the caller's. The scheme registry
 still lists every scheme, and the package faces load their names on first use."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 
 import compressor
+from converters.cli import main
 from converters.pipeline.child import HAND_OVER
 from converters.pipeline.ending import StageEnded, ended
 from converters.pipeline.rows import LEFT_BEHIND, Rows
@@ -23,7 +26,6 @@ from converters.pipeline.rows_manifest import MANIFEST, Pending, read_manifest, 
 from converters.pipeline.torch_free import round_and_bench
 from converters.quantization.registry import SchemeConfig, schemes
 from eval.benchmark import BenchInputs
-from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT = (
@@ -177,23 +179,52 @@ def _rows(report: dict) -> list[tuple]:
     return [(v["name"], v.get("width"), v["params"], sorted(v.get("quantization", {}))) for v in report["variants"]]
 
 
-def test_main_from_python_and_compressor_run_from_the_shell_take_the_same_road(
-    tiny_llama_dir, lm_text, tmp_path, capsys
-):
+@pytest.fixture(scope="module")
+def roads(tiny_llama_dir, lm_text, tmp_path_factory) -> dict:
+    """The LM goal's run on the tiny Llama both ways, once for this file's tests: `main([...])` in this process
+    ("python": its exit status, stdout, stderr, out folder, report) and `compressor run` from the shell ("shell")."""
+    tmp = tmp_path_factory.mktemp("roads")
     texts = ("--calib", lm_text, "--eval-text", lm_text, "--second-text", "none", "--runs", 1)
-    code, stdout, err = run_cli(capsys, "run", tiny_llama_dir, *texts, "--out", tmp_path / "python")
-    assert code == 0, err[-2000:]
-    shell = [Path(sys.executable).parent / "compressor", "run", tiny_llama_dir, *texts, "--out", tmp_path / "shell"]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main([str(a) for a in ("run", tiny_llama_dir, *texts, "--out", tmp / "python")])
+    shell = [Path(sys.executable).parent / "compressor", "run", tiny_llama_dir, *texts, "--out", tmp / "shell"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(list(map(str, shell)), capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
-    python, shell = (json.loads((tmp_path / road / "report.json").read_text()) for road in ("python", "shell"))
+    done = subprocess.run(list(map(str, shell)), capture_output=True, text=True, timeout=600, env=env, cwd=tmp)
+    found = {"python": (code, stdout.getvalue(), stderr.getvalue())}
+    found["shell"] = (done.returncode, done.stdout, done.stderr)
+    for road, (code, out, err) in found.items():
+        assert code == 0, err[-2000:]
+        report = json.loads((tmp / road / "report.json").read_text())
+        found[road] = {"out": out, "err": err, "folder": tmp / road, "report": report}
+    return found
+
+
+def test_main_from_python_and_compressor_run_from_the_shell_take_the_same_road(roads, tiny_llama_dir):
+    python, shell = roads["python"]["report"], roads["shell"]["report"]
     assert _rows(python) == _rows(shell) and [v[0] for v in _rows(python)][:2] == ["original", "original-int8"]
     stages = [[s["stage"] for s in r["run"]["stages"]["stages"]] for r in (python, shell)]
     assert stages[0] == stages[1] == ["original: export", *[v[0] for v in _rows(python)][1:], "bench"]
     for report in (python, shell):  # the child's sys.modules, at the end of its bench
         assert report["run"]["torch_free"] == {"after": "original: export", "imported": [], "of": list(LEFT_BEHIND)}
+    err, stdout = roads["python"]["err"], roads["python"]["out"]
     assert "original-int8: " in err and "| original-int8 |" in stdout  # the child's output, relayed to sys.std*
-    assert "| original-int8 |" in done.stdout and done.stderr.count("wrote ") >= 3
-    command = shell["run"]["command"]  # the run's, not the child's
-    assert command.startswith(f"compressor run {tiny_llama_dir} ") and command.endswith(f"--out {tmp_path / 'shell'}")
+    assert "| original-int8 |" in roads["shell"]["out"] and roads["shell"]["err"].count("wrote ") >= 3
+    command, out = shell["run"]["command"], roads["shell"]["folder"]  # the run's, not the child's
+    assert command.startswith(f"compressor run {tiny_llama_dir} ") and command.endswith(f"--out {out}")
+
+
+def test_an_lm_s_goal_measures_the_original_s_rows_each_stage_said_as_it_ends(roads):
+    err, report = roads["python"]["err"], roads["python"]["report"]
+    assert "goal balanced is an encoder's" in err  # its rows (w4a8, narrow tables) refuse an LM
+    assert "minutes here and a peak of" in err and "the pace the record was timed at" in err  # said before the work
+    rows = [v["name"] for v in report["variants"]]
+    assert rows == ["original", "original-int8", "original-w8", "original-int4", "original-int4-aware"]
+    assert not any("latency_ms" in v for v in report["variants"])  # an LM is timed by its decode, not encoder shapes
+    assert all("decode_ms" in v for v in report["variants"])
+    assert all(v["quantization"]["parity_rel_to_fp32"] < 0.5 for v in report["variants"][1:])  # rounded, not broken
+    stages = report["run"]["stages"]
+    assert all(s["seconds"] >= 0 and s["peak_rss_bytes"] > 0 for s in stages["stages"])
+    assert stages["peak_rss_bytes"] == max(s["peak_rss_bytes"] for s in stages["stages"])
+    assert all(f"{s['stage']}: " in err for s in stages["stages"])  # each said as it ends
+    assert not any(list(roads[road]["folder"].glob(".*.tmp")) for road in roads)  # nothing half-written left

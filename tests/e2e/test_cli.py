@@ -41,6 +41,7 @@ def test_compress_export_bench(tiny_bert_dir, eval_text_file, tmp_path, capsys):
     assert "| tt |" in out
 
 
+@pytest.mark.plots
 def test_run_writes_every_variant_side_by_side(tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("eval.benchmark.SETTINGS", ((1, 16, 1),))
     out_dir = tmp_path / "run"

@@ -2,8 +2,6 @@
 bad input that belongs to language models answered in one sentence."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -85,55 +83,6 @@ def test_lm_bad_input_gets_one_clear_sentence(tiny_llama_dir, tiny_bert_dir, tmp
     code, _, err = run_cli(capsys, "compress", small, "--out", tmp_path / "d")
     assert code == 2 and "could not load a model from" in err and "beyond the model's table of 40 rows" in err
     assert not any((tmp_path / name).exists() for name in "abcd")
-
-
-def test_run_without_method_options_on_an_lm_measures_the_originals_rows(
-    tiny_llama_dir, lm_text, tmp_path, capsys, monkeypatch
-):
-    texts = ("--calib", lm_text, "--eval-text", lm_text, "--second-text", "none")
-    code, _, err = run_cli(capsys, "run", tiny_llama_dir, *texts, "--runs", 1, "--out", tmp_path / "run")
-    assert code == 0 and "goal balanced is an encoder's" in err, err  # its rows (w4a8, narrow tables) refuse an LM
-    assert "minutes here and a peak of" in err and "the pace the record was timed at" in err  # said before the work
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
-    rows = [v["name"] for v in report["variants"]]
-    # no w4a8 refusal
-    assert rows == ["original", "original-int8", "original-w8", "original-int4", "original-int4-aware"]
-    assert not any("latency_ms" in v for v in report["variants"])  # an LM is timed by its decode, not encoder shapes
-    stages = report["run"]["stages"]
-    assert [s["stage"] for s in stages["stages"]] == ["original: export", *rows[1:], "bench"]
-    assert all(s["seconds"] >= 0 and s["peak_rss_bytes"] > 0 for s in stages["stages"])
-    assert stages["peak_rss_bytes"] == max(s["peak_rss_bytes"] for s in stages["stages"])
-    assert all(f"{s['stage']}: " in err for s in stages["stages"])  # each said as it ends
-
-
-def test_from_the_command_line_the_original_s_rows_and_the_bench_go_on_without_torch(tiny_llama_dir, lm_text, tmp_path):
-    """`compressor run` as its own process: once the original is exported, its torch-free stage
-    (converters/pipeline/torch_free.py) rounds the rows and benches them in a child that imports neither PyTorch nor
-    transformers, and writes the report the run in one process would, under the command the run was given."""
-    out = tmp_path / "run"
-    texts = ("--calib", str(lm_text), "--eval-text", str(lm_text), "--second-text", "none")
-    argv = [
-        sys.executable,
-        "-m",
-        "converters.cli",
-        "run",
-        str(tiny_llama_dir),
-        *texts,
-        "--runs",
-        "1",
-        "--out",
-        str(out),
-    ]
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads((out / "report.json").read_text())
-    assert report["run"]["torch_free"] == {"after": "original: export", "imported": [], "of": ["torch", "transformers"]}
-    assert report["run"]["command"].endswith(f"run {tiny_llama_dir} {' '.join(texts)} --runs 1 --out {out}")
-    rows = [v["name"] for v in report["variants"]]
-    assert rows == ["original", "original-int8", "original-w8", "original-int4", "original-int4-aware"]
-    assert [s["stage"] for s in report["run"]["stages"]["stages"]] == ["original: export", *rows[1:], "bench"]
-    assert all(v["quantization"]["parity_rel_to_fp32"] < 0.5 for v in report["variants"][1:])  # rounded, not broken
-    assert all("decode_ms" in v for v in report["variants"]) and not list(out.glob(".*.tmp"))
 
 
 def test_an_lm_run_the_machine_cannot_hold_is_refused_before_any_work(

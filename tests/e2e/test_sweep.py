@@ -14,6 +14,7 @@ def _sweep(capsys, *argv):
     return code, out, err
 
 
+@pytest.mark.plots
 def test_sweep_measures_every_recipe_and_draws_the_fronts(tiny_bert_dir, eval_text_file, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("eval.benchmark.SETTINGS", ((8, 128, 2),))
     recipes = tmp_path / "recipes.json"
