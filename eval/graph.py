@@ -1,6 +1,7 @@
 """What an ONNX file holds: bytes on disk, weights, and the initializer bytes of the graph as
 ONNX Runtime optimised it (constant folding may turn small factors into a dense matrix)."""
 
+import functools
 import tempfile
 from pathlib import Path
 
@@ -95,8 +96,19 @@ def numbers_session(path: str | Path, threads: int = 2, arena: bool = True):
     """A session whose outputs are read, not timed: a graph of float weights without the packed copies of its
     MatMul weights (SmolLM2's fp32 graph: 0.53 GiB over the libraries, 0.85 with them, 3–5 % slower), a quantized
     one with its kernels' (PACKING_OPS); `arena` False: what a run allocates given back after it (session_options)."""
+    if not Path(path).is_file():
+        raise CompressorError(f"ONNX file {str(path)!r} does not exist")
+    stat = Path(path).stat()
+    packs = _packs(str(Path(path).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return make_session(path, threads=threads, arena=arena, prepack=packs)
+
+
+@functools.lru_cache(maxsize=256)
+def _packs(path: str, inode: int, size: int, mtime_ns: int) -> bool:
+    """Whether the graph at `path` has an operator of PACKING_OPS: read once for each file written there (a file
+    written in its place, by another inode, size or time, is read again)."""
     ops = {node.op_type for node in load_graph(path, with_data=False).graph.node}
-    return make_session(path, threads=threads, arena=arena, prepack=not ops.isdisjoint(PACKING_OPS))
+    return not ops.isdisjoint(PACKING_OPS)
 
 
 def optimized_initializer_bytes(path: str | Path) -> int:

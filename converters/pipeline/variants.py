@@ -117,7 +117,8 @@ class Variants:
         self.original = held[0] if keep else None
         say_traced(held[0])
         path = self._export("original", held, {})
-        gc.collect()
+        if not keep:
+            gc.collect()  # the model, in the cycles it and its export leave, gone before the rows' sessions are made
         return path, tuple(c for c in quantize.schemes if not c.planned)  # no plan, no widths
 
     def add_original(self, held: list[nn.Module], quantize: QuantizeSpec) -> None:

@@ -321,7 +321,8 @@ def layer_losses(
 def four_bit_codes(model: onnx.ModelProto) -> float:
     """Bytes of the 4-bit codes of the graph's MatMul weights and tables, scales aside: half a byte a weight."""
     sizes = [k * n for k, n in matmul_weights(model.graph).values()]
-    tables = {n.input[0] for n in model.graph.node if n.name in table_gathers(model.graph)}
+    gathers = table_gathers(model.graph)
+    tables = {n.input[0] for n in model.graph.node if n.name in gathers}
     return (sum(sizes) + sum(int(np.prod(i.dims)) for i in model.graph.initializer if i.name in tables)) / 2
 
 
