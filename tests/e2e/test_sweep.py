@@ -29,6 +29,8 @@ def test_sweep_measures_every_recipe_and_draws_the_fronts(tiny_bert_dir, eval_te
         tiny_bert_dir,
         "--recipes",
         recipes,
+        "--data",
+        eval_text_file,
         "--eval-text",
         eval_text_file,
         "--second-text",
