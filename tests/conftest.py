@@ -166,6 +166,35 @@ def write_tiny_lm(
     return path
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _small_fit_text():
+    """The default fit text of pydoc's paragraphs and the json package's docstrings, for the runs that read it: the
+    whole text (the standard library's, numpy's, scipy's and matplotlib's docstrings, Wikipedia's articles) takes
+    15–20 s to build in each process and its counts and windows seconds a run; tests/texts/test_corpus.py checks
+    that one (real_fit_text)."""
+    import json
+
+    from texts.docstrings import Source
+
+    small = [Source("the json package", Path(json.__file__).parent)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("texts.corpus.docstring_sources", lambda: small)
+        patch.setattr("texts.corpus.wiki_name", lambda: None)
+        yield
+
+
+@pytest.fixture
+def real_fit_text(monkeypatch):
+    """The default fit text as a run builds it, for the tests of that text (the suite's is _small_fit_text's)."""
+    from texts import corpus, docstrings, wiki
+
+    monkeypatch.setattr(corpus, "docstring_sources", docstrings.docstring_sources)
+    monkeypatch.setattr(corpus, "wiki_name", wiki.wiki_name)
+    corpus._fit_text.cache_clear()
+    yield
+    corpus._fit_text.cache_clear()
+
+
 @pytest.fixture(autouse=True)
 def _cache_in_tmp(tmp_path_factory, monkeypatch):
     """No test writes to the user's cache folder."""

@@ -27,7 +27,13 @@ def parts(tmp_path_factory) -> dict[str, list[str]]:
     in a temporary folder (this fixture comes before conftest's, which is per test)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-        return {split: default_passages(split) for split in SPLITS}
+        patch.setattr(corpus, "docstring_sources", docstring_sources)  # the run's own, not the suite's small text
+        patch.setattr(corpus, "wiki_name", wiki_name)
+        corpus._fit_text.cache_clear()
+        try:
+            return {split: default_passages(split) for split in SPLITS}
+        finally:
+            corpus._fit_text.cache_clear()
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +60,7 @@ def test_the_eval_split_is_every_fifth_pydoc_paragraph(parts, pydoc):
     assert passages(None, "eval") == (pydoc[::5], "pydoc_data.topics, eval split (paragraphs with i % 5 == 0)")
 
 
-def test_the_fit_text_is_several_mb_of_pydoc_docstrings_and_wikipedia_mixed(parts, pydoc):
+def test_the_fit_text_is_several_mb_of_pydoc_docstrings_and_wikipedia_mixed(parts, pydoc, real_fit_text):
     assert sum(len(p.encode()) for split in FIT for p in parts[split]) > 3e6
     first = parts["calib"][:256]  # the first passages calibration reads
     assert 0 < sum(p in set(pydoc) for p in first) < len(first)
