@@ -96,10 +96,11 @@ def numbers_session(path: str | Path, threads: int = 2, arena: bool = True):
     """A session whose outputs are read, not timed: a graph of float weights without the packed copies of its
     MatMul weights (SmolLM2's fp32 graph: 0.53 GiB over the libraries, 0.85 with them, 3–5 % slower), a quantized
     one with its kernels' (PACKING_OPS); `arena` False: what a run allocates given back after it (session_options)."""
-    if not Path(path).is_file():
+    graph = Path(path)
+    if not graph.is_file():
         raise CompressorError(f"ONNX file {str(path)!r} does not exist")
-    stat = Path(path).stat()
-    packs = _packs(str(Path(path).resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    stat = graph.stat()
+    packs = _packs(str(graph.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns)
     return make_session(path, threads=threads, arena=arena, prepack=packs)
 
 
