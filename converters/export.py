@@ -116,7 +116,9 @@ def parity_of(
     import onnxruntime as ort
 
     trim_heap()  # what the export freed given back before the session reads the graph
-    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_prepacking", "1")  # no packed copy of the weights: one run
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     presents = [o.name for o in session.get_outputs() if o.name != output]
     worst = 0.0

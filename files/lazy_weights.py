@@ -24,10 +24,13 @@ __all__ = [
     "place",
     "resolved",
     "weight_array",
+    "weight_range",
     "copy_values",
     "Weights",
     "loaded",
     "WeightFile",
+    "write_values",
+    "bare_tensor",
 ]
 
 INLINE_BYTES = 1024  # a tensor this small stays in the graph's file (onnx's own threshold)
@@ -80,6 +83,23 @@ def weight_array(tensor: onnx.TensorProto) -> np.ndarray:
     )
 
 
+def weight_range(tensor: onnx.TensorProto) -> tuple[float, float]:
+    """(min, max) of a numeric `tensor`'s values, a lazy one's read COPY_BYTES at a time (a 262,144-row table's range
+    taken while a slice of it is held: not a second copy of it)."""
+    if not is_lazy(tensor):
+        array = weight_array(tensor)
+        return float(array.min()), float(array.max())
+    where, offset, length = place(tensor)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).newbyteorder("<")
+    step = COPY_BYTES // dtype.itemsize
+    low, high = np.inf, -np.inf
+    for at in range(0, length // dtype.itemsize, step):
+        count = min(step, length // dtype.itemsize - at)
+        piece = np.fromfile(where, dtype=dtype, count=count, offset=offset + at * dtype.itemsize)
+        low, high = min(low, float(piece.min())), max(high, float(piece.max()))
+    return low, high
+
+
 def copy_values(tensor: onnx.TensorProto, out) -> int:
     """A lazy tensor's values copied from its file into the open file `out`, a piece at a time: their length."""
     where, offset, length = place(tensor)
@@ -116,6 +136,24 @@ def loaded(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def write_values(array: np.ndarray, out) -> int:
+    """`array`'s values, as a tensor stores them (C order, little-endian), written into the open file `out` COPY_BYTES
+    at a time, each piece copied only where the array is not so already (a transposed view): their length. A
+    TensorProto made of an array first holds a copy of all its bytes (a 262,144-row table: 0.67 GB more at a peak)."""
+    stored = array.dtype.newbyteorder("<")
+    if array.ndim == 0:
+        return out.write(np.ascontiguousarray(array, dtype=stored).data)
+    rows = max(1, COPY_BYTES // max(1, array[:1].nbytes))
+    return sum(
+        out.write(np.ascontiguousarray(array[at : at + rows], dtype=stored).data) for at in range(0, len(array), rows)
+    )
+
+
+def bare_tensor(name: str, array: np.ndarray) -> onnx.TensorProto:
+    """The initializer `name` of `array`'s shape and type, without its values (written elsewhere: write_values)."""
+    return onnx.TensorProto(name=name, dims=array.shape, data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype))
+
+
 class WeightFile:
     """A file that a graph's weights are written into as they are made (`add`), each then referred to as
     `load_lazy` refers to one: a graph built of them holds none of their bytes, and `save_onnx` reads each as it
@@ -127,16 +165,30 @@ class WeightFile:
 
     def add(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
         """`tensor` written into the file and referred to there (one under INLINE_BYTES as it is)."""
-        if len(tensor.raw_data) < INLINE_BYTES:
+        raw = tensor.raw_data
+        if len(raw) < INLINE_BYTES:
             return tensor
-        self._file.write(bytes(-self._file.tell() % ALIGN))
-        offset = self._file.tell()
-        length = self._file.write(tensor.raw_data)
-        self._file.flush()
         lazy = onnx.TensorProto()
         copy_fields(tensor, lazy, ("raw_data",))
-        refer(lazy, self.path, offset, length)
+        refer(lazy, self.path, *self._written(raw))
         return lazy
+
+    def add_array(self, name: str, array: np.ndarray) -> onnx.TensorProto:
+        """`array`'s values written into the file (write_values) and referred to there as the initializer `name`
+        (one under INLINE_BYTES in the graph)."""
+        if array.nbytes < INLINE_BYTES:
+            return onnx.numpy_helper.from_array(np.ascontiguousarray(array), name)
+        lazy = bare_tensor(name, array)
+        refer(lazy, self.path, *self._written(array))
+        return lazy
+
+    def _written(self, values: bytes | np.ndarray) -> tuple[int, int]:
+        """`values` (bytes, or an array's: write_values) written at the file's next page: (offset, length)."""
+        self._file.write(bytes(-self._file.tell() % ALIGN))
+        offset = self._file.tell()
+        length = write_values(values, self._file) if isinstance(values, np.ndarray) else self._file.write(values)
+        self._file.flush()
+        return offset, length
 
     def __enter__(self) -> "WeightFile":
         return self

@@ -5,8 +5,8 @@ a graph imports. Each part stands in its own module:
   protobuf's 2 GB limit or from 128 MiB, which ONNX Runtime maps (`save_external`);
 - files.onnx_load: a graph read a weight at a time (`load_onnx`), or with its weights left in their file
   (`load_lazy`);
-- files.lazy_weights: such a weight, read as a writer takes it (`is_lazy`, `resolved`, `weight_array`, `Weights`,
-  `loaded`), and the file a graph's weights are written into as they are made (`WeightFile`);
+- files.lazy_weights: such a weight, read as a writer takes it (`is_lazy`, `resolved`, `weight_array`,
+  `weight_range`, `Weights`, `loaded`), and the file a graph's weights are written into as they are made (`WeightFile`);
 - files.onnx_props: the file's metadata read and added without parsing its graph (`read_props`, `add_props`), its
   bytes but its metadata (`graph_pieces`);
 - files.onnx_wire: protobuf's wire format, walked a field at a time, and a message's fields copied (`copy_fields`).
@@ -14,7 +14,7 @@ a graph imports. Each part stands in its own module:
 Python's protobuf keeps a message's bytes until the whole message goes, so a graph whose weights change is built
 anew rather than changed in place."""
 
-from files.lazy_weights import WeightFile, Weights, is_lazy, loaded, resolved, weight_array
+from files.lazy_weights import WeightFile, Weights, is_lazy, loaded, resolved, weight_array, weight_range
 from files.onnx_load import load_lazy, load_onnx
 from files.onnx_props import add_props, graph_pieces, read_props
 from files.onnx_save import save_external, save_onnx
@@ -30,6 +30,7 @@ __all__ = [
     "is_lazy",
     "resolved",
     "weight_array",
+    "weight_range",
     "Weights",
     "loaded",
     "WeightFile",

@@ -12,9 +12,19 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import onnx
 
-from files.lazy_weights import ALIGN, INLINE_BYTES, copy_values, is_lazy, place, resolved
+from files.lazy_weights import (
+    ALIGN,
+    INLINE_BYTES,
+    bare_tensor,
+    copy_values,
+    is_lazy,
+    place,
+    resolved,
+    write_values,
+)
 from files.onnx_wire import GRAPH_FIELD, INITIALIZER_FIELD, LENGTH, RAW_DATA_FIELD, copy_fields, encode_varint
 
 __all__ = ["save_onnx", "save_external", "TWO_GB", "MAPPED_FROM"]
@@ -40,24 +50,37 @@ def save_onnx(model: onnx.ModelProto, path: str | Path) -> None:
         save_external(model, path)
 
 
-def save_external(model: onnx.ModelProto, path: Path, initializers: Iterable[onnx.TensorProto] | None = None) -> None:
+def save_external(
+    model: onnx.ModelProto,
+    path: Path,
+    initializers: Iterable[onnx.TensorProto | tuple[str, np.ndarray]] | None = None,
+) -> None:
     """`model` at `path` with each of its graph's weights of INLINE_BYTES or more in PATH.data, written one at a
     time from `model` (not changed) into a skeleton that holds their places in the file; `initializers`: the graph's
-    initializers one at a time, made as they are written, where `model` holds none."""
+    initializers one at a time, made as they are written, where `model` holds none: each a TensorProto or a (name,
+    array) pair, written from the array (files.lazy_weights.write_values)."""
     skeleton = onnx.ModelProto()
     copy_fields(model, skeleton, ("graph",))
     copy_fields(model.graph, skeleton.graph, ("initializer",))
     location = f"{path.name}.data"
     with open(path.parent / location, "wb") as data:
         for tensor in model.graph.initializer if initializers is None else initializers:
+            values = tensor[1] if isinstance(tensor, tuple) else None
+            if values is not None and values.nbytes < INLINE_BYTES:
+                tensor, values = onnx.numpy_helper.from_array(np.ascontiguousarray(values), tensor[0]), None
+            elif values is not None:
+                tensor = bare_tensor(tensor[0], values)
             entry = skeleton.graph.initializer.add()
-            if not is_lazy(tensor) and len(tensor.raw_data) < INLINE_BYTES:
+            if values is None and not is_lazy(tensor) and len(tensor.raw_data) < INLINE_BYTES:
                 entry.CopyFrom(tensor)
                 continue
             copy_fields(tensor, entry, ("raw_data", "external_data", "data_location"))
             data.write(bytes(-data.tell() % ALIGN))
             offset = data.tell()
-            length = copy_values(tensor, data) if is_lazy(tensor) else data.write(tensor.raw_data)
+            if values is not None:
+                length = write_values(values, data)
+            else:
+                length = copy_values(tensor, data) if is_lazy(tensor) else data.write(tensor.raw_data)
             entry.data_location = onnx.TensorProto.EXTERNAL
             for key, value in (("location", location), ("offset", offset), ("length", length)):
                 entry.external_data.add(key=key, value=str(value))

@@ -156,8 +156,9 @@ def fused_decoder(model: nn.Module, opset: int = 17, weights: WeightFile | None 
     nodes: list[onnx.NodeProto] = []
 
     def weight(name: str, array, dtype=np.float32) -> str:
-        tensor = numpy_helper.from_array(np.ascontiguousarray(array, dtype=dtype), name)
-        proto.graph.initializer.append(tensor if weights is None else weights.add(tensor))
+        array = np.ascontiguousarray(array, dtype=dtype)
+        tensor = numpy_helper.from_array(array, name) if weights is None else weights.add_array(name, array)
+        proto.graph.initializer.append(tensor)
         return name
 
     def node(op: str, inputs: list[str], outputs: list[str], name: str, domain: str = "", **attrs):

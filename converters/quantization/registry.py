@@ -9,6 +9,7 @@ what it needs of the pipeline (calibration batches, a plan's widths, a trainer o
 
 import importlib
 import pkgutil
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from converters.options import Option, config_from_options, field_options, regis
 from converters.quantization.rounding.products import products_as_matmul
 from eval.kinds import GraphKind
 from eval.memory import trim_heap
-from files.onnx_files import load_lazy, load_onnx
+from files.onnx_files import WeightFile, load_lazy, load_onnx
 
 __all__ = [
     "SchemeConfig",
@@ -62,7 +63,11 @@ class Source:
         weights left in the file, each read as it is taken (files.onnx_files.load_lazy: a writer a node at a time).
         What the caller let go is given back first (a probe's session, which glibc kept: 1.4 GB at 0.5B)."""
         trim_heap()
-        proto = products_as_matmul(load_lazy(self.path) if lazy else load_onnx(self.path))
+        if not lazy:
+            proto = products_as_matmul(load_onnx(self.path))
+        else:  # a transposed copy it makes (a tied head's) left in a file of its own in `work` too
+            with WeightFile(Path(tempfile.mkdtemp(dir=self.work)) / "products") as weights:
+                proto = products_as_matmul(load_lazy(self.path), weights)
         del proto.metadata_props[:]
         return proto
 

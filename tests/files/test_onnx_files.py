@@ -133,3 +133,25 @@ def test_a_lazy_graph_whose_weights_sit_outside_its_folder_is_refused(tmp_path):
     onnx.save_model(skeleton, str(tmp_path / "inner" / "g.onnx"))
     with pytest.raises(CompressorError, match="outside its folder"):
         onnx_files.load_lazy(tmp_path / "inner" / "g.onnx")
+
+
+def test_arrays_written_in_pieces_are_stored_as_a_copy_of_them_would_be_and_ranged_in_pieces(tmp_path, monkeypatch):
+    from files import lazy_weights, onnx_files, onnx_save
+
+    monkeypatch.setattr(lazy_weights, "COPY_BYTES", 100)  # a 64 × 64 float32 weight in many pieces
+    values = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    view = values.T  # not contiguous: each piece copied as it is written
+    with onnx_files.WeightFile(tmp_path / "weights") as weights:
+        lazy = weights.add_array("w", view)
+        small = weights.add_array("b", values[0, :4])  # under INLINE_BYTES: in the graph itself
+    assert onnx_files.is_lazy(lazy) and not onnx_files.is_lazy(small)
+    np.testing.assert_array_equal(onnx_files.weight_array(lazy), view)
+    np.testing.assert_array_equal(numpy_helper.to_array(small), values[0, :4])
+    assert onnx_files.weight_range(lazy) == (float(values.min()), float(values.max()))
+
+    model = onnx.load(str(_graph_file(tmp_path / "m.onnx")))
+    for way, initializer in (("tensor", numpy_helper.from_array(view.copy(), "w")), ("pair", ("w", view))):
+        (tmp_path / way).mkdir()
+        onnx_save.save_external(model, tmp_path / way / "g.onnx", [initializer])
+    for name in ("g.onnx", "g.onnx.data"):
+        assert (tmp_path / "pair" / name).read_bytes() == (tmp_path / "tensor" / name).read_bytes()

@@ -173,8 +173,9 @@ def each_node(
     copy_fields(model, out, ("graph",))
     copy_fields(graph, out.graph, ("node", "initializer"))
     out.graph.node.extend(_in_order(nodes, {i.name for i in graph.input} | set(inits) | set(added)))
-    kept = (i for i in graph.initializer if i.name not in touched or uses[i.name] > 0)
-    out.graph.initializer.extend([*kept, *added.values()])
+    out.graph.initializer.extend(i for i in graph.initializer if i.name not in touched or uses[i.name] > 0)
+    while added:  # each let go as it is copied in: not all the rounded weights twice at the end
+        out.graph.initializer.append(added.pop(next(iter(added))))
     held = {o.domain for o in out.opset_import}
     out.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in domains.items() if d not in held)
     return out

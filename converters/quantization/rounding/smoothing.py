@@ -145,9 +145,10 @@ def _scales(absmax: np.ndarray, weights: list[np.ndarray], alpha: float) -> np.n
 
 def _smoothing(
     model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float
-) -> tuple[onnx.ModelProto, Iterator[TensorProto]]:
+) -> tuple[onnx.ModelProto, Iterator[TensorProto | tuple[str, np.ndarray]]]:
     """(`model` smoothed, without its initializers; those initializers one at a time: each of `model`'s, its rows
-    multiplied by s where it is a smoothed MatMul's weight, then each activation's 1 / s)."""
+    multiplied by s where it is a smoothed MatMul's weight (a (name, array) pair: files.onnx_save.save_external),
+    then each activation's 1 / s)."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     rows: dict[str, np.ndarray] = {}  # weight name → the s its rows are multiplied by
@@ -173,12 +174,16 @@ def _smoothing(
         if k in inputs:
             out.graph.node[-1].input[0] = inputs[k]
 
-    def initializers() -> Iterator[TensorProto]:
+    def initializers() -> Iterator[TensorProto | tuple[str, np.ndarray]]:
         for init in graph.initializer:
-            if init.name in rows:
-                scaled = weight_array(init) * rows[init.name][:, None]
-                init = numpy_helper.from_array(scaled.astype(np.float32), init.name)
-            yield init
+            if init.name in rows:  # scaled in place, handed on as an array: no copy of a 262,144-row head
+                scaled = weight_array(init)  # a lazy weight's read into an array of its own
+                if not scaled.flags.writeable or scaled.dtype != np.float32:
+                    scaled = scaled.astype(np.float32)
+                scaled *= rows[init.name][:, None]
+                yield init.name, scaled
+            else:
+                yield init
         yield from inverses
 
     return out, initializers()
@@ -189,7 +194,9 @@ def smooth(model: onnx.ModelProto, absmax: dict[str, np.ndarray], alpha: float =
     first consumer) and its MatMuls' weight rows multiplied by s; built a weight at a time, not copied and then
     changed (a weight replaced in a protobuf message leaves its old bytes in the message: files.onnx_files)."""
     out, initializers = _smoothing(model, absmax, alpha)
-    out.graph.initializer.extend(initializers)
+    out.graph.initializer.extend(
+        numpy_helper.from_array(i[1], i[0]) if isinstance(i, tuple) else i for i in initializers
+    )
     return out
 
 

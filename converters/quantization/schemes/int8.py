@@ -16,7 +16,7 @@ from converters.quantization.registry import QuantizeResult, SchemeConfig, Sourc
 from converters.quantization.rounding.int4 import name_nodes, quiet_quantizer
 from converters.quantization.rounding.one_node import each_node, with_shapes
 from converters.quantization.rounding.target_cpu import NATIVE, TARGETS, measured_target, reduces_range, targets_of
-from files.onnx_files import load_onnx, save_onnx, weight_array
+from files.onnx_files import load_onnx, save_onnx, weight_range
 
 __all__ = ["TARGET_CPU", "Int8Config"]
 
@@ -78,8 +78,8 @@ class Int8Config(SchemeConfig):
 
         @functools.cache
         def whole_range(name: str) -> list[dict[str, float]]:
-            array = weight_array(stored[name])
-            return [{"rmin": float(array.min()), "rmax": float(array.max())}]
+            low, high = weight_range(stored[name])
+            return [{"rmin": low, "rmax": high}]
 
         def quantized(one: onnx.ModelProto) -> onnx.ModelProto:
             cut = [i.name for i in one.graph.initializer if i.name in stored and i.dims != stored[i.name].dims]
