@@ -105,33 +105,44 @@ def _tied_lm(path: Path, config_class: str, **shape) -> Path:
     return _save(path, lambda: (transformers.AutoModelForCausalLM.from_config(config), tokenizer))
 
 
-def _lms(out: Path) -> dict[str, str]:
-    """Qwen2.5-0.5B's and Llama-3.2-1B's shapes, their own tables (151,936 and 128,256 rows), at random."""
-    qwen = _tied_lm(
-        out / "qwen2.5-0.5b-shape",
-        "Qwen2Config",
-        vocab_size=151936,
-        hidden_size=896,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        intermediate_size=4864,
-        max_position_embeddings=32768,
-        rope_theta=1e6,
-    )
-    llama = _tied_lm(
-        out / "llama-3.2-1b-shape",
-        "LlamaConfig",
-        vocab_size=128256,
-        hidden_size=2048,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=8192,
-        max_position_embeddings=131072,
-        rope_theta=5e5,
-    )
-    return {"Qwen2.5-0.5B shape (random)": str(qwen), "Llama-3.2-1B shape (random)": str(llama)}
+def _lms(out: Path, only: str) -> dict[str, str]:
+    """Qwen2.5-0.5B's and Llama-3.2-1B's shapes, their own tables (151,936 and 128,256 rows), at random: those whose
+    name holds `only`, built where missing."""
+    shapes = {
+        "Qwen2.5-0.5B shape (random)": (
+            "qwen2.5-0.5b-shape",
+            "Qwen2Config",
+            dict(
+                vocab_size=151936,
+                hidden_size=896,
+                num_hidden_layers=24,
+                num_attention_heads=14,
+                num_key_value_heads=2,
+                intermediate_size=4864,
+                max_position_embeddings=32768,
+                rope_theta=1e6,
+            ),
+        ),
+        "Llama-3.2-1B shape (random)": (
+            "llama-3.2-1b-shape",
+            "LlamaConfig",
+            dict(
+                vocab_size=128256,
+                hidden_size=2048,
+                num_hidden_layers=16,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                intermediate_size=8192,
+                max_position_embeddings=131072,
+                rope_theta=5e5,
+            ),
+        ),
+    }
+    return {
+        name: str(_tied_lm(out / folder, config_class, **shape))
+        for name, (folder, config_class, shape) in shapes.items()
+        if only in name
+    }
 
 
 def _tree_rss(root: int) -> int:
@@ -161,6 +172,8 @@ def measure_run(model: Path, out: Path) -> dict:
     sentence it refused the model with), and the peak of its processes' resident memory together (`tree_peak_gib`,
     sampled every 0.2 s: the command's process and its children); its folder removed after."""
     argv = [str(Path(sys.executable).parent / "compressor"), "run", str(model), "--out", str(out)]
+    _, minutes, peak = lm_run_needs(model, handed_over=True)  # what it says before its work, from the shell
+    estimate = {"minutes": minutes, "peak_gib": round(peak / 2**30, 1)}
     pace = cpu_pace()
     log = out.with_name(f"{model.name}.log")  # what it says as it goes, to follow it
     start = time.perf_counter()
@@ -172,8 +185,6 @@ def measure_run(model: Path, out: Path) -> dict:
     seconds = time.perf_counter() - start
     err = log.read_text()
     said = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("compressor:")]
-    _, minutes, peak = lm_run_needs(model, handed_over=True)  # what it says before its work, from the shell
-    estimate = {"minutes": minutes, "peak_gib": round(peak / 2**30, 1)}
     result = {"exit": done.returncode, "seconds": round(seconds, 1), "pace_s": pace, "params": stored_parameters(model)}
     result["tree_peak_gib"] = round(tree_peak / 2**30, 3)
     result.update({"said": said, "estimate": estimate, **_provenance()})
@@ -254,13 +265,14 @@ def _provenance() -> dict:
     }
 
 
-def _models(what: str, out: Path) -> dict[str, str]:
-    """The models of `what` by name, built where missing (run in a process of its own: see main)."""
+def _models(what: str, out: Path, only: str = "") -> dict[str, str]:
+    """The models of `what` by name (the LMs: those whose name holds `only`), built where missing (run in a process
+    of its own: see main)."""
     if what == "vocab":
         return {"xlmr-250k": str(_xlmr_250k(out))}
     if what in ("lms", "corrected"):
-        real = {name: REPO / "runs" / "lm" / folder for name, folder in REAL_LMS.items()}
-        return {"135M SmolLM2": str(SMOLLM2), **{n: str(p) for n, p in real.items() if p.is_dir()}, **_lms(out)}
+        real = {"135M SmolLM2": SMOLLM2, **{name: REPO / "runs" / "lm" / folder for name, folder in REAL_LMS.items()}}
+        return {**{n: str(p) for n, p in real.items() if p.is_dir() and only in n}, **_lms(out, only)}
     return {
         "22M all-MiniLM-L6-v2": str(_default_model()),
         "110M BERT-base (random)": str(_bert_110m(out)),
@@ -269,11 +281,11 @@ def _models(what: str, out: Path) -> dict[str, str]:
     }
 
 
-def _built(what: str, out: Path) -> dict[str, Path]:
+def _built(what: str, out: Path, only: str) -> dict[str, Path]:
     """_models in a child process, so that this one never holds a model: a measured process starts as a
     fork of this one, and its peak memory would count whatever this one held."""
     script = f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import large_models as m; "
-    script += f"print(json.dumps(m._models({what!r}, m.Path({str(out)!r}))))"
+    script += f"print(json.dumps(m._models({what!r}, m.Path({str(out)!r}), {only!r})))"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     return {name: Path(path) for name, path in json.loads(done.stdout.splitlines()[-1]).items()}
 
@@ -287,7 +299,7 @@ def main() -> None:
     p.add_argument("--scheme", default="int4-corrected", choices=("int4-corrected", "int4-trained"), help="corrected")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    models = _built(args.what, args.out)
+    models = _built(args.what, args.out, args.only)
     if args.what in ("lms", "corrected"):
         chosen = {k: v for k, v in models.items() if args.only in k}
         return _run_lms(chosen, args.out, args.again, args.what, args.scheme)

@@ -74,7 +74,7 @@ def main() -> None:
         print(json.dumps(result["quality"][split], indent=1), flush=True)
     passages, _ = CAUSAL_LM.passages(None, "eval")
     stream = np.array([i for t in passages for i in tokenizer(t)["input_ids"]], dtype=np.int64)
-    del sessions  # measure_decode makes its own, one per graph, side by side
+    del sessions  # measure_decode makes its own, a turn at a time
     for folder, times in zip(args.ours, measure_decode(graphs, stream, args.contexts, threads=THREADS)):
         session = make_session(graph_in(folder), threads=THREADS)
         for length in args.contexts:

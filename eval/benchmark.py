@@ -157,7 +157,7 @@ def bench(
     if kind.name == "causal-lm" and stream is not None:  # what a user of an LM feels: time per generated token
         limit = context_length(tokenizer_dir) or max(DECODE_CONTEXTS) + DECODE_TOKENS
         contexts = [c for c in DECODE_CONTEXTS if c + DECODE_TOKENS <= limit]
-        decoded = measure_decode(paths, stream, contexts, progress=progress, pairs=True)
+        decoded = measure_decode(paths, stream, contexts, progress=progress)
         failed += [_failed(r["name"], r["onnx_path"], d["failed"]) for r, d in zip(rows, decoded) if "failed" in d]
         # a row that failed to decode leaves the report but the reference, kept for what else it measured
         rows = [{**row, "decode_ms": d} if "failed" not in d else row for row, d in zip(rows, decoded)]

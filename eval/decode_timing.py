@@ -70,29 +70,31 @@ def measure_decode(
     rounds: int = DECODE_ROUNDS,
     threads: int = 2,
     progress: bool = True,
-    pairs: bool = False,
 ) -> list[dict]:
     """Per graph, at batch 1 and each context length (the first tokens of `stream`, repeated when
-    shorter): {"ctx128": {prefill_ms, per_token_p50_ms, per_token_p90_ms, tokens_per_s}, …}. The
-    graphs take turns, one prefill and `new_tokens` steps each, for `rounds` rounds; the first round
-    is a warm-up, and the time per token is over every step of the others. With `pairs`, the first graph takes
-    turns with each other one in a run of its own (two sessions held at once, not all: an LM's fp32 graph beside
-    its three quantized rows was 4.8 GB at 0.5B), its figures over all its turns: each row is timed beside it. Each
-    session gives its memory arena back what its prefill took (within the prefill's time): the sessions held at
-    once each kept their longest prompt's activations (Qwen2.5-0.5B's shape, four rows: 1.2 GB)."""
-    runs = [[0, i] for i in range(1, len(paths))] if pairs and len(paths) > 2 else [list(range(len(paths)))]
+    shorter): {"ctx128": {prefill_ms, per_token_p50_ms, per_token_p90_ms, tokens_per_s}, …}, or {"failed": what
+    ONNX Runtime said} for a graph it could not decode. The graphs take turns, one prefill and `new_tokens` steps
+    each, for `rounds` rounds; the first round is a warm-up, and the time per token is over every step of the
+    others. Each turn makes its graph's session and lets it go after (`_turn`): one session is held at a time, so
+    a bench's peak is its largest graph's, not two's (Gemma-3-270M's fp32 graph held 1.8 GiB with its packed weights,
+    a row's 0.8 beside it)."""
     kept: list[dict[int, list[DecodeTimes]]] = [{length: [] for length in contexts} for _ in paths]
     failed: dict[int, str] = {}  # graph index → what ONNX Runtime said when it could not decode it
     bar = tqdm(
-        total=len(contexts) * (rounds + 1) * sum(map(len, runs)),
-        desc="decode: prefill and time per token",
-        disable=not progress,
+        total=len(contexts) * (rounds + 1) * len(paths), desc="decode: prefill and time per token", disable=not progress
     )
-    for run in runs:  # a run's sessions go with its call, before the next run's are made
-        trim_heap()  # what the sessions before freed given back first
-        sessions = {i: make_session(paths[i], threads=threads) for i in run if i not in failed}
-        _take_turns(sessions, stream, new_tokens, rounds, kept, bar, failed)
-        del sessions
+    for length in contexts:
+        context = np.resize(stream, length)
+        for round_ in range(rounds + 1):
+            for i, path in enumerate(paths):
+                if i in failed:
+                    continue
+                measured = _turn(path, context, new_tokens, threads)
+                bar.update()
+                if isinstance(measured, str):
+                    failed[i] = measured
+                elif round_:
+                    kept[i][length].append(measured)
     bar.close()
     return [
         {"failed": failed[i]} if i in failed else {f"ctx{n}": _pooled(turns).summary() for n, turns in times.items()}
@@ -100,26 +102,17 @@ def measure_decode(
     ]
 
 
-def _take_turns(
-    sessions: dict, stream: np.ndarray, new_tokens: int, rounds: int, kept: list[dict], bar, failed: dict[int, str]
-) -> None:
-    """`sessions` (graph index → session) taking turns at each context length of `kept` (graph index → context
-    length → the turns' DecodeTimes, added to), the first of `rounds` + 1 rounds a warm-up; a graph ONNX Runtime
-    fails to decode leaves the turns, what it said kept in `failed` (graph index → sentence)."""
-    for length in kept[next(iter(sessions))] if sessions else ():
-        context = np.resize(stream, length)
-        for round_ in range(rounds + 1):
-            for i, session in list(sessions.items()):
-                try:
-                    measured = decode_times(session, context, new_tokens, shrink=True)
-                except runtime_errors() as error:
-                    failed[i] = f"decoding after {length} tokens of context failed: {_first_line(error)}"
-                    del sessions[i]
-                    continue
-                trim_heap()  # what the turn freed given back before the next session's (not timed)
-                bar.update()
-                if round_:
-                    kept[i][length].append(measured)
+def _turn(path, context: np.ndarray, new_tokens: int, threads: int) -> DecodeTimes | str:
+    """The graph at `path` decoding `context` and `new_tokens` steps in a session of its own, made (not timed) and
+    let go with what it freed given back; where ONNX Runtime fails, what it said, in a sentence."""
+    session = make_session(path, threads=threads)
+    try:
+        return decode_times(session, context, new_tokens, shrink=True)
+    except runtime_errors() as error:
+        return f"decoding after {len(context)} tokens of context failed: {_first_line(error)}"
+    finally:
+        del session
+        trim_heap()
 
 
 def _first_line(error: Exception) -> str:

@@ -2,6 +2,7 @@
 against PyTorch."""
 
 import numpy as np
+import pytest
 import torch
 
 from decoding.decoders import BoundDecoder, open_decoder
@@ -45,6 +46,26 @@ def test_a_lean_prompt_pass_gives_the_same_logits(lm_folder):
     pairs = [(kept.start(np.arange(7)), lean.start(np.arange(7)))]
     pairs += [(kept.step(t), lean.step(t)) for t in (3, 1, 4, 1, 5)]
     assert all(np.array_equal(a, b) for a, b in pairs)
+
+
+def test_a_prompt_read_in_pieces_gives_the_logits_of_one_pass(lm_folder, monkeypatch):
+    _, folder = lm_folder
+    session = make_session(folder / "onnx/model.onnx")
+    whole, pieces = open_decoder(session), open_decoder(session)
+    expected = [whole.start(np.arange(7))] + [whole.step(t) for t in (3, 1, 4)]
+    if not isinstance(pieces, BoundDecoder):
+        pytest.skip("a fed graph reads its prompt in one pass")
+    passes = []
+    bound = BoundDecoder._bound
+    monkeypatch.setattr(
+        BoundDecoder, "_bound", lambda self, new, options=None: passes.append(new.shape[1]) or bound(self, new, options)
+    )
+    width = next(o.shape[-1] for o in session.get_outputs() if o.name == "logits")
+    monkeypatch.setattr("decoding.decoders.PROMPT_LOGITS_BYTES", 2 * 4 * width)  # two tokens' logits a pass
+    got = [pieces.start(np.arange(7))] + [pieces.step(t) for t in (3, 1, 4)]
+    assert passes == [2, 2, 2, 1, 1, 1, 1]  # the prompt in four passes, then a step a pass
+    scale = max(float(np.abs(np.stack(expected)).max()), 1.0)
+    assert all(np.abs(a - b).max() <= 1e-5 * scale for a, b in zip(expected, got))
 
 
 def test_presents_have_the_declared_shapes(lm_folder):

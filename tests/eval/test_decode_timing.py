@@ -23,7 +23,7 @@ def test_decode_times_cover_every_step(lm_graph):
     assert len(times.step_ms) == 5 and summary["tokens_per_s"] > 0 and summary["prefill_ms"] > 0
 
 
-def test_in_pairs_the_first_graph_takes_turns_with_each_other_one_alone(monkeypatch):
+def test_each_turn_makes_its_graphs_session_and_lets_it_go(monkeypatch):
     import weakref
 
     from eval import decode_timing as decode
@@ -39,17 +39,12 @@ def test_in_pairs_the_first_graph_takes_turns_with_each_other_one_alone(monkeypa
         turns.append((session.path, sum(ref() is not None for ref in made)))
         return decode.DecodeTimes(1.0, [1.0] * new_tokens)
 
-    def session_of(path, threads):
-        turns.append(("made", sum(ref() is not None for ref in made)))
-        return Session(path)
-
-    monkeypatch.setattr(decode, "make_session", session_of)
+    monkeypatch.setattr(decode, "make_session", lambda path, threads: Session(path))
     monkeypatch.setattr(decode, "decode_times", timed)
-    out = decode.measure_decode(["fp32", "int8", "int4"], np.arange(4), (4,), 2, 3, progress=False, pairs=True)
-    assert max(held for _, held in turns) == 2  # two sessions at once, not three, a run's gone before the next's
-    counts = {path: sum(p == path for p, _ in turns) for path in ("fp32", "int8", "int4")}
-    assert counts == {"fp32": 8, "int8": 4, "int4": 4}  # beside each row in turn: 4 turns (a warm-up and 3) each
-    assert len(out) == 3 and all(row["ctx4"]["per_token_p50_ms"] == 1.0 for row in out)
+    out = decode.measure_decode(["fp32", "int8", "int4"], np.arange(4), (4,), 2, 3, progress=False)
+    assert {held for _, held in turns} == {1}  # one session at a time: the turn before's gone
+    assert [path for path, _ in turns] == ["fp32", "int8", "int4"] * 4  # taking turns: a warm-up and 3 rounds
+    assert len(made) == 12 and len(out) == 3 and all(row["ctx4"]["per_token_p50_ms"] == 1.0 for row in out)
 
 
 def test_a_graph_that_fails_to_decode_leaves_the_turns_and_says_why(monkeypatch):
@@ -67,7 +62,7 @@ def test_a_graph_that_fails_to_decode_leaves_the_turns_and_says_why(monkeypatch)
 
     monkeypatch.setattr(decode, "make_session", lambda path, threads: path)
     monkeypatch.setattr(decode, "decode_times", timed)
-    out = decode.measure_decode(["fp32", "int8", "int4"], np.arange(4), (4, 8), 2, 3, progress=False, pairs=True)
+    out = decode.measure_decode(["fp32", "int8", "int4"], np.arange(4), (4, 8), 2, 3, progress=False)
     said = "decoding after 8 tokens of context failed: Shape mismatch attempting to re-use buffer."
     assert out[1] == {"failed": said}  # its first line
     assert out[0]["ctx8"]["per_token_p50_ms"] == out[2]["ctx8"]["per_token_p50_ms"] == 1.0
