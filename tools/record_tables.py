@@ -46,6 +46,9 @@ def scale_section(folder: Path) -> str:
             peak = f"{run['peak_gib']:.2f} GiB" if "peak_gib" in run else peak  # one process's own, from wait4
             fp32 = ((run.get("rows") or {}).get("original") or {}).get("file_bytes")
             peak += f" ({stages['peak_rss_bytes'] / fp32:.1f}× the fp32 graph)" if stages and fp32 else ""
+            tree = run.get("tree_peak_gib", 0) * 2**30  # its processes together, a measuring child among them
+            if stages and fp32 and tree - stages["peak_rss_bytes"] >= 0.05 * 2**30:
+                peak += f"; its processes together {tree / 2**30:.2f} GiB ({tree / fp32:.1f}×)"
             code = run.get("exit", 0)
             took = f"{run['seconds'] / 60:.1f} min" if code == 0 else f"refused (exit {code})"
             took = f"killed after {run['seconds'] / 60:.1f} min (signal {-code})" if code < 0 else took
