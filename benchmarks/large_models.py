@@ -302,6 +302,8 @@ def main() -> None:
     models = _built(args.what, args.out, args.only)
     if args.what in ("lms", "corrected"):
         chosen = {k: v for k, v in models.items() if args.only in k}
+        if not chosen:
+            p.error(f"--only {args.only!r} names none of the LMs here (the real ones need make lm and make lm-big)")
         return _run_lms(chosen, args.out, args.again, args.what, args.scheme)
     if args.what == "vocab":
         runs = {name: (models["xlmr-250k"], options.split()) for name, options in VOCAB_RUNS.items()}
