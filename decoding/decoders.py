@@ -9,7 +9,7 @@ every pass (WholeDecoder). `open_decoder` picks the decoder a session takes."""
 import numpy as np
 
 from compressor.errors import CompressorError
-from eval.probe import CACHE_TYPES, PAST, PRESENT, cache_dtype, full_feed, is_cached
+from eval.probe import CACHE_TYPES, OUTPUT_CHUNK_BYTES, PAST, PRESENT, cache_dtype, full_feed, is_cached
 
 __all__ = [
     "Decoder",
@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 SHARED_START = 256  # tokens of room past the prompt in a bound cache's first buffers
-PROMPT_LOGITS_BYTES = 2**26  # the logits a bound prompt's pass holds at most: a longer prompt is read in pieces
+PROMPT_LOGITS_BYTES = OUTPUT_CHUNK_BYTES  # the logits a bound prompt's pass holds at most (64 MiB; the memory probe's)
 
 
 class Decoder:

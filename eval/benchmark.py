@@ -86,17 +86,16 @@ def bench(
     goal: str = DEFAULT_GOAL,
     inputs: BenchInputs | None = None,
 ) -> dict:
-    """The report dict (docs/texts-and-measuring.md): what it ran on and with ("environment", "run":
-    eval.environment), size and sha256, optimised initializer bytes, latency, peak RSS,
-    quality against variants[0] (the metrics of the graphs' kind) on `eval_texts` and, when
-    given, on `second_texts` (named `second_text`; an encoder's sentence embeddings as the modules of the folder
-    `tokenizer_dir` compute them, eval.kinds), parity, the Pareto fronts it is on
-    (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch,
-    sequence) of random ids; latency uses `settings` on the eval text's
-    tokens, the ids a model meets (a cached head with a computed tail costs what its text holds); "choice": the
-    row to deploy for `goal` (eval.goals). `settings` None: latency.SETTINGS, or none for a kind timed otherwise
-    (GraphKind.shape_latency: an LM by its prefill and time per token, eval.decode_timing). `inputs`: the texts as
-    bench_inputs tokenises them, where the caller has them (None: tokenised here)."""
+    """The report dict (docs/texts-and-measuring.md): what it ran on and with ("environment", "run": eval.environment),
+    size and sha256, optimised initializer bytes, latency, peak RSS, quality against variants[0] (the metrics of the
+    graphs' kind) on `eval_texts` and, when given, on `second_texts` (named `second_text`; an encoder's sentence
+    embeddings as the modules of the folder `tokenizer_dir` compute them, eval.kinds), parity, the Pareto fronts it
+    is on (eval.pareto), for each (name, onnx path). Peak RSS runs one batch of `rss_shape` (batch, sequence) of
+    random ids (a causal LM: a prompt of its sequence, decoded on, GraphKind.memory_decode); latency uses `settings`
+    on the eval text's tokens, the ids a model meets (a cached head with a computed tail costs what its text holds);
+    "choice": the row to deploy for `goal` (eval.goals). `settings` None: latency.SETTINGS, or none for a kind timed
+    otherwise (GraphKind.shape_latency: an LM by its prefill and time per token, eval.decode_timing). `inputs`: the
+    texts as bench_inputs tokenises them, where the caller has them (None: tokenised here)."""
     if (second_texts is None) != (second_text is None):
         raise CompressorError("bench takes the second text's passages and its name together, or neither")
     kinds = [graph_kind(path) for _, path in variants]  # every file checked before any is measured
@@ -122,7 +121,7 @@ def bench(
                 quality[key] = kind.quality(references.setdefault(key, represented), represented)
             del session  # one graph held at a time: an LM's fp32 graph is most of the memory
             trim_heap()  # what the quality freed given back while the probe's own process runs beside this one
-            rss = peak_rss(path, vocab, *rss_shape, repeats=rss_repeats)
+            rss = peak_rss(path, vocab, *rss_shape, repeats=rss_repeats, decode=kind.memory_decode)
         except runtime_errors() as error:
             failed.append(_failed(name, path, f"ONNX Runtime could not run it: {str(error).strip().splitlines()[0]}"))
             if not rows:

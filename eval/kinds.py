@@ -53,6 +53,9 @@ class GraphKind:
     gate_batches: int = 4
     # Whether its graphs are timed at the (batch, sequence, threads) of eval.latency (else by what its users run)
     shape_latency: bool = True
+    # Tokens its memory probe decodes one at a time after a prompt read at batch 1 (eval.probe.decoded); 0: its peak
+    # RSS is a batch's (the bench's rss_shape) read at once
+    memory_decode: int = 0
     # The held-out passages its quality reads by default, times the model's parameters (None: every passage): each
     # row's forward passes over them cost as much at any size (held_out_count)
     quality_parameter_passages: float | None = None
@@ -182,6 +185,8 @@ CAUSAL_LM = CausalLMGraphKind(
     # Its time is what its users run, a prefill and each generated token (eval.decode_timing, at batch 1); the encoder's
     # shapes took 9 of SmolLM2's bench's 17 minutes and say nothing a decoding user feels
     shape_latency=False,
+    # Its memory too: a 128-token prompt and 16 tokens decoded, at batch 1
+    memory_decode=16,
     # SmolLM2-135M's 300 passages of each text (134.5 M parameters: 26–31 s a text and row on 2 cores); on
     # Qwen2.5-0.5B's shape (494 M) reading all of them took 10.6 of its bench's 11.4 minutes. The budget reads 81
     # passages at 0.5B, 32 at 1B

@@ -39,10 +39,10 @@ def trim_heap() -> None:
         trim(0)
 
 
-def _probe(path: Path, batch: int, seq: int, vocab: int, no_model: bool) -> dict:
+def _probe(path: Path, batch: int, seq: int, vocab: int, no_model: bool, decode: int = 0) -> dict:
     # Run by path, not as eval.probe: importing the eval package would count torch in.
     cmd = [sys.executable, str(Path(__file__).with_name("probe.py")), str(path)]
-    cmd += ["--batch", str(batch), "--seq", str(seq), "--vocab", str(vocab), "--threads", "2"]
+    cmd += ["--batch", str(batch), "--seq", str(seq), "--vocab", str(vocab), "--threads", "2", "--decode", str(decode)]
     cmd += ["--no-model"] if no_model else []
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **MALLOC_ENV})
     if done.returncode != 0:
@@ -51,11 +51,13 @@ def _probe(path: Path, batch: int, seq: int, vocab: int, no_model: bool) -> dict
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def peak_rss(path: str | Path, vocab: int, batch: int = 8, seq: int = 128, repeats: int = 1) -> dict:
+def peak_rss(path: str | Path, vocab: int, batch: int = 8, seq: int = 128, repeats: int = 1, decode: int = 0) -> dict:
     """{"peak_rss_bytes", "baseline_rss_bytes", "rss_stages"}: the smallest peak of `repeats` fresh processes
     each, and that process's peak and resident memory after its session is created and after each batch
-    (eval/probe.py's stages: a (1, 16) batch, then one of (`batch`, `seq`))."""
+    (eval/probe.py's stages: a (1, 16) batch, then one of (`batch`, `seq`); with `decode` tokens, a causal LM's,
+    a prompt of `seq` read at batch 1 as a decoder reads it and `decode` tokens one at a time)."""
     path = Path(path)
-    best = min((_probe(path, batch, seq, vocab, False) for _ in range(repeats)), key=lambda p: p["peak_rss_bytes"])
+    probes = (_probe(path, batch, seq, vocab, False, decode) for _ in range(repeats))
+    best = min(probes, key=lambda p: p["peak_rss_bytes"])
     baseline = min(_probe(path, batch, seq, vocab, True)["peak_rss_bytes"] for _ in range(repeats))
     return {"peak_rss_bytes": best["peak_rss_bytes"], "baseline_rss_bytes": baseline, "rss_stages": best["stages"]}

@@ -5,8 +5,9 @@ onnxruntime, so that run as a script it is the memory probe of a fresh process:
 
 loads the model, runs one batch of (1, 16) and one of (batch, seq), and prints {"peak_rss_bytes": …, "stages":
 {stage: {"peak_bytes", "rss_bytes"}}}, the peak so far and the resident memory after the session is created
-("session") and after each batch ("b1_s16", "b8_s128"); with --no-model it imports the same libraries and does
-nothing else (the baseline)."""
+("session") and after each batch ("b1_s16", "b8_s128"); with --decode N (a causal LM's graph, used as it is used)
+the second is a prompt of seq tokens read as a decoder reads it, then N tokens one at a time ("b1_s128_decode16");
+with --no-model it imports the same libraries and does nothing else (the baseline)."""
 
 import argparse
 import json
@@ -111,6 +112,39 @@ def row_chunks(session, feed: dict[str, np.ndarray], limit: int = OUTPUT_CHUNK_B
         yield {name: value[start : start + rows] for name, value in feed.items()}
 
 
+def decoded(session, seq: int, vocab: int, steps: int, seen=None) -> list[int]:
+    """The `steps` tokens decoded one at a time (each the last pass's argmax) after a prompt of `seq` random ids at
+    batch 1 read as a decoder reads one: with a cache, in equal pieces whose logits fit OUTPUT_CHUNK_BYTES, each pass
+    fed the last one's presents as its pasts; without one, the whole sequence each pass. `seen(logits)` is given the
+    last position's logits after the prompt and after each token. A causal LM's memory is this, not a batch's: Gemma
+    3's (8, 128) batch held 1.07 GB of logits over its 262,144 tokens, of which a step reads a row."""
+    ids = random_batch(1, seq, vocab)["input_ids"]
+    names = {i.name for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    width = next(o.shape[-1] for o in session.get_outputs() if o.name == "logits")
+    cached = is_cached(session)
+    per_pass = OUTPUT_CHUNK_BYTES // (4 * width) if cached and isinstance(width, int) else seq
+    past, read, logits, tokens = empty_past(session, 1), 0, None, []
+    pieces = np.array_split(ids, -(-seq // max(1, per_pass)), axis=1)
+    for step in range(len(pieces) + steps):
+        if step >= len(pieces):
+            tokens.append(int(logits.argmax()))
+        new = pieces[step] if step < len(pieces) else np.array([tokens[-1:]], dtype=np.int64)
+        if not cached and step >= len(pieces):  # the whole sequence again, the new token after it
+            new, read = np.concatenate([ids, new], axis=1), 0
+            ids = new
+        read += new.shape[1]
+        feed = {"input_ids": new, "attention_mask": np.ones((1, read), dtype=np.int64), **past}
+        if "position_ids" in names:
+            feed["position_ids"] = np.arange(read - new.shape[1], read, dtype=np.int64)[None]
+        out = dict(zip(outputs, session.run(None, feed), strict=True))
+        past = {n.replace(PRESENT, PAST, 1): v for n, v in out.items() if n.startswith(PRESENT)}
+        logits = out["logits"][0, -1]
+        if seen is not None and step >= len(pieces) - 1:
+            seen(logits)
+    return tokens
+
+
 def row_blocks(*arrays: np.ndarray, limit: int | None = None):
     """Arrays of the same rows (n, width), cut into consecutive blocks of rows whose float64 copies stay within
     `limit` bytes (None: BLOCK_BYTES; at least one row each): what is done to a block in float64, or with an index
@@ -191,6 +225,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--decode", type=int, default=0)
     parser.add_argument("--no-model", action="store_true")
     args = parser.parse_args()
     stages = {}
@@ -198,9 +233,14 @@ def main() -> None:
         options = session_options(threads=args.threads)
         session = ort.InferenceSession(args.onnx, options, providers=["CPUExecutionProvider"])
         stages["session"] = _stage()
-        for batch, seq in ((1, 16), (args.batch, args.seq)):
-            session.run(None, full_feed(session, random_batch(batch, seq, args.vocab)))
-            stages[f"b{batch}_s{seq}"] = _stage()
+        session.run(None, full_feed(session, random_batch(1, 16, args.vocab)))
+        stages["b1_s16"] = _stage()
+        if args.decode:
+            decoded(session, args.seq, args.vocab, args.decode)
+            stages[f"b1_s{args.seq}_decode{args.decode}"] = _stage()
+        else:
+            session.run(None, full_feed(session, random_batch(args.batch, args.seq, args.vocab)))
+            stages[f"b{args.batch}_s{args.seq}"] = _stage()
     print(json.dumps({"peak_rss_bytes": peak_rss_bytes(), "stages": stages}))
 
 

@@ -201,14 +201,15 @@ def _cache_in_tmp(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
-def _probe_in_process(path: Path, batch: int, seq: int, vocab: int, no_model: bool) -> dict:
+def _probe_in_process(path: Path, batch: int, seq: int, vocab: int, no_model: bool, decode: int = 0) -> dict:
     """eval.memory's probe without its fresh process (~0.25 s of imports each, two a row): the graph's files and
     an activation's bytes over a fixed baseline, ordered as the real probe orders them by size."""
     base = 40 * 2**20
     weights = 0 if no_model else sum(p.stat().st_size for p in Path(path).parent.glob(f"{Path(path).name}*"))
     stages = {"session": base + weights, "b1_s16": base + weights + 16 * 4096}
     if not no_model:
-        stages[f"b{batch}_s{seq}"] = base + weights + batch * seq * 4096
+        key, tokens = (f"b1_s{seq}_decode{decode}", seq) if decode else (f"b{batch}_s{seq}", batch * seq)
+        stages[key] = base + weights + tokens * 4096
     peak = max(stages.values()) if not no_model else base
     return {"peak_rss_bytes": peak, "stages": {k: {"peak_bytes": v, "rss_bytes": v} for k, v in stages.items()}}
 

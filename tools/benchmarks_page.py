@@ -89,8 +89,9 @@ measured there). `--target-cpu avx2` (the default on such a CPU) keeps them to 7
 ## How the figures are taken
 
 - file: the ONNX graph's bytes (with its external data). peak RSS: a fresh process that loads the graph and
-  runs one (8, 128) batch. p50: ONNX Runtime on the CPU, `ORT_ENABLE_ALL`, the graphs taking turns, at
-  (batch, sequence) on 1 or 2 intra-op threads, on the eval text's own tokens.
+  runs one (8, 128) batch (an LM's: a 128-token prompt at batch 1, then 16 tokens decoded). p50: ONNX Runtime on
+  the CPU, `ORT_ENABLE_ALL`, the graphs taking turns, at (batch, sequence) on 1 or 2 intra-op threads, on the eval
+  text's own tokens.
 - quality: recall@10 of the mean-pooled embeddings against the original's (an encoder; a causal LM's
   column is its top-1 agreement) on the eval text and on a second, unlike text.
 - The method and scheme pages in [docs/](docs/README.md) say what each row is; `compressor run --help`

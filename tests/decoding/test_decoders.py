@@ -88,3 +88,40 @@ def test_greedy_decoding_equals_transformers_generate(lm_folder):
         with torch.no_grad():
             theirs = model.generate(torch.tensor([prompt]), max_new_tokens=STEPS, do_sample=False)[0, len(prompt) :]
         assert decode_ids(session, np.array(prompt), STEPS, eos=model.config.eos_token_id) == theirs.tolist()
+
+
+class _Counted:
+    """A session whose passes' new lengths are noted."""
+
+    def __init__(self, session):
+        self.session, self.passes = session, []
+
+    def get_inputs(self):
+        return self.session.get_inputs()
+
+    def get_outputs(self):
+        return self.session.get_outputs()
+
+    def run(self, names, feed):
+        self.passes.append(feed["input_ids"].shape[1])
+        return self.session.run(names, feed)
+
+
+def test_the_memory_probe_decodes_as_a_decoder_does(lm_folder, monkeypatch):
+    """eval.probe.decoded, an LM's memory probe: a prompt in pieces of its logits' bound, then a token a pass, each
+    pass's logits the decoder's own after the same tokens."""
+    from eval.probe import decoded, is_cached, random_batch
+
+    _, folder = lm_folder
+    session = _Counted(make_session(folder / "onnx/model.onnx"))
+    width = next(o.shape[-1] for o in session.get_outputs() if o.name == "logits")
+    monkeypatch.setattr("eval.probe.OUTPUT_CHUNK_BYTES", 3 * 4 * width)  # three tokens' logits a pass
+    seen = []
+    tokens = decoded(session, 7, width, 4, seen=lambda logits: seen.append(logits.copy()))
+    cached = is_cached(session)
+    assert session.passes == ([3, 2, 2, 1, 1, 1, 1] if cached else [7, 8, 9, 10, 11])
+    decoder = open_decoder(session.session)
+    expected = [decoder.start(random_batch(1, 7, width)["input_ids"][0])] + [decoder.step(t) for t in tokens]
+    assert len(tokens) == 4 and len(seen) == 5
+    scale = max(float(np.abs(np.stack(expected)).max()), 1.0)
+    assert all(np.abs(a - b).max() <= 1e-5 * scale for a, b in zip(expected, seen))
