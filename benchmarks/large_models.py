@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from converters.cli.corrected_needs import corrected_needs
-from converters.cli.goals import lm_run_needs
+from converters.cli.goals import default_shortlist, lm_run_needs
 from converters.loading import stored_parameters
 from converters.quantization.registry import scheme_named
 from eval.pace import cpu_pace
@@ -172,7 +172,7 @@ def measure_run(model: Path, out: Path) -> dict:
     sentence it refused the model with), and the peak of its processes' resident memory together (`tree_peak_gib`,
     sampled every 0.2 s: the command's process and its children); its folder removed after."""
     argv = [str(Path(sys.executable).parent / "compressor"), "run", str(model), "--out", str(out)]
-    _, minutes, peak = lm_run_needs(model, handed_over=True)  # what it says before its work, from the shell
+    _, minutes, peak = lm_run_needs(model, default_shortlist(model), handed_over=True)  # said before, from the shell
     estimate = {"minutes": minutes, "peak_gib": round(peak / 2**30, 1)}
     pace = cpu_pace()
     log = out.with_name(f"{model.name}.log")  # what it says as it goes, to follow it

@@ -4,9 +4,10 @@ run. Those are read from the committed records of runs (each run's seconds, peak
 eval.pace: GOAL_RECORDS, each goal's run on MiniLM; LM_RECORDS, the LMs' runs, `benchmarks/large_models.py lms`;
 one file for each CPU they were timed on) and
 scaled by what this CPU measures in its first second (its pace now over the record's) and by the model's size: an
-encoder goal's time by its weights' bytes over MiniLM's, an LM run's time and peak by the line through the record's
-LM runs (parameters against seconds at the record's pace, and against the peak), the peak with what the run's processes
-hold beside its stages on the road it takes, from the shell or from Python (WAITING_RECORD)."""
+encoder goal's time by its weights' bytes over MiniLM's, an LM run's time and peak by the lines through the record's
+LM runs (parameters against a row's seconds at the record's pace, times the rows the run measures, and against the
+peak), the peak with what the run's processes hold beside its stages on the road it takes, from the shell or from
+Python (WAITING_RECORD)."""
 
 import json
 import os
@@ -17,8 +18,10 @@ import numpy as np
 
 from compressor.errors import CompressorError
 from converters.cli.builtin_recipes import builtin_recipes
+from converters.kinds.causal_lm import CausalLMKind
 from converters.loading import available_memory, stored_parameters
 from converters.pipeline.child import HAND_OVER
+from converters.pipeline.rows import SHORTLIST_ROWS
 from converters.pipeline.say import say
 from converters.quantization.shortlist_head import check_shortlist
 from converters.spec import QUANTIZE_ONLY
@@ -37,6 +40,8 @@ __all__ = [
     "HEAD_SHARE",
     "LM_SHORTLIST",
     "lm_shortlist",
+    "default_shortlist",
+    "lm_rows",
     "lm_run_needs",
     "check_lm_run_fits",
     "waiting_bytes",
@@ -134,6 +139,26 @@ def lm_shortlist(model_dir: Path, kind: str, asked: int | None) -> tuple[int, in
         raise CompressorError(f"--shortlist is a causal LM's head; {str(model_dir)!r} is a model of the {kind} kind")
     if kind != "causal-lm" or asked == 0:
         return None
+    chosen = _shortlist(model_dir, asked)
+    if chosen is None:
+        return None
+    shortlist, rank, share = chosen
+    say(
+        f"the tied head is {share:.0%} of the weights: w8 and int4 also measured with a shortlist head (its steps "
+        f"score exactly the {shortlist} best of a rank-{rank} fit of the head): original-w8-short, original-int4-short"
+    )
+    return shortlist, rank
+
+
+def default_shortlist(model_dir: Path) -> tuple[int, int] | None:
+    """(K, rank) of the shortlist head an LM run of the model in `model_dir` measures without a --shortlist option,
+    or None (lm_shortlist, unsaid)."""
+    chosen = _shortlist(model_dir, None)
+    return chosen and chosen[:2]
+
+
+def _shortlist(model_dir: Path, asked: int | None) -> tuple[int, int, float] | None:
+    """(K, rank, the tied head's share of the weights) of an LM's shortlist head, `asked` K or by default, or None."""
     config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     config = config.get("text_config", config)
     vocab, hidden = config.get("vocab_size"), config.get("hidden_size")
@@ -146,21 +171,26 @@ def lm_shortlist(model_dir: Path, kind: str, asked: int | None) -> tuple[int, in
         return None
     shortlist, rank = asked or min(LM_SHORTLIST[0], vocab // 4), min(LM_SHORTLIST[1], hidden // 2)
     check_shortlist(shortlist, rank, vocab, hidden, None)
-    say(
-        f"the tied head is {share:.0%} of the weights: w8 and int4 also measured with a shortlist head (its steps "
-        f"score exactly the {shortlist} best of a rank-{rank} fit of the head): original-w8-short, original-int4-short"
-    )
-    return shortlist, rank
+    return shortlist, rank, share
+
+
+def lm_rows(shortlist: tuple[int, int] | None) -> int:
+    """The rows an LM run measures: the original, its baselines, and with a `shortlist` head those of SHORTLIST_ROWS
+    again."""
+    baselines = CausalLMKind.baselines
+    return 1 + len(baselines) + (sum(row in SHORTLIST_ROWS for row in baselines) if shortlist else 0)
 
 
 def _lm_lines() -> tuple[np.ndarray, np.ndarray]:
-    """The LM runs' lines: seconds at a pace of 1 s against parameters (least squares over the paced runs; through
-    the origin where they are one model's), and the peak against parameters over every run, paced or not (memory
-    follows the model, not the CPU's pace), its intercept raised until every run lies on or under it (an upper
-    bound)."""
+    """The LM runs' lines: a row's seconds at a pace of 1 s against parameters (least squares over the paced runs;
+    through the origin where they are one model's), and the peak against parameters over every run, paced or not
+    (memory follows the model, not the CPU's pace), its intercept raised until every run lies on or under it (an upper
+    bound). A run's seconds go by its rows: each is rounded and benched, and Gemma-3-270M's seven (two with a
+    shortlist head) took as long as Qwen2.5-Coder-0.5B's five; by parameters alone, SmolLM2-135M's run was said at
+    1.3× what it took."""
     paced = _lm_runs()
     params = np.array([run["params"] for run in paced], dtype=float)
-    seconds = np.array([run["seconds"] / run["pace_s"] for run in paced])
+    seconds = np.array([run["seconds"] / run["pace_s"] / len(run["rows"]) for run in paced])
     time = np.polyfit(params, seconds, 1) if len(set(params)) > 1 else np.array([seconds.mean() / params[0], 0.0])
     runs = [run for run in _lm_runs(paced=False) if run.get("params")]
     sizes = np.array([run["params"] for run in runs], dtype=float)
@@ -188,20 +218,23 @@ def _waiting(road: str) -> int:
     return max(round((run["tree_peak_gib"] - run["stage_peak_gib"]) * 2**30), 0)
 
 
-def lm_run_needs(model_dir: Path, handed_over: bool | None = None) -> tuple[int, int, int]:
+def lm_run_needs(
+    model_dir: Path, shortlist: tuple[int, int] | None, handed_over: bool | None = None
+) -> tuple[int, int, int]:
     """(parameters, about how many minutes here at this CPU's pace now, the peak resident bytes at most) of the LM
-    run of the model in `model_dir`, from the parameters its safetensors headers hold: its stages' peak on the records'
-    line and what the run's processes hold beside them on its road (waiting_bytes(`handed_over`))."""
+    run of the model in `model_dir` (its rows with a `shortlist` head or without), from the parameters its safetensors
+    headers hold: its rows' time and its stages' peak on the records' lines, and what the run's processes hold beside
+    them on its road (waiting_bytes(`handed_over`))."""
     params = stored_parameters(Path(model_dir))
     seconds, peak = _lm_lines()
-    minutes = max(1, round(np.polyval(seconds, params) * _pace() / 60))
+    minutes = max(1, round(np.polyval(seconds, params) * lm_rows(shortlist) * _pace() / 60))
     return params, minutes, round(np.polyval(peak, params)) + waiting_bytes(handed_over)
 
 
-def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
-    """What the LM run of the model in `model_dir` (its `rows`) will take, in a sentence; refused before any work
-    when its peak memory exceeds what the machine has available."""
-    params, minutes, peak = lm_run_needs(model_dir)
+def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...], shortlist: tuple[int, int] | None) -> str:
+    """What the LM run of the model in `model_dir` (the original's `rows`, and with a `shortlist` head some again)
+    will take, in a sentence; refused before any work when its peak memory exceeds what the machine has available."""
+    params, minutes, peak = lm_run_needs(model_dir, shortlist)
     free = available_memory()
     runs = _lm_runs()
     models = " and ".join(run["name"] for run in runs)
@@ -217,4 +250,5 @@ def check_lm_run_fits(model_dir: Path, rows: tuple[str, ...]) -> str:
     waiting = waiting_bytes() / 2**30
     waiting = f", {waiting:.1f} of it its waiting process" if waiting >= 0.05 else ""
     said = f"about {minutes} minutes here and a peak of at most {peak / 2**30:.1f} GiB{waiting}"
-    return f"{said} for {params / 1e9:.2f}B parameters (the line through {models}'s runs; {_pace_said(ratio)})"
+    lines = f"{lm_rows(shortlist)} rows on the lines through {models}'s runs"
+    return f"{said} for {params / 1e9:.2f}B parameters ({lines}; {_pace_said(ratio)})"

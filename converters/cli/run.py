@@ -128,7 +128,8 @@ def run(args) -> None:
         say(f"no method options: the original in {' and '.join(args.quantize)}")
     elif variants == []:
         rows = ", ".join(kind.baselines)
-        needs = check_lm_run_fits(model_dir, kind.baselines) if kind.name == "causal-lm" else None
+        shortlist = values["shortlist_rows"]
+        needs = check_lm_run_fits(model_dir, kind.baselines, shortlist) if kind.name == "causal-lm" else None
         say(f"no method options: the original's rows ({rows}{f': {needs}' if needs else ''}); {source} is an encoder's")
     elif variants is not None and args.recipe:
         say(f"{source}, beside original-int8; deploy {GOALS[goal].deploys}")

@@ -89,7 +89,8 @@ def test_recipes_lists_every_recipe_and_goal(capsys):
 
 def test_the_time_said_before_a_run_follows_the_models_size_and_the_cpus_pace(tmp_path, monkeypatch):
     """A goal's minutes: the record's run on MiniLM times the weights' bytes over MiniLM's (not below 1×) times this
-    CPU's pace over the record's; an LM run's: the line through the record's LM runs, at the pace now."""
+    CPU's pace over the record's; an LM run's: a row's time on the line through the record's LM runs, times its rows
+    (a shortlist head adds two), at the pace now."""
     from converters.cli import goals
 
     runs = [r for r in goals._records(goals.GOAL_RECORDS) if r["name"] == GOALS["balanced"].estimate]
@@ -104,11 +105,16 @@ def test_the_time_said_before_a_run_follows_the_models_size_and_the_cpus_pace(tm
     assert goals.goal_minutes("balanced", tmp_path)[0] == max(1, round(seconds / 60))  # MiniLM's at least
     lms = goals._lm_runs()
     assert lms
+    assert goals.lm_rows(None) == 5 and goals.lm_rows((4096, 128)) == 7  # the original, int8, w8, int4, int4-aware
     for lm in lms:  # the line at each run's own pace gives back its seconds (one or two runs: exactly; more: near)
         monkeypatch.setattr(goals, "_pace", lambda lm=lm: lm["pace_s"])
         monkeypatch.setattr(goals, "stored_parameters", lambda _, lm=lm: lm["params"])
-        params, minutes, peak = goals.lm_run_needs(tmp_path)
+        shortlist = None if len(lm["rows"]) == goals.lm_rows(None) else (4096, 128)
+        params, minutes, peak = goals.lm_run_needs(tmp_path, shortlist)
         assert abs(minutes - lm["seconds"] / 60) <= 0.35 * lm["seconds"] / 60 + 1 and peak >= lm["peak_bytes"]
+    monkeypatch.setattr(goals, "stored_parameters", lambda _: 10**10)  # minutes enough that rounding is small
+    alone, with_shortlist = (goals.lm_run_needs(tmp_path, s)[1] for s in (None, (4096, 128)))
+    assert abs(with_shortlist / alone - 7 / 5) < 0.01
 
 
 def test_the_time_said_reads_the_runs_of_this_cpus_integer_path_where_there_are_any(monkeypatch):
@@ -159,10 +165,10 @@ def test_the_largest_lm_said_to_fit_is_not_refused(monkeypatch, tmp_path):
     monkeypatch.setattr(goals, "available_memory", lambda: 20 * 2**30)
     monkeypatch.setattr(goals, "stored_parameters", lambda _: 50 * 10**9)
     with pytest.raises(CompressorError) as refused:
-        goals.check_lm_run_fits(tmp_path, ("int8",))
+        goals.check_lm_run_fits(tmp_path, ("int8",), None)
     fits = float(re.search(r"up to ([0-9.]+)B parameters fits here", str(refused.value)).group(1)) * 1e9
     monkeypatch.setattr(goals, "stored_parameters", lambda _: int(0.98 * fits))
-    assert "peak of at most" in goals.check_lm_run_fits(tmp_path, ("int8",))
+    assert "peak of at most" in goals.check_lm_run_fits(tmp_path, ("int8",), None)
     monkeypatch.setattr(goals, "stored_parameters", lambda _: int(1.02 * fits))
     with pytest.raises(CompressorError):
-        goals.check_lm_run_fits(tmp_path, ("int8",))
+        goals.check_lm_run_fits(tmp_path, ("int8",), None)
